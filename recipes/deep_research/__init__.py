@@ -1,0 +1,1 @@
+"""Recipe deep_research (see README.md in this folder)."""

@@ -1,0 +1,1 @@
+"""Recipe math_solver_verifier (see README.md in this folder)."""

@@ -1,0 +1,1 @@
+"""Recipe takes_two (see README.md in this folder)."""

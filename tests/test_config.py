@@ -1,0 +1,64 @@
+"""Typed config: YAML and flags into dataclasses, validation naming the flag, the CLI."""
+
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from kernel.config import TrainConfig, load_train_config
+
+
+def test_yaml_then_flags_override(tmp_path):
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(
+        yaml.safe_dump(
+            {
+                "num_steps": 5,
+                "data": {"path": "x.jsonl", "n_samples_per_prompt": 2, "prompts_per_step": 3},
+                "optim": {"lr": 1e-5},
+                "advantage": {"estimator": "rloo"},
+            }
+        )
+    )
+    cfg = load_train_config(["--optim.lr=2e-5", "--global_batch_size=6"], yaml_path=cfg_file)
+    assert isinstance(cfg, TrainConfig)
+    assert cfg.num_steps == 5 and cfg.optim.lr == 2e-5 and cfg.global_batch_size == 6
+    assert cfg.advantage.estimator == "rloo" and cfg.data.path == "x.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("flags", "needle"),
+    [
+        (["--global_batch_size=5"], "global_batch_size=5 but data.prompts_per_step x"),
+        (["--optim.lr=0"], "optim.lr must be > 0"),
+        (["--rollout.max_context_len=8", "--rollout.max_response_len=16"], "max_context_len"),
+        (["--num_steps=0"], "num_steps must be >= 1"),
+    ],
+)
+def test_validation_names_the_flag(flags, needle):
+    with pytest.raises(ValueError, match=None) as e:
+        load_train_config(["--data.path=x.jsonl", *flags])
+    assert needle in str(e.value)
+
+
+def _cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "kernel", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_cli_help_info_and_config_errors():
+    help_out = _cli("--help")
+    assert help_out.returncode == 0
+    for cmd in ("info", "demo", "config", "plot"):
+        assert cmd in help_out.stdout
+    info = _cli("info")
+    assert info.returncode == 0
+    assert "grpo" in info.stdout and "math_solver_verifier" in info.stdout
+    bad = _cli("config", "--data.path=x.jsonl", "--optim.lr=-1")
+    assert bad.returncode == 2 and "optim.lr must be > 0" in bad.stderr
+    typo = _cli("config", "--optim.lrr=1")
+    assert typo.returncode == 2 and "lrr" in typo.stderr
+    good = _cli("config", "--data.path=x.jsonl", "--num_steps=3")
+    assert good.returncode == 0 and yaml.safe_load(good.stdout)["num_steps"] == 3

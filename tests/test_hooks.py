@@ -1,0 +1,44 @@
+"""Hook loading by dotted path: good paths resolve once; every bad one names the path."""
+
+import asyncio
+
+import pytest
+
+from kernel.hooks import HookError, RolloutContext, call_reward, load_generate, load_reward
+from kernel.sample import Sample
+
+FIX = "tests.hook_fixtures"
+
+
+def test_good_paths_resolve_and_are_cached():
+    g = load_generate(f"{FIX}.generate")
+    assert g is load_generate(f"{FIX}.generate")
+    s = Sample(agent="a")
+    assert asyncio.run(g(RolloutContext(), s)) == [s]
+    assert load_reward(f"{FIX}.reward")(RolloutContext(), [s, s]) == 2.0
+
+
+@pytest.mark.parametrize(
+    ("path", "needle"),
+    [
+        ("nodots", "is not a dotted path"),
+        ("tests.no_such_module.generate", "cannot import module 'tests.no_such_module'"),
+        (f"{FIX}.missing", "has no attribute 'missing'"),
+        (f"{FIX}.NOT_A_FUNCTION", "is a int, not a function"),
+        (f"{FIX}.sync_generate", "must be 'async def'"),
+        (f"{FIX}.generate_one_arg", "must accept 2 positional arguments"),
+    ],
+)
+def test_bad_generate_paths_fail_naming_the_path(path, needle):
+    with pytest.raises(HookError) as e:
+        load_generate(path)
+    assert needle in str(e.value)
+    assert repr(path) in str(e.value) or path in str(e.value)
+
+
+def test_async_reward_is_awaited():
+    fn = load_reward(f"{FIX}.async_reward")
+    out = asyncio.run(call_reward(fn, RolloutContext(), [Sample(agent="doctor")]))
+    assert out == {"doctor": 1.0}
+    sync = load_reward(f"{FIX}.reward")
+    assert asyncio.run(call_reward(sync, RolloutContext(), [Sample()])) == 1.0
