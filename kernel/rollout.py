@@ -1,0 +1,151 @@
+"""RolloutManager: turns prompt groups into rewarded samples, concurrently and safely.
+
+For every episode seed (a PENDING sample from the DataBuffer) it awaits the recipe's
+``generate(ctx, sample)`` under a concurrency bound and a per-episode timeout, then the
+recipe's ``reward(ctx, samples)``, then the kernel's reward weighting. What can go wrong is
+contained to the episode:
+
+- the hook raises or times out -> the episode becomes one FAILED sample (masked out of the
+  loss, counted in the metrics); the step goes on;
+- an engine aborts a request (weight update, shutdown) -> the episode comes back ABORTED and
+  its WHOLE prompt group is returned for requeueing, so no prompt is lost or rolled out twice
+  into the same step;
+- the reward hook raises -> the episode's samples get no reward (None: not trained on) and are
+  counted.
+
+Dynamic sampling (DAPO) is a group filter: with ``drop_constant_groups`` a group whose
+trainable samples all have the same reward (per agent) carries no signal and is dropped; the
+loop refills from the buffer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+
+from kernel.hooks import GenerateFn, RewardFn, RolloutContext, call_reward
+from kernel.rewards import RewardConfig, apply_weighting, assign_rewards
+from kernel.sample import Sample, Status
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class GroupResult:
+    """What became of one prompt group."""
+
+    group: list[Sample]  # the PENDING seeds, as handed out by the buffer
+    samples: list[Sample] = field(default_factory=list)  # every agent's samples, all episodes
+    aborted: bool = False  # an episode was aborted: requeue the group, use none of it
+
+    def constant_reward(self) -> bool:
+        """True if, for every agent, all trainable samples share one reward (no signal)."""
+        by_agent: dict[str, set[float]] = {}
+        for s in self.samples:
+            if s.status.trainable and s.reward is not None:
+                by_agent.setdefault(s.agent, set()).add(s.reward)
+        return all(len(v) <= 1 for v in by_agent.values())
+
+
+@dataclass
+class RolloutStats:
+    """Counters of one rollout phase."""
+
+    episodes: int = 0
+    failed: int = 0
+    timed_out: int = 0
+    aborted_groups: int = 0
+    reward_errors: int = 0
+    dropped_groups: int = 0
+    seconds: float = 0.0
+
+    def as_metrics(self) -> dict[str, float]:
+        return {f"rollout/{k}": float(v) for k, v in dataclasses.asdict(self).items()}
+
+
+class RolloutManager:
+    """Runs episodes through the recipe's hooks with bounded concurrency and timeouts."""
+
+    def __init__(
+        self,
+        generate: GenerateFn,
+        reward: RewardFn,
+        reward_cfg: RewardConfig,
+        concurrency: int,
+        timeout_s: float,
+    ) -> None:
+        self.generate = generate
+        self.reward = reward
+        self.reward_cfg = reward_cfg
+        self.timeout_s = timeout_s
+        self._semaphore = asyncio.Semaphore(concurrency)
+
+    async def _episode(self, ctx: RolloutContext, seed: Sample, stats: RolloutStats):
+        async with self._semaphore:
+            stats.episodes += 1
+            try:
+                samples = await asyncio.wait_for(self.generate(ctx, seed), self.timeout_s)
+                if not samples:
+                    raise ValueError("generate returned no samples")
+                for s in samples:
+                    s.validate()
+            except TimeoutError:
+                stats.timed_out += 1
+                return [
+                    dataclasses.replace(
+                        seed,
+                        status=Status.FAILED,
+                        metadata={**seed.metadata, "error": f"timed out after {self.timeout_s}s"},
+                    )
+                ]
+            except Exception as e:  # a recipe bug or engine error must not crash the step
+                stats.failed += 1
+                log.warning("episode %s failed: %r", seed.key, e)
+                return [
+                    dataclasses.replace(
+                        seed, status=Status.FAILED, metadata={**seed.metadata, "error": repr(e)}
+                    )
+                ]
+            if any(s.status is Status.ABORTED for s in samples):
+                return samples
+            try:
+                assign_rewards(samples, await call_reward(self.reward, ctx, samples))
+                correct = samples[0].metadata.get("correct")
+                apply_weighting(samples, self.reward_cfg, correct)
+            except Exception as e:
+                stats.reward_errors += 1
+                log.warning("reward of episode %s failed: %r", seed.key, e)
+                for s in samples:
+                    s.raw_reward = s.reward = None
+                    s.metadata["reward_error"] = repr(e)
+            return samples
+
+    async def _group(self, ctx: RolloutContext, group: list[Sample], stats) -> GroupResult:
+        episodes = await asyncio.gather(*(self._episode(ctx, seed, stats) for seed in group))
+        result = GroupResult(group=group, samples=[s for ep in episodes for s in ep])
+        result.aborted = any(s.status is Status.ABORTED for s in result.samples)
+        return result
+
+    async def run(
+        self, ctx: RolloutContext, groups: list[list[Sample]], drop_constant_groups: bool = False
+    ) -> tuple[list[GroupResult], list[GroupResult], RolloutStats]:
+        """Roll out ``groups``; returns (kept groups, aborted groups to requeue, stats).
+
+        With ``drop_constant_groups`` groups without reward variance are left out of the kept
+        list (counted in ``stats.dropped_groups``); the caller refills.
+        """
+        stats = RolloutStats()
+        t0 = time.perf_counter()
+        results = await asyncio.gather(*(self._group(ctx, g, stats) for g in groups))
+        stats.seconds = time.perf_counter() - t0
+        aborted = [r for r in results if r.aborted]
+        kept = [r for r in results if not r.aborted]
+        stats.aborted_groups = len(aborted)
+        if drop_constant_groups:
+            before = len(kept)
+            kept = [r for r in kept if not r.constant_reward()]
+            stats.dropped_groups = before - len(kept)
+        return kept, aborted, stats

@@ -1,0 +1,145 @@
+"""RolloutManager: concurrency bound, timeouts and failures contained to the episode, aborted
+groups returned whole, reward errors masked, DAPO constant-group filter."""
+
+import asyncio
+import dataclasses
+
+from kernel.hooks import RolloutContext
+from kernel.rewards import RewardConfig
+from kernel.rollout import RolloutManager
+from kernel.sample import Sample, Status
+
+
+def seeds(group_id: int, n: int) -> list[Sample]:
+    return [
+        Sample(prompt=f"p{group_id}", group_id=group_id, index=i, metadata={"row": group_id})
+        for i in range(n)
+    ]
+
+
+def finished(seed: Sample, agent: str, value: int, status=Status.COMPLETED) -> Sample:
+    return dataclasses.replace(
+        seed,
+        agent=agent,
+        prompt_ids=[1, 2],
+        response_ids=[3, value],
+        loss_mask=[1, 1],
+        status=status,
+        metadata=dict(seed.metadata),
+    )
+
+
+def run(manager, groups, **kw):
+    return asyncio.run(manager.run(RolloutContext(), groups, **kw))
+
+
+async def two_agents(ctx, seed):
+    await asyncio.sleep(0)
+    return [finished(seed, "solver", seed.index), finished(seed, "selector", 7)]
+
+
+def reward_by_agent(ctx, samples):
+    return {s.agent: float(s.response_ids[-1]) for s in samples}
+
+
+def test_two_agents_get_their_own_rewards():
+    m = RolloutManager(two_agents, reward_by_agent, RewardConfig(), concurrency=4, timeout_s=5)
+    kept, aborted, stats = run(m, [seeds(0, 3)])
+    assert not aborted and stats.episodes == 3 and stats.failed == 0
+    samples = kept[0].samples
+    assert [s.reward for s in samples if s.agent == "solver"] == [0.0, 1.0, 2.0]
+    assert [s.reward for s in samples if s.agent == "selector"] == [7.0, 7.0, 7.0]
+
+
+def test_concurrency_is_bounded():
+    live, peak = 0, 0
+
+    async def slow(ctx, seed):
+        nonlocal live, peak
+        live += 1
+        peak = max(peak, live)
+        await asyncio.sleep(0.01)
+        live -= 1
+        return [finished(seed, "a", 1)]
+
+    m = RolloutManager(slow, lambda c, s: 1.0, RewardConfig(), concurrency=3, timeout_s=5)
+    _, _, stats = run(m, [seeds(g, 4) for g in range(3)])
+    assert stats.episodes == 12 and peak == 3
+
+
+def test_timeout_and_exception_become_failed_samples_and_the_step_goes_on():
+    async def flaky(ctx, seed):
+        if seed.index == 0:
+            await asyncio.sleep(10)
+        if seed.index == 1:
+            raise RuntimeError("engine said no")
+        return [finished(seed, "a", seed.index)]
+
+    m = RolloutManager(flaky, lambda c, s: 1.0, RewardConfig(), concurrency=8, timeout_s=0.2)
+    kept, aborted, stats = run(m, [seeds(0, 3)])
+    assert stats.timed_out == 1 and stats.failed == 1 and not aborted
+    by_index = {s.index: s for s in kept[0].samples}
+    assert by_index[0].status is Status.FAILED and "timed out" in by_index[0].metadata["error"]
+    assert by_index[1].status is Status.FAILED and "engine said no" in by_index[1].metadata["error"]
+    assert by_index[2].status is Status.COMPLETED and by_index[2].reward == 1.0
+
+
+def test_invalid_sample_from_hook_is_a_failed_episode():
+    async def broken(ctx, seed):
+        s = finished(seed, "a", 1)
+        s.loss_mask = [1]  # shorter than the response
+        return [s]
+
+    m = RolloutManager(broken, lambda c, s: 1.0, RewardConfig(), concurrency=2, timeout_s=5)
+    kept, _, stats = run(m, [seeds(0, 2)])
+    assert stats.failed == 2
+    assert "len(loss_mask)=1" in kept[0].samples[0].metadata["error"]
+
+
+def test_an_aborted_episode_returns_the_whole_group_for_requeue():
+    async def aborts(ctx, seed):
+        status = Status.ABORTED if (seed.group_id, seed.index) == (1, 2) else Status.COMPLETED
+        return [finished(seed, "a", 1, status)]
+
+    m = RolloutManager(aborts, lambda c, s: 1.0, RewardConfig(), concurrency=8, timeout_s=5)
+    kept, aborted, stats = run(m, [seeds(0, 3), seeds(1, 3)])
+    assert [r.group[0].group_id for r in kept] == [0]
+    assert [r.group[0].group_id for r in aborted] == [1] and stats.aborted_groups == 1
+    assert all(s.status is Status.PENDING for s in aborted[0].group)  # seeds untouched
+
+
+def test_reward_error_masks_the_episode():
+    def bad_reward(ctx, samples):
+        if samples[0].index == 1:
+            raise KeyError("label")
+        return 0.5
+
+    m = RolloutManager(two_agents, bad_reward, RewardConfig(), concurrency=2, timeout_s=5)
+    kept, _, stats = run(m, [seeds(0, 2)])
+    assert stats.reward_errors == 1
+    rewards = {(s.index, s.agent): s.reward for s in kept[0].samples}
+    assert rewards[(0, "solver")] == 0.5 and rewards[(1, "solver")] is None
+
+
+def test_asymmetric_weighting_reads_the_episode_outcome():
+    async def outcome(ctx, seed):
+        s = finished(seed, "a", 1)
+        s.metadata["correct"] = seed.index == 0
+        return [s]
+
+    cfg = RewardConfig(asymmetric=True)
+    m = RolloutManager(outcome, lambda c, s: 1.0, cfg, concurrency=2, timeout_s=5)
+    kept, _, _ = run(m, [seeds(0, 2)])
+    assert [s.reward for s in kept[0].samples] == [1.2, 0.8]  # 1.0 x 1.2 / 1.0 x 0.8
+
+
+def test_dynamic_sampling_drops_constant_groups():
+    async def gen(ctx, seed):
+        # group 0: rewards differ across episodes; group 1: all equal
+        return [finished(seed, "a", seed.index if seed.group_id == 0 else 5)]
+
+    m = RolloutManager(
+        gen, lambda c, s: float(s[0].response_ids[-1]), RewardConfig(), concurrency=8, timeout_s=5
+    )
+    kept, _, stats = run(m, [seeds(0, 3), seeds(1, 3)], drop_constant_groups=True)
+    assert [r.group[0].group_id for r in kept] == [0] and stats.dropped_groups == 1
