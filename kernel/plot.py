@@ -1,8 +1,9 @@
-"""Learning curves: metrics.jsonl -> one PNG with a panel per metric.
+"""Learning curves: metrics.jsonl -> one PNG with a panel per quantity, a line per agent.
 
-Every run writes one JSON object per step to ``metrics.jsonl``; this renders the chosen keys
-(default: every numeric key containing one of reward, length, kl, entropy, loss) against
-the step, one panel each, with matplotlib's headless backend.
+Every run writes one JSON object per step to ``metrics.jsonl``. By default the panels are the
+ones a user checks first - reward, response length, entropy, KL, policy loss, the
+rollout/training logprob gap, and evaluation scores - each with one line per agent where the
+metric is per agent (``<agent>/reward``); ``keys`` plots chosen metrics instead, one panel each.
 """
 
 from __future__ import annotations
@@ -10,7 +11,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-DEFAULT_PATTERNS = ("reward", "length", "kl", "entropy", "loss")
+# (panel title, predicate on a metric name)
+PANELS = [
+    ("reward", lambda k: k.endswith("/reward") and not k.startswith("eval/")),
+    ("response length", lambda k: k.endswith("/response_length")),
+    ("entropy", lambda k: k == "train/entropy"),
+    ("KL", lambda k: k in ("train/kl", "train/approx_kl")),
+    ("policy loss", lambda k: k == "train/pg_loss"),
+    ("|rollout - train| logprob", lambda k: k == "train/logprob_diff"),
+    ("eval", lambda k: k.startswith("eval/")),
+]
 
 
 def read_metrics(path: str | Path) -> list[dict]:
@@ -26,8 +36,19 @@ def read_metrics(path: str | Path) -> list[dict]:
     return rows
 
 
+def _panels(rows: list[dict], keys: list[str] | None) -> list[tuple[str, list[str]]]:
+    numeric = sorted({k for r in rows for k, v in r.items() if isinstance(v, int | float)})
+    if keys:
+        missing = [k for k in keys if k not in numeric]
+        if missing:
+            raise ValueError(f"no metric named {missing}; available: {numeric}")
+        return [(k, [k]) for k in keys]
+    panels = [(title, [k for k in numeric if pick(k)]) for title, pick in PANELS]
+    return [(title, ks) for title, ks in panels if ks]
+
+
 def plot_metrics(path: str | Path, out: str | Path | None = None, keys: list[str] | None = None):
-    """Render ``keys`` of the metrics file against ``step`` to a PNG; returns its path."""
+    """Render the metrics of ``path`` against ``step`` to a PNG; returns its path."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -36,19 +57,23 @@ def plot_metrics(path: str | Path, out: str | Path | None = None, keys: list[str
     rows = read_metrics(path)
     if not rows:
         raise ValueError(f"{path}: no metrics rows to plot")
-    numeric = [k for k, v in rows[0].items() if isinstance(v, int | float) and k != "step"]
-    keys = keys or [k for k in numeric if any(p in k for p in DEFAULT_PATTERNS)]
-    missing = [k for k in keys if k not in rows[0]]
-    if missing:
-        raise ValueError(f"{path}: no metric named {missing}; available: {numeric}")
-    fig, axes = plt.subplots(len(keys), 1, figsize=(7, 2.4 * len(keys)), sharex=True, squeeze=False)
-    for ax, key in zip(axes[:, 0], keys, strict=True):
-        pts = [(r.get("step", i), r[key]) for i, r in enumerate(rows) if r.get(key) is not None]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", linewidth=1.2)
-        ax.set_ylabel(key)
+    try:
+        panels = _panels(rows, keys)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    if not panels:
+        raise ValueError(f"{path}: none of the default metrics is present; pass keys")
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.4 * len(panels)), squeeze=False)
+    for ax, (title, ks) in zip(axes[:, 0], panels, strict=True):
+        for key in ks:
+            pts = [(r.get("step", i), r[key]) for i, r in enumerate(rows) if r.get(key) is not None]
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", linewidth=1.2, label=key)
+        ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
+        if len(ks) > 1 or ks[0] != title:
+            ax.legend(fontsize=7)
     axes[-1, 0].set_xlabel("step")
-    fig.suptitle(str(path))
+    fig.suptitle(str(path), fontsize=9)
     fig.tight_layout()
     out = Path(out) if out else Path(path).with_name("curves.png")
     fig.savefig(out, dpi=100)

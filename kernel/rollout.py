@@ -7,9 +7,9 @@ contained to the episode:
 
 - the hook raises or times out -> the episode becomes one FAILED sample (masked out of the
   loss, counted in the metrics); the step goes on;
-- an engine aborts a request (weight update, shutdown) -> the episode comes back ABORTED and
-  its WHOLE prompt group is returned for requeueing, so no prompt is lost or rolled out twice
-  into the same step;
+- an engine aborts a request (weight update, shutdown) -> ``EpisodeAborted`` (or ABORTED
+  samples) and the episode's WHOLE prompt group is returned for requeueing, so no prompt is
+  lost or rolled out twice into the same step;
 - the reward hook raises -> the episode's samples get no reward (None: not trained on) and are
   counted.
 
@@ -31,6 +31,13 @@ from kernel.rewards import RewardConfig, apply_weighting, assign_rewards
 from kernel.sample import Sample, Status
 
 log = logging.getLogger(__name__)
+
+
+class EpisodeAborted(Exception):
+    """An engine aborted a request of this episode; its prompt group must be rolled out again.
+
+    Raised by ``AgentHandle.generate``; a recipe may also raise it, or return ABORTED samples.
+    """
 
 
 @dataclass
@@ -92,6 +99,12 @@ class RolloutManager:
                     raise ValueError("generate returned no samples")
                 for s in samples:
                     s.validate()
+            except EpisodeAborted as e:
+                return [
+                    dataclasses.replace(
+                        seed, status=Status.ABORTED, metadata={**seed.metadata, "error": str(e)}
+                    )
+                ]
             except TimeoutError:
                 stats.timed_out += 1
                 return [

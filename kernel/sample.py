@@ -63,6 +63,18 @@ class Sample:
         """Unique within a run: prompt group, episode, agent and turn."""
         return f"g{self.group_id}/e{self.index}/{self.agent}/t{self.turn}"
 
+    def seed_fields(self) -> dict[str, Any]:
+        """What an episode's samples inherit from the buffer's seed sample: prompt, label,
+        prompt group, episode index and a copy of the metadata (for ``Conversation.to_sample``
+        or ``Sample(**...)``)."""
+        return {
+            "prompt": self.prompt,
+            "label": self.label,
+            "group_id": self.group_id,
+            "index": self.index,
+            "metadata": dict(self.metadata),
+        }
+
     def validate(self) -> Sample:
         """Check every invariant in one place; raise SampleError naming the sample and field."""
 

@@ -51,7 +51,7 @@ def _cli(*args):
 def test_cli_help_info_and_config_errors():
     help_out = _cli("--help")
     assert help_out.returncode == 0
-    for cmd in ("info", "demo", "config", "plot"):
+    for cmd in ("info", "train", "config", "plot"):
         assert cmd in help_out.stdout
     info = _cli("info")
     assert info.returncode == 0
@@ -62,3 +62,7 @@ def test_cli_help_info_and_config_errors():
     assert typo.returncode == 2 and "lrr" in typo.stderr
     good = _cli("config", "--data.path=x.jsonl", "--num_steps=3")
     assert good.returncode == 0 and yaml.safe_load(good.stdout)["num_steps"] == 3
+    no_preset = _cli("train", "--preset", "nope")
+    assert no_preset.returncode == 2 and "--preset nope" in no_preset.stderr
+    bad_hook = _cli("train", "--preset", "toy", "--generate_fn=kernel.toy.nothing")
+    assert bad_hook.returncode == 2 and "kernel.toy.nothing" in bad_hook.stderr

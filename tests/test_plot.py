@@ -4,14 +4,20 @@ import json
 
 import pytest
 
-from kernel.plot import plot_metrics
+from kernel.plot import _panels, plot_metrics
 
 
-def test_plot_writes_png(tmp_path):
+def test_plot_writes_png_with_a_line_per_agent(tmp_path):
     path = tmp_path / "metrics.jsonl"
-    path.write_text(
-        "".join(json.dumps({"step": i, "reward": i / 10, "x": 1}) + "\n" for i in range(5))
-    )
+    rows = [
+        {"step": i, "doctor/reward": i / 10, "patient/reward": 1 - i / 10, "train/entropy": 2.0}
+        for i in range(5)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _panels(rows, None) == [
+        ("reward", ["doctor/reward", "patient/reward"]),
+        ("entropy", ["train/entropy"]),
+    ]
     png = plot_metrics(path)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -21,6 +27,6 @@ def test_plot_errors_name_file_line_and_key(tmp_path):
     path.write_text('{"step": 0, "reward": 1}\n{oops\n')
     with pytest.raises(ValueError, match=r"metrics\.jsonl: line 2"):
         plot_metrics(path)
-    path.write_text('{"step": 0, "reward": 1}\n')
+    path.write_text('{"step": 0, "a/reward": 1}\n')
     with pytest.raises(ValueError, match="no metric named"):
         plot_metrics(path, keys=["kl"])

@@ -1,0 +1,366 @@
+"""Async client for engines that speak SGLang's native HTTP API.
+
+One ``EngineClient`` per base URL (an SGLang server, the embedded server, or sglang-router in
+front of several) holds one shared ``httpx.AsyncClient`` connection pool. Requests never block
+the event loop; connection errors and 5xx replies are retried a bounded number of times with
+exponential backoff (tenacity), 4xx replies raise ``EngineError`` with the server's message at
+once. Calls that must not run twice (joining a process group, receiving a broadcast) are never
+retried.
+
+``generate`` returns a small typed ``GenerateResult`` and tolerates the keys SGLang leaves out
+of aborted replies (no ``output_token_logprobs``, sometimes no ``weight_version``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from tenacity import (
+    AsyncRetrying,
+    retry_if_exception,
+    stop_after_attempt,
+    wait_exponential,
+)
+
+RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError)
+
+
+@dataclass
+class ClientConfig:
+    """Timeouts, retries and pool size of an EngineClient."""
+
+    timeout_s: float = 600.0
+    """Read timeout of one request (a long generation must fit)."""
+    connect_timeout_s: float = 10.0
+    """Timeout to open a connection."""
+    max_retries: int = 3
+    """Retries after a connection error or a 5xx reply (0: none)."""
+    backoff_s: float = 0.5
+    """Wait before the first retry; doubles each retry, at most 10 s."""
+    max_connections: int = 256
+    """Size of the shared connection pool (bounds requests in flight per client)."""
+
+    def validate(self) -> ClientConfig:
+        if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
+            raise ValueError(
+                f"timeout_s and connect_timeout_s must be > 0, got {self.timeout_s} and "
+                f"{self.connect_timeout_s}"
+            )
+        if self.max_retries < 0:
+            raise ValueError(f"max_retries must be >= 0, got {self.max_retries}")
+        if self.backoff_s < 0:
+            raise ValueError(f"backoff_s must be >= 0, got {self.backoff_s}")
+        if self.max_connections < 1:
+            raise ValueError(f"max_connections must be >= 1, got {self.max_connections}")
+        return self
+
+
+class EngineError(RuntimeError):
+    """A request failed: an error reply (``status`` set) or no reply after the retries."""
+
+    def __init__(self, message: str, url: str, status: int | None = None) -> None:
+        super().__init__(f"{url}: {message}" if status is None else f"{url} [{status}]: {message}")
+        self.url = url
+        self.status = status
+
+
+class _ServerError(Exception):
+    """A 5xx reply, raised inside the retry loop so that tenacity retries it."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(response.status_code)
+        self.response = response
+
+
+def _retryable(exc: BaseException) -> bool:
+    return isinstance(exc, (*RETRYABLE, _ServerError))
+
+
+@dataclass
+class GenerateResult:
+    """One generated sequence, as a rollout needs it."""
+
+    output_ids: list[int]
+    logprobs: list[float]
+    """Logprob of each output token (empty when the reply had none, e.g. an aborted request)."""
+    finish_reason: dict[str, Any]
+    """SGLang's: {"type": "stop", "matched": ...}, {"type": "length", ...}, {"type": "abort"}."""
+    weight_version: str | None
+    text: str = ""
+    rid: str | None = None
+    prompt_tokens: int | None = None
+    meta_info: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def finish_type(self) -> str:
+        return self.finish_reason.get("type", "unknown")
+
+    @property
+    def aborted(self) -> bool:
+        return self.finish_type == "abort"
+
+    @classmethod
+    def from_reply(cls, reply: dict[str, Any]) -> GenerateResult:
+        meta = reply.get("meta_info") or {}
+        pairs = meta.get("output_token_logprobs") or []
+        ids = reply.get("output_ids")
+        if ids is None:  # replies of some SGLang versions carry the ids only with the logprobs
+            ids = [int(p[1]) for p in pairs]
+        version = meta.get("weight_version")
+        return cls(
+            output_ids=list(ids),
+            logprobs=[float(p[0]) for p in pairs],
+            finish_reason=meta.get("finish_reason") or {},
+            weight_version=None if version is None else str(version),
+            text=reply.get("text") or "",
+            rid=meta.get("id"),
+            prompt_tokens=meta.get("prompt_tokens"),
+            meta_info=meta,
+        )
+
+
+class EngineClient:
+    """Async client of one SGLang-protocol base URL; use ``async with`` or ``aclose()``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        config: ClientConfig | None = None,
+        *,
+        http: httpx.AsyncClient | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.config = (config or ClientConfig()).validate()
+        c = self.config
+        self._owns_http = http is None
+        self._http = http or httpx.AsyncClient(
+            timeout=httpx.Timeout(c.timeout_s, connect=c.connect_timeout_s),
+            limits=httpx.Limits(
+                max_connections=c.max_connections, max_keepalive_connections=c.max_connections
+            ),
+        )
+
+    async def __aenter__(self) -> EngineClient:
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._owns_http:
+            await self._http.aclose()
+
+    # ---- transport -------------------------------------------------------------------------
+
+    async def request(
+        self, method: str, path: str, json: Any = None, *, retry: bool = True
+    ) -> httpx.Response:
+        """One call with bounded retries; raises EngineError on an error reply or no reply."""
+        url = self.base_url + path
+        attempts = 1 + (self.config.max_retries if retry else 0)
+        try:
+            async for attempt in AsyncRetrying(
+                stop=stop_after_attempt(attempts),
+                wait=wait_exponential(multiplier=self.config.backoff_s, max=10),
+                retry=retry_if_exception(_retryable),
+                reraise=True,
+            ):
+                with attempt:
+                    response = await self._http.request(method, url, json=json)
+                    if response.status_code >= 500:
+                        raise _ServerError(response)
+        except _ServerError as exc:
+            response = exc.response
+        except httpx.HTTPError as exc:
+            raise EngineError(f"{method} {path} failed: {exc!r}", url) from exc
+        if response.status_code >= 400:
+            raise EngineError(_message(response), url, response.status_code)
+        return response
+
+    async def _json(self, method: str, path: str, json: Any = None, *, retry: bool = True) -> Any:
+        response = await self.request(method, path, json, retry=retry)
+        return response.json() if response.content else None
+
+    # ---- generation ------------------------------------------------------------------------
+
+    async def generate(
+        self,
+        input_ids: list[int],
+        sampling_params: dict[str, Any] | None = None,
+        *,
+        rid: str | None = None,
+        return_logprob: bool = True,
+    ) -> GenerateResult:
+        """One prompt, one sample (use ``generate_batch`` for n > 1)."""
+        params = dict(sampling_params or {})
+        if params.get("n", 1) != 1:
+            raise ValueError(f"sampling_params.n={params['n']}: use generate_batch for n > 1")
+        body = {"input_ids": list(input_ids), "sampling_params": params}
+        body["return_logprob"] = return_logprob
+        if rid is not None:
+            body["rid"] = rid
+        return GenerateResult.from_reply(await self._json("POST", "/generate", body))
+
+    async def generate_batch(
+        self,
+        input_ids: list[list[int]],
+        sampling_params: dict[str, Any] | list[dict[str, Any]] | None = None,
+        *,
+        rid: str | None = None,
+        return_logprob: bool = True,
+    ) -> list[GenerateResult]:
+        """Several prompts in one request; n per prompt, in prompt order. ``rid`` is a prefix
+        (sglang-router rejects lists of rids), so ``abort(rid)`` stops the whole batch."""
+        body = {"input_ids": [list(p) for p in input_ids], "return_logprob": return_logprob}
+        body["sampling_params"] = sampling_params or {}
+        if rid is not None:
+            body["rid"] = rid
+        replies = await self._json("POST", "/generate", body)
+        return [GenerateResult.from_reply(r) for r in replies]
+
+    async def abort(self, rid: str | None = None, *, abort_all: bool = False) -> None:
+        """Abort requests whose id starts with ``rid`` (or all); they answer with partial output."""
+        if rid is None and not abort_all:
+            raise ValueError("give rid or abort_all=True")
+        await self._json("POST", "/abort_request", {"rid": rid or "", "abort_all": abort_all})
+
+    async def pause(self, mode: str = "abort") -> None:
+        """Pause generation (SGLang's modes: abort, retract, in_place)."""
+        await self._json("POST", "/pause_generation", {"mode": mode})
+
+    async def continue_generation(self) -> None:
+        await self._json("POST", "/continue_generation")
+
+    # ---- weights ---------------------------------------------------------------------------
+
+    async def get_weight_version(self) -> str:
+        return str((await self._json("GET", "/get_weight_version"))["weight_version"])
+
+    async def update_weight_version(self, new_version: str, *, abort_all_requests=False) -> None:
+        body = {"new_version": str(new_version), "abort_all_requests": abort_all_requests}
+        await self._json("POST", "/update_weight_version", body)
+
+    async def update_weights_from_disk(
+        self, model_path: str, *, weight_version: str | None = None, abort_all_requests=False
+    ) -> dict:
+        body = {"model_path": model_path, "abort_all_requests": abort_all_requests}
+        path = "/update_weights_from_disk"
+        return await self._json("POST", path, _versioned(body, weight_version))
+
+    async def update_weights_from_tensor(
+        self, named_tensors, *, weight_version: str | None = None, abort_all_requests=False
+    ) -> dict:
+        """Send named tensors (a dict or (name, tensor) pairs) as base64 safetensors bytes --
+        the embedded server's format, not SGLang's CUDA-IPC one (see kernel/engine/weights.py)."""
+        from kernel.engine.weights import encode_named_tensors
+
+        payload = await asyncio.to_thread(encode_named_tensors, named_tensors)
+        body = {"serialized_named_tensors": [payload], "abort_all_requests": abort_all_requests}
+        path = "/update_weights_from_tensor"
+        return await self._json("POST", path, _versioned(body, weight_version))
+
+    async def init_weights_update_group(
+        self,
+        master_address: str,
+        master_port: int,
+        rank_offset: int,
+        world_size: int,
+        *,
+        group_name: str = "weight_update_group",
+        backend: str = "nccl",
+    ) -> dict:
+        """Make the engine join a process group; the trainer joins as rank 0 at the same time
+        (kernel.sync.init_custom_process_group). Not retried: a rendezvous happens once."""
+        body = {"master_address": master_address, "master_port": master_port}
+        body |= {"rank_offset": rank_offset, "world_size": world_size}
+        body |= {"group_name": group_name, "backend": backend}
+        return await self._json("POST", "/init_weights_update_group", body, retry=False)
+
+    async def update_weights_from_distributed(
+        self,
+        names: list[str],
+        dtypes: list[str],
+        shapes: list[list[int]],
+        *,
+        group_name: str = "weight_update_group",
+        weight_version: str | None = None,
+        flush_cache: bool = True,
+    ) -> dict:
+        """Tell the engine to receive these tensors; the trainer broadcasts them from rank 0
+        while this call is in flight. Not retried: a broadcast is received once."""
+        body = {"names": names, "dtypes": dtypes, "shapes": shapes, "group_name": group_name}
+        body["flush_cache"] = flush_cache
+        path = "/update_weights_from_distributed"
+        return await self._json("POST", path, _versioned(body, weight_version), retry=False)
+
+    async def destroy_weights_update_group(self, group_name: str = "weight_update_group") -> dict:
+        body = {"group_name": group_name}
+        return await self._json("POST", "/destroy_weights_update_group", body, retry=False)
+
+    async def flush_cache(self) -> None:
+        await self.request("POST", "/flush_cache")
+
+    # ---- health and info -------------------------------------------------------------------
+
+    async def health(self) -> bool:
+        try:
+            response = await self._http.get(self.base_url + "/health", timeout=5.0)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200
+
+    async def wait_healthy(self, deadline_s: float = 120.0, interval_s: float = 0.25) -> None:
+        """Poll GET /health until it answers 200; TimeoutError naming the URL after the deadline."""
+        end = time.monotonic() + deadline_s
+        while not await self.health():
+            if time.monotonic() >= end:
+                raise TimeoutError(
+                    f"{self.base_url}/health did not answer 200 within {deadline_s:g} s"
+                )
+            await asyncio.sleep(interval_s)
+
+    async def server_info(self) -> dict:
+        return await self._json("GET", "/server_info")
+
+    async def model_info(self) -> dict:
+        return await self._json("GET", "/model_info")
+
+    async def get_load(self) -> Any:
+        return await self._json("GET", "/get_load")
+
+    # ---- sglang-router worker admin (0.3.x) ------------------------------------------------
+
+    async def add_worker(self, url: str, **fields: Any) -> dict:
+        """Register a worker with the router (POST /workers); it is used once healthy."""
+        return await self._json("POST", "/workers", {"url": url, **fields})
+
+    async def list_workers(self) -> list[dict]:
+        return (await self._json("GET", "/workers"))["workers"]
+
+    async def remove_worker(self, worker_id: str) -> dict:
+        """Unregister a worker by the ``id`` that ``list_workers`` reports."""
+        return await self._json("DELETE", f"/workers/{worker_id}")
+
+
+def _versioned(body: dict, weight_version: str | None) -> dict:
+    return body if weight_version is None else body | {"weight_version": str(weight_version)}
+
+
+def _message(response: httpx.Response) -> str:
+    """The error text of a reply: SGLang's {"error": {"message"}}, {"message"}, or the body."""
+    try:
+        data = response.json()
+    except ValueError:
+        return response.text.strip() or response.reason_phrase
+    if isinstance(data, dict):
+        err = data.get("error")
+        if isinstance(err, dict) and "message" in err:
+            return str(err["message"])
+        for key in ("message", "detail"):
+            if key in data:
+                return str(data[key])
+    return str(data)

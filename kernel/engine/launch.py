@@ -1,0 +1,107 @@
+"""Start and stop the processes a run needs (embedded servers, sglang-router), by PID.
+
+A ``LaunchedProcess`` is one child process with the URL it serves. It waits for health with
+a deadline (and says so at once, with the tail of its log, if the child died), and ``stop()``
+ends exactly that PID -- terminate, then kill after a grace period -- never anything found by
+name. Used by tests, benchmarks and local launch scripts.
+"""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: on Linux, get SIGTERM when the parent dies (even by SIGKILL),
+    so a crashed run leaves no orphaned server behind. Elsewhere a no-op."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        pr_set_pdeathsig = 1
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class LaunchedProcess:
+    """A child process serving HTTP at ``url``; its output goes to ``log_path``."""
+
+    name: str
+    url: str
+    popen: subprocess.Popen
+    log_path: Path
+    _log_file: object = field(default=None, repr=False)
+
+    @classmethod
+    def start(cls, name: str, url: str, command: list[str], log_path: str | Path):
+        log_path = Path(log_path)
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        log_file = log_path.open("ab")
+        popen = subprocess.Popen(
+            command, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+        )
+        return cls(name, url, popen, log_path, log_file)
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    def log_tail(self, chars: int = 2000) -> str:
+        try:
+            return self.log_path.read_text(errors="replace")[-chars:]
+        except OSError:
+            return ""
+
+    def wait_healthy(self, deadline_s: float = 120.0, path: str = "/health") -> LaunchedProcess:
+        """Block until GET ``url + path`` answers 200; raise naming the URL if it does not."""
+        end = time.monotonic() + deadline_s
+        while True:
+            if self.popen.poll() is not None:
+                raise RuntimeError(
+                    f"{self.name} at {self.url} exited with code {self.popen.returncode} before "
+                    f"it was healthy; log {self.log_path}:\n{self.log_tail()}"
+                )
+            try:
+                if httpx.get(self.url + path, timeout=2.0).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() >= end:
+                raise TimeoutError(
+                    f"{self.name} at {self.url}{path} did not answer 200 within {deadline_s:g} s; "
+                    f"log {self.log_path}:\n{self.log_tail()}"
+                )
+            time.sleep(0.25)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """End this process (SIGTERM, then SIGKILL after ``grace_s``)."""
+        if self.popen.poll() is None:
+            self.popen.terminate()
+            try:
+                self.popen.wait(grace_s)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> LaunchedProcess:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

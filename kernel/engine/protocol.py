@@ -1,0 +1,222 @@
+"""The wire protocol of the embedded server: pydantic models of SGLang 0.5.x's native API.
+
+Field names follow SGLang's ``io_struct.py`` (``GenerateReqInput``, ``AbortReq``,
+``UpdateWeightsFromDistributedReqInput``, ...) so that the same client code talks to a real
+SGLang server, to sglang-router, and to this embedded server. Unknown fields are ignored (the
+router re-serialises requests and adds its own keys), while values that would silently change
+what is sampled (a negative temperature, a penalty this server does not implement) are
+rejected with HTTP 400 naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+
+class _Lenient(BaseModel):
+    """Unknown keys are ignored and an explicit ``null`` means "use the default", as in SGLang."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_nulls(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            return {k: v for k, v in data.items() if v is not None}
+        return data
+
+
+# Sampling options of SGLang that this server does not implement: accepted only at their
+# neutral value, so a request never gets a different distribution than it asked for.
+UNSUPPORTED_NEUTRAL: dict[str, Any] = {
+    "frequency_penalty": 0.0,
+    "presence_penalty": 0.0,
+    "repetition_penalty": 1.0,
+    "min_new_tokens": 0,
+    "json_schema": None,
+    "regex": None,
+    "ebnf": None,
+    "structural_tag": None,
+    "logit_bias": None,
+}
+
+
+class SamplingParams(_Lenient):
+    """Per-request sampling (SGLang's ``sampling_params``)."""
+
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    top_k: int = -1
+    min_p: float = Field(0.0, ge=0, le=1)
+    max_new_tokens: int = Field(128, ge=0)
+    stop: str | list[str] = Field(default_factory=list)
+    stop_token_ids: list[int] = Field(default_factory=list)
+    ignore_eos: bool = False
+    no_stop_trim: bool = False
+    skip_special_tokens: bool = True
+    n: int = Field(1, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _reject_unsupported(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            for key, neutral in UNSUPPORTED_NEUTRAL.items():
+                if key in data and data[key] is not None and data[key] != neutral:
+                    raise ValueError(
+                        f"{key}={data[key]!r} is not supported by the embedded server "
+                        f"(only {neutral!r})"
+                    )
+        return data
+
+    @model_validator(mode="after")
+    def _check_top_k(self) -> SamplingParams:
+        if self.top_k == 0 or self.top_k < -1:
+            raise ValueError(f"top_k must be -1 (disabled) or >= 1, got {self.top_k}")
+        return self
+
+    @property
+    def stop_strings(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class GenerateRequest(_Lenient):
+    """POST /generate: one prompt or a batch, as text or token ids (exactly one of the two)."""
+
+    text: str | list[str] | None = None
+    input_ids: list[int] | list[list[int]] | None = None
+    sampling_params: list[SamplingParams] = Field(default_factory=lambda: [SamplingParams()])
+    """One dict for every prompt, or a list with one per prompt (a dict is kept as [dict])."""
+    return_logprob: bool | list[bool] = False
+    rid: str | list[str] | None = None
+    stream: Literal[False] = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _wrap_params(cls, data: Any) -> Any:
+        if isinstance(data, dict) and isinstance(data.get("sampling_params"), dict):
+            return data | {"sampling_params": [data["sampling_params"]]}
+        return data
+
+    @model_validator(mode="after")
+    def _one_input(self) -> GenerateRequest:
+        if (self.text is None) == (self.input_ids is None):
+            raise ValueError("give exactly one of text and input_ids")
+        return self
+
+
+class FinishReason(BaseModel):
+    """``{"type": "stop", "matched": id|str}``, ``{"type": "length", "length": N}`` or
+    ``{"type": "abort", "message": str}``."""
+
+    model_config = ConfigDict(extra="allow")
+    type: Literal["stop", "length", "abort"]
+
+
+class MetaInfo(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    id: str
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    weight_version: str
+    e2e_latency: float
+    output_token_logprobs: list[tuple[float, int, None]] | None = None
+    """``[logprob, token_id, null]`` per output token (only with ``return_logprob``)."""
+
+
+class GenerateResponse(BaseModel):
+    text: str
+    output_ids: list[int]
+    meta_info: MetaInfo
+
+
+class AbortRequest(_Lenient):
+    rid: str = ""
+    """Aborts every request whose id starts with this (a batch shares its prefix)."""
+    abort_all: bool = False
+
+
+class PauseRequest(_Lenient):
+    mode: Literal["abort", "retract", "in_place"] = "abort"
+
+
+class UpdateWeightsFromDiskRequest(_Lenient):
+    model_path: str
+    load_format: str | None = None
+    weight_version: str | None = None
+    abort_all_requests: bool = False
+    flush_cache: bool = True
+
+
+class UpdateWeightsFromTensorRequest(_Lenient):
+    serialized_named_tensors: list[str]
+    """Base64 of safetensors bytes of named tensors (never pickle: see server.py)."""
+    load_format: str | None = None
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+
+
+class InitWeightsUpdateGroupRequest(_Lenient):
+    master_address: str
+    master_port: int = Field(gt=0, lt=65536)
+    rank_offset: int = Field(ge=0)
+    world_size: int = Field(ge=2)
+    group_name: str = "weight_update_group"
+    backend: str = "nccl"
+
+
+class UpdateWeightsFromDistributedRequest(_Lenient):
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+    group_name: str = "weight_update_group"
+    flush_cache: bool = True
+    abort_all_requests: bool = False
+    weight_version: str | None = None
+    load_format: str | None = None
+
+    @model_validator(mode="after")
+    def _same_lengths(self) -> UpdateWeightsFromDistributedRequest:
+        if not len(self.names) == len(self.dtypes) == len(self.shapes):
+            raise ValueError(
+                f"names, dtypes and shapes must have one entry per tensor, got "
+                f"{len(self.names)}, {len(self.dtypes)} and {len(self.shapes)}"
+            )
+        return self
+
+
+class UpdateWeightVersionRequest(_Lenient):
+    new_version: str
+    abort_all_requests: bool = True  # SGLang's default
+
+
+class DestroyWeightsUpdateGroupRequest(_Lenient):
+    group_name: str = "weight_update_group"
+
+
+class SuccessResponse(BaseModel):
+    success: bool
+    message: str
+
+
+class ChatMessage(_Lenient):
+    role: str
+    content: str
+
+
+class ChatCompletionRequest(_Lenient):
+    """The minimal OpenAI chat request this server answers (no tools, no streaming)."""
+
+    messages: list[ChatMessage] = Field(min_length=1)
+    model: str | None = None
+    temperature: float = Field(1.0, ge=0)
+    top_p: float = Field(1.0, gt=0, le=1)
+    max_tokens: int | None = Field(None, ge=0)
+    max_completion_tokens: int | None = Field(None, ge=0)
+    stop: str | list[str] | None = None
+    n: int = Field(1, ge=1)
+    stream: Literal[False] = False

@@ -1,0 +1,101 @@
+"""Run the real sglang-router (0.3.x) in front of engines, on GPU nodes and in CPU tests alike.
+
+The router registers a worker once its ``GET /health`` answers 200, reads its
+``/server_info`` and ``/model_info``, and from then on proxies ``/generate`` to it (batched
+``input_ids`` pass; batched ``text`` and lists of ``rid`` are rejected by its schema). It does
+not proxy the control endpoints -- abort, pause, weight updates -- which go to each worker
+directly. Workers come and go at run time through ``POST /workers``, ``GET /workers`` and
+``DELETE /workers/{id}`` (``EngineClient.add_worker`` and friends).
+
+The router is a separate package (``pip install sglang-router``), started as a child process
+with ``python -m sglang_router.launch_router``; nothing here imports it.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from kernel.engine.launch import LaunchedProcess
+
+POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
+LOG_LEVELS = ("debug", "info", "warn", "error")
+
+
+@dataclass
+class RouterConfig:
+    """How to start sglang-router."""
+
+    host: str = "127.0.0.1"
+    """Interface to bind (the router's own default is 0.0.0.0; ours is local)."""
+    port: int = 30000
+    """TCP port to bind."""
+    worker_urls: list[str] = field(default_factory=list)
+    """Workers to register at start-up (more can join later through POST /workers)."""
+    policy: str = "cache_aware"
+    """Load balancing: random, round_robin, cache_aware, power_of_two or manual."""
+    request_timeout_s: int = 1800
+    """How long the router waits for one proxied request."""
+    log_level: str = "warn"
+    """debug, info, warn or error."""
+    extra_args: list[str] = field(default_factory=list)
+    """More flags for sglang_router.launch_router, passed verbatim."""
+
+    def validate(self) -> RouterConfig:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if self.policy not in POLICIES:
+            raise ValueError(f"policy must be one of {POLICIES}, got {self.policy!r}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
+        if self.request_timeout_s < 1:
+            raise ValueError(f"request_timeout_s must be >= 1, got {self.request_timeout_s}")
+        for url in self.worker_urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(f"worker_urls: {url!r} is not an http(s) URL")
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def command(self) -> list[str]:
+        """The router's command line."""
+        cmd = [sys.executable, "-m", "sglang_router.launch_router"]
+        cmd += ["--host", self.host, "--port", str(self.port), "--policy", self.policy]
+        cmd += ["--request-timeout-secs", str(self.request_timeout_s)]
+        cmd += ["--log-level", self.log_level]
+        if self.worker_urls:
+            cmd += ["--worker-urls", *self.worker_urls]
+        return cmd + list(self.extra_args)
+
+
+def launch_router(config: RouterConfig, log_path: str | Path) -> LaunchedProcess:
+    """Start the router as a child process (wait with ``wait_healthy`` / ``wait_for_workers``)."""
+    config.validate()
+    return LaunchedProcess.start("sglang-router", config.url, config.command(), log_path)
+
+
+def wait_for_workers(router_url: str, n: int, deadline_s: float = 60.0) -> list[dict]:
+    """Block until the router lists ``n`` healthy workers; returns them."""
+    end = time.monotonic() + deadline_s
+    workers: list[dict] = []
+    while True:
+        try:
+            workers = httpx.get(f"{router_url}/workers", timeout=2.0).json()["workers"]
+        except (httpx.HTTPError, ValueError, KeyError):
+            workers = []
+        healthy = [w for w in workers if w.get("is_healthy")]
+        if len(healthy) >= n:
+            return healthy
+        if time.monotonic() >= end:
+            urls = [w.get("url") for w in workers]
+            raise TimeoutError(
+                f"{router_url} lists {len(healthy)} healthy workers, not {n}, after "
+                f"{deadline_s:g} s (workers: {urls})"
+            )
+        time.sleep(0.25)

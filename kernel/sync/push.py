@@ -1,0 +1,154 @@
+"""Push the trainer's weights to its engines: pause -> update -> version -> continue.
+
+Three transports, one sequence:
+
+- ``disk``: the trainer writes an HF checkpoint (safetensors); each engine loads it with
+  ``/update_weights_from_disk``. Simplest; works across machines with a shared filesystem.
+- ``tensor``: buckets of named tensors travel in the HTTP body of
+  ``/update_weights_from_tensor`` (base64 safetensors on the embedded server; SGLang's
+  colocated CUDA-IPC payload on GPU nodes).
+- ``distributed``: the trainer (rank 0) and the engines (ranks 1..N) form a process group
+  once (``/init_weights_update_group``); per bucket, each engine is told names, dtypes and
+  shapes (``/update_weights_from_distributed``) while the trainer broadcasts the tensors
+  (gloo on CPU, NCCL on GPUs).
+
+Every push bumps the engines' ``weight_version`` to the trainer's step, so each rollout sample
+records which weights produced it, and ends with ``/continue_generation`` even when an update
+fails (the error is raised after generation is resumed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from kernel.sync.buckets import iter_buckets
+
+TRANSPORTS = ("disk", "tensor", "distributed")
+
+
+@dataclass
+class SyncConfig:
+    """Weight sync from trainer to engines."""
+
+    transport: str = "tensor"
+    """disk (HF checkpoint), tensor (HTTP payload) or distributed (process-group broadcast)."""
+    bucket_mb: float = 64.0
+    """Bucket size in MiB for the tensor and distributed transports."""
+    pause_mode: str = "in_place"
+    """How in-flight requests wait during an update: in_place (keep going afterwards with the
+    new weights), retract (recompute afterwards) or abort (finish now, group requeued)."""
+    backend: str = "gloo"
+    """Process-group backend of the distributed transport: gloo (CPU) or nccl (GPU)."""
+
+    def validate(self) -> SyncConfig:
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"sync.transport must be one of {TRANSPORTS}, got {self.transport!r}")
+        if self.bucket_mb <= 0:
+            raise ValueError(f"sync.bucket_mb must be > 0, got {self.bucket_mb}")
+        if self.pause_mode not in ("in_place", "retract", "abort"):
+            raise ValueError("sync.pause_mode must be in_place, retract or abort")
+        if self.backend not in ("gloo", "nccl"):
+            raise ValueError(f"sync.backend must be gloo or nccl, got {self.backend!r}")
+        return self
+
+
+class WeightSync:
+    """Pushes a TorchTrainer's weights to a list of EngineClients."""
+
+    def __init__(self, cfg: SyncConfig, clients: list, work_dir: Path):
+        self.cfg = cfg.validate()
+        self.clients = clients
+        self.work_dir = Path(work_dir)
+        self._group = None
+
+    @property
+    def bucket_bytes(self) -> int:
+        return int(self.cfg.bucket_mb * 2**20)
+
+    async def _all(self, make_call) -> list:
+        return await asyncio.gather(*(make_call(c) for c in self.clients))
+
+    async def push(self, trainer, version: int) -> dict[str, float]:
+        """Update every engine to the trainer's current weights, labelled ``version``."""
+        t0 = time.perf_counter()
+        await self._all(lambda c: c.pause(self.cfg.pause_mode))
+        try:
+            nbytes = await getattr(self, f"_push_{self.cfg.transport}")(trainer)
+            await self._all(lambda c: c.update_weight_version(str(version)))
+        finally:
+            await self._all(lambda c: c.continue_generation())
+        seconds = time.perf_counter() - t0
+        return {"sync/time_s": seconds, "sync/mb": nbytes / 2**20}
+
+    async def _push_disk(self, trainer) -> int:
+        path = await asyncio.to_thread(trainer.save_hf, self.work_dir / "sync_weights")
+        await self._all(lambda c: c.update_weights_from_disk(str(path)))
+        return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+
+    async def _push_tensor(self, trainer) -> int:
+        nbytes = 0
+        for bucket in iter_buckets(trainer.named_parameters_for_sync(), self.bucket_bytes):
+            nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            await self._all(lambda c, b=bucket: c.update_weights_from_tensor(b))
+        return nbytes
+
+    async def _ensure_group(self) -> None:
+        if self._group is not None:
+            return
+        from kernel.engine.launch import free_port
+        from kernel.sync.group import GroupConfig, init_custom_process_group
+
+        cfg = GroupConfig(
+            master_port=free_port(), world_size=1 + len(self.clients), backend=self.cfg.backend
+        )
+        joins = [
+            c.init_weights_update_group(
+                cfg.master_address,
+                cfg.master_port,
+                i + 1,
+                cfg.world_size,
+                backend=cfg.backend,
+                group_name=cfg.group_name,
+            )
+            for i, c in enumerate(self.clients)
+        ]
+        results = await asyncio.gather(asyncio.to_thread(init_custom_process_group, cfg, 0), *joins)
+        self._group = results[0]
+
+    async def _push_distributed(self, trainer) -> int:
+        await self._ensure_group()
+        nbytes = 0
+        for bucket in iter_buckets(trainer.named_parameters_for_sync(), self.bucket_bytes):
+            await self._broadcast_bucket(bucket)
+            nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+        return nbytes
+
+    async def _broadcast_bucket(self, bucket) -> None:
+        """Engines receive (HTTP call in flight) while rank 0 broadcasts, tensor by tensor."""
+        import torch.distributed as dist
+
+        names = [n for n, _ in bucket]
+        dtypes = [str(t.dtype).removeprefix("torch.") for _, t in bucket]
+        shapes = [list(t.shape) for _, t in bucket]
+
+        def broadcast() -> None:
+            for _, t in bucket:
+                dist.broadcast(t.contiguous(), src=0, group=self._group)
+
+        await asyncio.gather(
+            self._all(lambda c: c.update_weights_from_distributed(names, dtypes, shapes)),
+            asyncio.to_thread(broadcast),
+        )
+
+    async def aclose(self) -> None:
+        """Leave the weight-sync group: the engines first, then the trainer (tearing gloo down
+        on one side while the other still holds the pair can abort the other process)."""
+        if self._group is not None:
+            from kernel.sync.group import destroy_custom_process_group
+
+            await self._all(lambda c: c.destroy_weights_update_group())
+            destroy_custom_process_group(self._group)
+            self._group = None

@@ -1,0 +1,37 @@
+"""Optimiser settings shared by the training backends (torch and Megatron)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class OptimConfig:
+    """Optimiser and schedule of the trainer."""
+
+    lr: float = 1e-6
+    """Peak learning rate of AdamW."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear warm-up steps before the peak learning rate."""
+    decay: str = "constant"
+    """Schedule after warm-up: constant, linear or cosine."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    dtype: str = "float32"
+    """Training precision: float32 or bfloat16."""
+
+    def validate(self) -> None:
+        if self.lr <= 0:
+            raise ValueError(f"optim.lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"optim.warmup_steps must be >= 0, got {self.warmup_steps}")
+        if self.decay not in ("constant", "linear", "cosine"):
+            raise ValueError(f"optim.decay must be constant, linear or cosine, got {self.decay!r}")
+        if self.grad_clip < 0:
+            raise ValueError(f"optim.grad_clip must be >= 0, got {self.grad_clip}")
+        if self.dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"optim.dtype must be float32 or bfloat16, got {self.dtype!r}")

@@ -1,0 +1,201 @@
+"""Weight updates on a running embedded server (server B): from tensors, from disk and by
+broadcast over a custom gloo group, each checked by the logprobs the server then reports
+against a training forward of the new weights; plus versions and failure modes."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import copy
+import threading
+
+import httpx
+import pytest
+import torch
+import torch.distributed as dist
+
+from kernel.engine.client import EngineClient, EngineError
+from kernel.engine.launch import free_port
+from kernel.sync import GroupConfig, destroy_custom_process_group, init_custom_process_group
+
+PROMPT = [3, 14, 15, 92, 65]
+GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+SAMPLED = {"temperature": 0.8, "max_new_tokens": 8, "ignore_eos": True}
+
+
+def _run(coro):
+    return asyncio.run(coro)
+
+
+@pytest.fixture
+def restore_b(server_b, tiny_model_dir):
+    """Give server B its original weights back (and version "0") after the test."""
+    yield
+    with httpx.Client(timeout=60) as h:
+        body = {"model_path": str(tiny_model_dir), "weight_version": "0"}
+        assert h.post(f"{server_b}/update_weights_from_disk", json=body).status_code == 200
+
+
+@pytest.fixture(scope="module")
+def perturbed(tiny_model):
+    """A copy of the tiny model with every weight moved (seeded), the 'trained' weights."""
+    model = copy.deepcopy(tiny_model)
+    gen = torch.Generator().manual_seed(123)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    return model
+
+
+def _check_serves(url: str, model, reference_logprobs) -> list[float]:
+    """Generate on the server and compare with a training forward of ``model``."""
+
+    async def main():
+        async with EngineClient(url) as c:
+            return await asyncio.gather(c.generate(PROMPT, GREEDY), c.generate(PROMPT, SAMPLED))
+
+    greedy, sampled = _run(main())
+    for res, params in ((greedy, GREEDY), (sampled, SAMPLED)):
+        ref = reference_logprobs(model, PROMPT, res.output_ids, params["temperature"])
+        assert max(abs(a - b) for a, b in zip(ref, res.logprobs, strict=True)) < 1e-4
+    return greedy.logprobs
+
+
+def test_update_from_tensor_sets_version_and_new_logprobs(
+    server_b, tiny_model, perturbed, reference_logprobs, restore_b
+):
+    before = _check_serves(server_b, tiny_model, reference_logprobs)
+    named = dict(perturbed.state_dict())
+
+    async def main():
+        async with EngineClient(server_b) as c:
+            await c.update_weights_from_tensor(named, weight_version="7")
+            return await c.get_weight_version()
+
+    assert _run(main()) == "7"
+    after = _check_serves(server_b, perturbed, reference_logprobs)
+    assert max(abs(a - b) for a, b in zip(before, after, strict=True)) > 1e-3
+
+
+@pytest.mark.parametrize(
+    ("payload", "words"),
+    [
+        ({"model.nope.weight": torch.zeros(2)}, ["model.nope.weight", "unknown"]),
+        ({"model.norm.weight": torch.zeros(3)}, ["model.norm.weight", "[3]", "[64]"]),
+    ],
+)
+def test_bad_tensor_updates_change_nothing(
+    server_b, tiny_model, reference_logprobs, payload, words
+):
+    # A valid tensor rides along: it must not be applied when another one is bad.
+    named = payload | {"model.embed_tokens.weight": torch.zeros(49152, 64)}
+
+    async def main():
+        async with EngineClient(server_b) as c:
+            with pytest.raises(EngineError) as err:
+                await c.update_weights_from_tensor(named)
+            return str(err.value), err.value.status, await c.get_weight_version()
+
+    message, status, version = _run(main())
+    assert status == 400 and version == "0"
+    for w in words:
+        assert w in message
+    _check_serves(server_b, tiny_model, reference_logprobs)
+
+
+def test_tensor_payload_must_be_base64_safetensors(server_b):
+    pickled = base64.b64encode(b"\x80\x04\x95 not a safetensors file").decode()
+    for entry in ("%%% not base64", pickled):
+        body = {"serialized_named_tensors": [entry]}
+        r = httpx.post(f"{server_b}/update_weights_from_tensor", json=body)
+        assert r.status_code == 400
+        assert "serialized_named_tensors" in r.json()["message"]
+
+
+def test_update_from_disk_bumps_the_version(
+    server_b, perturbed, reference_logprobs, tmp_path, restore_b
+):
+    perturbed.save_pretrained(tmp_path / "step1")
+
+    async def main():
+        async with EngineClient(server_b) as c:
+            await c.update_weights_from_disk(str(tmp_path / "step1"))  # no version given
+            version = await c.get_weight_version()
+            with pytest.raises(EngineError) as err:
+                await c.update_weights_from_disk(str(tmp_path / "missing"))
+            return version, str(err.value)
+
+    version, message = _run(main())
+    assert version == "1"  # "0" counted up
+    assert "missing" in message
+    _check_serves(server_b, perturbed, reference_logprobs)
+
+
+def test_update_from_distributed_over_gloo(server_b, perturbed, reference_logprobs, restore_b):
+    """This process is rank 0 of a custom group and broadcasts; the server is rank 1."""
+    config = GroupConfig(master_port=free_port(), world_size=2, backend="gloo")
+    named = list(perturbed.state_dict().items())
+    groups = {}
+
+    def join():
+        groups["trainer"] = init_custom_process_group(config, rank=0)
+
+    async def main():
+        async with EngineClient(server_b) as c:
+            joiner = threading.Thread(target=join)
+            joiner.start()
+            await c.init_weights_update_group(
+                "127.0.0.1", config.master_port, rank_offset=1, world_size=2, backend="gloo"
+            )
+            await asyncio.to_thread(joiner.join)
+            group = groups["trainer"]
+
+            def send():
+                for _, tensor in named:
+                    dist.broadcast(tensor.detach().contiguous(), src=0, group=group)
+
+            update = c.update_weights_from_distributed(
+                [n for n, _ in named],
+                [str(t.dtype).removeprefix("torch.") for _, t in named],
+                [list(t.shape) for _, t in named],
+                weight_version="step-3",
+            )
+            await asyncio.gather(update, asyncio.to_thread(send))
+            version = await c.get_weight_version()
+            await c.destroy_weights_update_group()
+            destroy_custom_process_group(group)
+            return version
+
+    assert _run(main()) == "step-3"
+    assert not dist.is_initialized()  # the default group was never touched
+    _check_serves(server_b, perturbed, reference_logprobs)
+
+
+def test_nccl_group_on_a_cpu_server_is_refused(server_b):
+    body = {"master_address": "127.0.0.1", "master_port": free_port(), "rank_offset": 1}
+    r = httpx.post(f"{server_b}/init_weights_update_group", json=body | {"world_size": 2})
+    assert r.status_code == 400 and "nccl" in r.json()["message"]  # SGLang's default backend
+
+
+def test_distributed_update_needs_a_group(server_b):
+    body = {"names": ["model.norm.weight"], "dtypes": ["float32"], "shapes": [[64]]}
+    r = httpx.post(f"{server_b}/update_weights_from_distributed", json=body)
+    assert r.status_code == 400 and "weight_update_group" in r.json()["message"]
+    body = {"names": ["a", "b"], "dtypes": ["float32"], "shapes": [[1]]}
+    r = httpx.post(f"{server_b}/update_weights_from_distributed", json=body)
+    assert r.status_code == 400 and "names, dtypes and shapes" in r.json()["error"]["message"]
+
+
+def test_weight_version_endpoint_and_flush_cache_spare_running_requests(server_b, restore_b):
+    async def main():
+        async with EngineClient(server_b) as c:
+            params = {"max_new_tokens": 400, "ignore_eos": True}
+            running = asyncio.create_task(c.generate([1, 2], params))
+            await asyncio.sleep(0.1)
+            await c.flush_cache()
+            await c.update_weight_version("v-next")
+            return await running, await c.get_weight_version()
+
+    res, version = _run(main())
+    assert res.finish_reason == {"type": "length", "length": 400}
+    assert version == "v-next" == res.weight_version  # reported at completion
