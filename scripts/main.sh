@@ -5,6 +5,6 @@
 # becomes a recipe's CPU preset once a recipe lands. Extra arguments go to `kernel train`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh "${TANDEM_EXTRAS:-dev,math,router,models}"
+bash scripts/setup.sh "${TANDEM_EXTRAS:-dev,math,router,models,logging}"
 exec .venv/bin/python -m kernel train --preset toy \
   --output_dir "runs/toy-$(date +%Y%m%d-%H%M%S)" "$@"

@@ -143,3 +143,40 @@ def test_dynamic_sampling_drops_constant_groups():
     )
     kept, _, stats = run(m, [seeds(0, 3), seeds(1, 3)], drop_constant_groups=True)
     assert [r.group[0].group_id for r in kept] == [0] and stats.dropped_groups == 1
+
+
+def test_loop_refills_dropped_and_aborted_groups_from_the_buffer(tmp_path):
+    """kernel.loop._collect: DAPO-dropped groups are replaced by new prompts; an aborted group
+    is requeued and rolled out again in the next round; every row is used once."""
+    import json
+
+    from kernel.buffer import DataBuffer, DataConfig
+    from kernel.config import TrainConfig
+    from kernel.loop import _collect
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(8)))
+    data = DataConfig(path=str(path), label_key=None, n_samples_per_prompt=2, shuffle=False,
+                      prompts_per_step=3)  # fmt: skip
+    cfg = TrainConfig(data=data, dynamic_sampling=True, max_refill_rounds=4)
+    attempts: dict[int, int] = {}
+
+    async def gen(ctx, seed):
+        row = seed.metadata["row"]
+        if seed.index == 0:
+            attempts[row] = attempts.get(row, 0) + 1
+        status = Status.ABORTED if row == 1 and attempts[row] == 1 else Status.COMPLETED
+        # rows 0 and 2: constant reward in the group -> dropped by dynamic sampling
+        return [finished(seed, "a", 9 if row in (0, 2) else seed.index, status)]
+
+    def reward(ctx, samples):
+        return float(samples[0].response_ids[-1])
+
+    buffer = DataBuffer(data)
+    manager = RolloutManager(gen, reward, RewardConfig(), concurrency=8, timeout_s=5)
+    batch = asyncio.run(_collect(cfg, manager, RolloutContext(), buffer, step=0))
+    kept_rows = sorted(r.group[0].metadata["row"] for r in batch.results)
+    assert kept_rows == [1, 3, 4]  # 1 after its abort, 3 and 4 refilled for the dropped 0 and 2
+    assert attempts == {0: 1, 1: 2, 2: 1, 3: 1, 4: 1}
+    assert batch.stats.dropped_groups == 2 and batch.stats.aborted_groups == 1
+    assert buffer.next_groups(1)[0][0].metadata["row"] == 5  # nothing skipped or repeated
