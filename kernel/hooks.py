@@ -5,8 +5,9 @@ A recipe provides two hooks, each with exactly one signature:
 - ``async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]`` rolls out one
   episode seeded by ``sample`` (prompt, label, group) and returns every agent's samples.
 - ``def reward(ctx: RolloutContext, samples: list[Sample]) -> float | dict[str, float | None]
-  | None`` scores one episode: a float applies to every sample of it, a dict gives one reward
-  per agent (bilateral rewards), None means "does not apply". It may also be ``async def``.
+  | list[float | None] | None`` scores one episode: a float applies to every sample of it, a
+  dict gives one reward per agent (bilateral rewards), a list one per sample (in order), None
+  means "does not apply". It may also be ``async def``.
 
 New inputs for hooks go on ``RolloutContext``, never into new call shapes. Paths are resolved
 at start-up (``load_function``) so a typo fails before any process or GPU is touched.
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import importlib.util
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -33,7 +35,8 @@ class RolloutContext:
     """Everything a hook may use, handed to every call. Extend here, not in signatures."""
 
     agents: Mapping[str, Any] = field(default_factory=dict)  # name -> agent handle (engines)
-    config: Any = None  # the recipe's own config section
+    config: Any = None  # the recipe's own config (its RecipeConfig, or the recipe_args dict)
+    run: Any = None  # the whole TrainConfig of the run
     step: int = 0
     extras: dict[str, Any] = field(default_factory=dict)  # e.g. retriever URL, judge client
 
@@ -43,7 +46,7 @@ class GenerateFn(Protocol):
     def __call__(self, ctx: RolloutContext, sample: Sample) -> Awaitable[list[Sample]]: ...
 
 
-RewardResult = float | dict[str, float | None] | None
+RewardResult = float | dict[str, float | None] | list[float | None] | None
 
 
 @runtime_checkable
@@ -82,6 +85,32 @@ def load_function(path: str, n_args: int | None = None, must_be_async: bool = Fa
         except TypeError as e:
             raise HookError(f"hook {path!r} must accept {n_args} positional arguments: {e}") from e
     return fn
+
+
+def load_recipe_config(path: str | None, args: Mapping[str, Any]) -> Any:
+    """Build the recipe's config dataclass at ``path`` from ``args`` and validate it.
+
+    None -> ``dict(args)``. Unknown or ill-typed keys fail naming the key and the path.
+    """
+    if path is None:
+        return dict(args)
+    cls = load_function(path)
+    try:
+        config = cls(**args)
+    except TypeError as e:
+        raise HookError(f"recipe_args do not fit {path}: {e}") from e
+    if hasattr(config, "validate"):
+        config.validate()
+    return config
+
+
+def default_recipe_config(recipe: str) -> str | None:
+    """``recipes.<recipe>.config.RecipeConfig`` if the recipe has that module, else None."""
+    name = f"recipes.{recipe}.config"
+    try:
+        return f"{name}.RecipeConfig" if importlib.util.find_spec(name) else None
+    except ModuleNotFoundError:  # no such recipe package
+        return None
 
 
 def load_generate(path: str) -> GenerateFn:

@@ -37,7 +37,13 @@ from kernel.advantages import compute_advantages
 from kernel.agents import AgentHandle, EnginePool
 from kernel.buffer import DataBuffer
 from kernel.config import TrainConfig
-from kernel.hooks import RolloutContext, load_generate, load_reward
+from kernel.hooks import (
+    RolloutContext,
+    default_recipe_config,
+    load_generate,
+    load_recipe_config,
+    load_reward,
+)
 from kernel.metrics import MetricsLogger, mean
 from kernel.models import load_tokenizer, materialize_model
 from kernel.rollout import GroupResult, RolloutManager, RolloutStats
@@ -84,6 +90,9 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> li
     cfg.validate()
     generate = load_generate(cfg.generate_fn or f"recipes.{cfg.recipe}.generate.generate")
     reward = load_reward(cfg.reward_fn or f"recipes.{cfg.recipe}.reward.reward")
+    recipe_config = load_recipe_config(
+        cfg.recipe_config or default_recipe_config(cfg.recipe), cfg.recipe_args
+    )
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)
@@ -115,22 +124,52 @@ def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> li
     logger = MetricsLogger(out, cfg.log, _jsonable(cfg), start_step)
     with EnginePool(cfg.engine, model_path, out / "logs", seed=cfg.seed) as pool:
         return asyncio.run(
-            _run(cfg, generate, reward, buffer, trainer, tokenizer, pool, logger,
-                 start_step, version, on_step)
-        )  # fmt: skip
+            _run(
+                cfg,
+                recipe_config,
+                generate,
+                reward,
+                buffer,
+                trainer,
+                tokenizer,
+                pool,
+                logger,
+                start_step,
+                version,
+                on_step,
+            )
+        )
 
 
-async def _run(cfg, generate, reward, buffer, trainer, tokenizer, pool, logger, start, version,
-               on_step) -> list[dict]:  # fmt: skip
-    clients = pool.clients()
+async def _run(
+    cfg,
+    recipe_config,
+    generate,
+    reward,
+    buffer,
+    trainer,
+    tokenizer,
+    pool,
+    logger,
+    start,
+    version,
+    on_step,
+) -> list[dict]:
+    generators, clients = pool.clients()
     sync = WeightSync(cfg.sync, clients, Path(cfg.output_dir))
     sampling = {"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p}
     agents = {
-        name: AgentHandle(name, clients, tokenizer, sampling, cfg.rollout.max_response_len,
-                          cfg.rollout.max_context_len)
+        name: AgentHandle(
+            name,
+            clients,
+            tokenizer,
+            sampling,
+            cfg.rollout.max_response_len,
+            cfg.rollout.max_context_len,
+        )
         for name in cfg.agents
-    }  # fmt: skip
-    ctx = RolloutContext(agents=agents, config=cfg, step=start)
+    }
+    ctx = RolloutContext(agents=agents, config=recipe_config, run=cfg, step=start)
     manager = RolloutManager(
         generate, reward, cfg.reward, cfg.rollout.concurrency, cfg.rollout.timeout_s
     )
@@ -190,7 +229,7 @@ async def _run(cfg, generate, reward, buffer, trainer, tokenizer, pool, logger, 
     finally:
         await sync.aclose()
         logger.close()
-        await asyncio.gather(*(c.aclose() for c in clients))
+        await asyncio.gather(*(c.aclose() for c in {*generators, *clients}))
 
 
 async def _collect(cfg, manager, ctx, buffer, step: int) -> Batch:
@@ -206,8 +245,14 @@ async def _collect(cfg, manager, ctx, buffer, step: int) -> Batch:
         for r in aborted:  # rolled out again, whole, in a later round or step
             buffer.requeue(r.group)
         results += kept
-        for k in ("episodes", "failed", "timed_out", "aborted_groups", "reward_errors",
-                  "dropped_groups"):  # fmt: skip
+        for k in (
+            "episodes",
+            "failed",
+            "timed_out",
+            "aborted_groups",
+            "reward_errors",
+            "dropped_groups",
+        ):
             setattr(total, k, getattr(total, k) + getattr(stats, k))
         total.seconds += stats.seconds
         if len(results) >= want:
@@ -223,24 +268,41 @@ async def _handed_out(next_batch: asyncio.Future) -> list[list[Sample]]:
 
 def _drop_stale(samples: list[Sample], version: int, max_staleness: int):
     """Keep samples whose oldest weight version is within max_staleness of ``version``."""
-    kept = [s for s in samples if not s.weight_versions or
-            version - min(s.weight_versions) <= max_staleness]  # fmt: skip
+    kept = [
+        s
+        for s in samples
+        if not s.weight_versions or version - min(s.weight_versions) <= max_staleness
+    ]
     return kept, len(samples) - len(kept)
 
 
 def _agent_metrics(samples: list[Sample]) -> dict[str, float]:
-    """Per agent: reward, response length, truncation and failure rates, staleness."""
+    """Per agent: reward, sampled tokens, truncation and failure rates, the share of its
+    dialogue's tokens it trains on; per episode: the recipe's ``metadata["metrics"]``, averaged
+    over the episodes that report each key (one sample per episode carries them)."""
     row: dict[str, float] = {}
     for agent in sorted({s.agent for s in samples}):
         mine = [s for s in samples if s.agent == agent]
         lengths = [sum(s.loss_mask) for s in mine]
         row[f"{agent}/reward"] = mean(s.reward for s in mine)
         row[f"{agent}/response_length"] = mean(lengths)
+        row[f"{agent}/mask_share"] = mean(
+            sum(s.loss_mask) / (len(s.prompt_ids) + s.response_length) for s in mine if s.prompt_ids
+        )
         row[f"{agent}/truncated"] = mean(float(s.status.value == "truncated") for s in mine)
         row[f"{agent}/failed"] = mean(float(s.status.value == "failed") for s in mine)
         row[f"{agent}/samples"] = float(len(mine))
-    rewards = [s.reward for s in samples]
-    row["reward"] = mean(rewards)
+    episodes: dict[tuple, dict] = {}
+    tokens: dict[tuple, int] = {}  # every agent's dialogue tokens of the episode
+    for s in samples:
+        episode = (s.group_id, s.index)
+        tokens[episode] = tokens.get(episode, 0) + len(s.prompt_ids) + s.response_length
+        if "metrics" in s.metadata:
+            episodes.setdefault(episode, s.metadata["metrics"])
+    for key in sorted({k for m in episodes.values() for k in m}):
+        row[f"episode/{key}"] = mean(m.get(key) for m in episodes.values())
+    row["episode/tokens"] = mean(tokens.values())
+    row["reward"] = mean(s.reward for s in samples)
     return {k: v for k, v in row.items() if v is not None}
 
 
@@ -262,8 +324,9 @@ async def _evaluate(cfg, manager, ctx) -> dict[str, float]:
         for r in kept:
             mine = [s for s in r.samples if s.agent == agent and s.reward is not None]
             if mine:
-                passed = [s.metadata.get("correct", s.reward >= cfg.eval.pass_threshold)
-                          for s in mine]  # fmt: skip
+                passed = [
+                    s.metadata.get("correct", s.reward >= cfg.eval.pass_threshold) for s in mine
+                ]
                 per_prompt.append((mean(s.reward for s in mine), any(passed)))
         if per_prompt:
             k = cfg.eval.n_samples
@@ -278,10 +341,16 @@ def _checkpoint(cfg, trainer, buffer, step: int, version: int, in_flight) -> Pat
     path = root / f"step_{step}"
     trainer.save(path / "trainer")
     state = buffer.state_dict(in_flight=in_flight)
-    (path / "state.json").write_text(json.dumps({
-        "step": step, "weight_version": version, "buffer": state,
-        "python_rng": random.getstate(),
-    }))  # fmt: skip
+    (path / "state.json").write_text(
+        json.dumps(
+            {
+                "step": step,
+                "weight_version": version,
+                "buffer": state,
+                "python_rng": random.getstate(),
+            }
+        )
+    )
     for old in root.glob("step_*"):  # keep the newest two
         if old != path and int(old.name[5:]) < step - max(cfg.save_every, 1):
             shutil.rmtree(old, ignore_errors=True)

@@ -73,12 +73,22 @@ def assign_rewards(samples: list[Sample], result: RewardResult) -> None:
 
     float -> every sample; dict agent -> float | None -> each sample gets its agent's entry
     (keys for agents with no sample in this episode are ignored: an agent may sit an episode
-    out); None -> every ``raw_reward`` is None. Raises ValueError for an agent that has samples
-    but no entry, and for a non-finite or non-numeric reward, naming the agent or sample.
+    out); list -> one reward (or None) per sample, in order (e.g. several attempts of one agent
+    in one episode, each scored on its own answer); None -> every ``raw_reward`` is None.
+    Raises ValueError for an agent that has samples but no entry, a list of the wrong length,
+    and a non-finite or non-numeric reward, naming the agent or sample.
     """
     if result is None:
         for s in samples:
             s.raw_reward = None
+        return
+    if isinstance(result, list | tuple):
+        if len(result) != len(samples):
+            raise ValueError(
+                f"reward list has {len(result)} entries for an episode of {len(samples)} samples"
+            )
+        for s, r in zip(samples, result, strict=True):
+            s.raw_reward = None if r is None else _finite(r, f"reward of sample {s.key}")
         return
     if isinstance(result, Mapping):
         agents = sorted({s.agent for s in samples})

@@ -42,3 +42,16 @@ def test_async_reward_is_awaited():
     assert out == {"doctor": 1.0}
     sync = load_reward(f"{FIX}.reward")
     assert asyncio.run(call_reward(sync, RolloutContext(), [Sample()])) == 1.0
+
+
+def test_recipe_config_is_built_and_validated_at_start_up():
+    from kernel.hooks import default_recipe_config, load_recipe_config
+
+    assert load_recipe_config(None, {"a": 1}) == {"a": 1}
+    cfg = load_recipe_config(f"{FIX}.RecipeConfig", {"turns": 3})
+    assert cfg.turns == 3
+    with pytest.raises(HookError, match=r"recipe_args do not fit tests\.hook_fixtures"):
+        load_recipe_config(f"{FIX}.RecipeConfig", {"turnz": 3})
+    with pytest.raises(ValueError, match=r"recipe_args\.turns must be >= 1"):
+        load_recipe_config(f"{FIX}.RecipeConfig", {"turns": 0})
+    assert default_recipe_config("no_such_recipe") is None

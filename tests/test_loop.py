@@ -50,8 +50,14 @@ def test_tiny_model_learns_through_the_full_path(tmp_path):
 @pytest.mark.slow
 def test_async_one_step_off_policy_learns_and_bounds_staleness(tmp_path):
     eval_flags = ["--eval.path=kernel/presets/toy_prompts.jsonl", "--eval.every=20"]
-    cfg = toy_config(tmp_path, "--num_steps=40", "--async_mode=true", "--loss.tis_cap=2.0",
-                     *eval_flags, "--eval.max_prompts=8")  # fmt: skip
+    cfg = toy_config(
+        tmp_path,
+        "--num_steps=40",
+        "--async_mode=true",
+        "--loss.tis_cap=2.0",
+        *eval_flags,
+        "--eval.max_prompts=8",
+    )
     rows = train(cfg)
     assert mean_reward(rows[-5:]) - mean_reward(rows[:5]) > 0.4
     assert all(r["staleness/dropped"] == 0 for r in rows)
@@ -74,8 +80,13 @@ def test_after_a_push_engine_logprobs_equal_the_trainers(tmp_path, transport):
     prompt = [1, 90, 88, 74, 87, 3, 45, 78, 5, 2, 3, 1, 70, 88]  # ChatML ids of the toy tokenizer
 
     def as_sample(ids, advantage=None):
-        return Sample(prompt_ids=prompt, response_ids=ids, loss_mask=[1] * len(ids),
-                      advantage=advantage, status=Status.COMPLETED)  # fmt: skip
+        return Sample(
+            prompt_ids=prompt,
+            response_ids=ids,
+            loss_mask=[1] * len(ids),
+            advantage=advantage,
+            status=Status.COMPLETED,
+        )
 
     def trainer_logprobs(ids):
         return trainer.compute_logprobs([as_sample(ids)])[0]
@@ -96,7 +107,7 @@ def test_after_a_push_engine_logprobs_equal_the_trainers(tmp_path, transport):
             await client.aclose()
 
     with EnginePool(cfg.engine, model, tmp_path / "logs") as pool:
-        stale, stale_ref, fresh, ref = asyncio.run(run(pool.clients()[0]))
+        stale, stale_ref, fresh, ref = asyncio.run(run(pool.clients()[1][0]))
     # before the push the engine is measurably behind; after it, it serves the trainer's weights
     assert max(abs(a - b) for a, b in zip(stale.logprobs, stale_ref, strict=True)) > 1e-3
     assert fresh.weight_version == "1"
@@ -117,8 +128,18 @@ def _engines_of(run_dir: Path) -> list[int]:
 
 
 def _cli(tmp_path, *flags):
-    cmd = [sys.executable, "-m", "kernel", "train", "--preset", "toy",
-           f"--output_dir={tmp_path}", "--num_steps=6", "--save_every=1", *flags]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "kernel",
+        "train",
+        "--preset",
+        "toy",
+        f"--output_dir={tmp_path}",
+        "--num_steps=6",
+        "--save_every=1",
+        *flags,
+    ]
     return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
 
@@ -156,3 +177,47 @@ def test_sigkill_mid_step_then_resume_skips_and_repeats_no_prompt(tmp_path):
     buffer = DataBuffer(replace(cfg.data, path=resolve_data_path(cfg.data.path)))
     expected = [sorted(g[0].metadata["row"] for g in buffer.next_groups()) for _ in range(6)]
     assert [r["data/rows"] for r in rows] == expected
+
+
+@pytest.mark.slow
+def test_training_through_the_real_sglang_router(tmp_path):
+    """Two embedded engines behind the real sglang-router: rollouts go through the router,
+    weight sync to each engine directly; both serve, both end on the trainer's version."""
+    import httpx
+
+    from kernel.engine.launch import free_port
+    from kernel.engine.router import RouterConfig, launch_router, wait_for_workers
+    from kernel.engine.serve import launch_server
+    from kernel.engine.server import ServerConfig
+    from kernel.models import materialize_model
+
+    model = materialize_model("tiny-char", tmp_path / "models")
+    servers, router = [], None
+    try:
+        for i in range(2):
+            cfg = ServerConfig(model=model, port=free_port(), num_threads=1, seed=i)
+            servers.append(launch_server(cfg, tmp_path / f"engine{i}.log"))
+        for s in servers:
+            s.wait_healthy(120)
+        urls = [s.url for s in servers]
+        rcfg = RouterConfig(port=free_port(), worker_urls=urls, policy="round_robin")
+        router = launch_router(rcfg, tmp_path / "router.log")
+        wait_for_workers(rcfg.url, 2)
+        rows = train(
+            toy_config(
+                tmp_path / "run",
+                "--num_steps=12",
+                f"--engine.urls={urls}",
+                f"--engine.router_url={rcfg.url}",
+            )
+        )
+        loads = [httpx.get(f"{u}/v1/loads").json()["loads"][0] for u in urls]
+        versions = [httpx.get(f"{u}/get_weight_version").json()["weight_version"] for u in urls]
+    finally:
+        for p in [*servers, router]:
+            if p is not None:
+                p.stop()
+    assert mean_reward(rows[-3:]) > mean_reward(rows[:3])
+    assert all(load["num_finished_reqs"] > 0 for load in loads), loads
+    assert versions == ["12", "12"]
+    assert max(r["train/logprob_diff"] for r in rows) < 1e-4

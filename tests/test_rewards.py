@@ -161,3 +161,17 @@ def test_apply_weighting_asymmetric_needs_the_outcome():
 def test_reward_config_validate_names_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
         RewardConfig(**kwargs).validate()
+
+
+def test_assign_rewards_list_gives_one_reward_per_sample():
+    samples = [
+        Sample(agent="solver", index=0),
+        Sample(agent="solver", index=0, turn=1),
+        Sample(agent="selector"),
+    ]
+    assign_rewards(samples, [1.0, 0.0, None])
+    assert [s.raw_reward for s in samples] == [1.0, 0.0, None]
+    with pytest.raises(ValueError, match="2 entries for an episode of 3 samples"):
+        assign_rewards(samples, [1.0, 0.0])
+    with pytest.raises(ValueError, match="finite"):
+        assign_rewards(samples, [1.0, float("nan"), 0.0])

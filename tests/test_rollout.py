@@ -156,8 +156,9 @@ def test_loop_refills_dropped_and_aborted_groups_from_the_buffer(tmp_path):
 
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(8)))
-    data = DataConfig(path=str(path), label_key=None, n_samples_per_prompt=2, shuffle=False,
-                      prompts_per_step=3)  # fmt: skip
+    data = DataConfig(
+        path=str(path), label_key=None, n_samples_per_prompt=2, shuffle=False, prompts_per_step=3
+    )
     cfg = TrainConfig(data=data, dynamic_sampling=True, max_refill_rounds=4)
     attempts: dict[int, int] = {}
 

@@ -26,7 +26,17 @@ from tenacity import (
     wait_exponential,
 )
 
-RETRYABLE = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.RemoteProtocolError)
+# Transport failures before a reply. ReadError/WriteError include a pooled keep-alive
+# connection the server closed just as it was reused; re-sending is safe for every call that
+# retries (generation has no side effect but compute; one-shot calls pass retry=False).
+RETRYABLE = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.RemoteProtocolError,
+    httpx.ReadError,
+    httpx.WriteError,
+)
 
 
 @dataclass

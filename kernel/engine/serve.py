@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> None:
         port=config.port,
         log_level=config.log_level,
         access_log=config.log_level in ("info", "debug", "trace"),
+        # Longer than the clients' keep-alive expiry (httpx: 5 s), so the server never closes
+        # an idle pooled connection just as a client reuses it between training steps.
+        timeout_keep_alive=75,
     )
 
 

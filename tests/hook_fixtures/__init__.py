@@ -23,3 +23,14 @@ def reward(ctx, samples) -> float:
 
 async def async_reward(ctx, samples) -> dict:
     return {s.agent: 1.0 for s in samples}
+
+
+class RecipeConfig:
+    """A recipe config with one field and a check."""
+
+    def __init__(self, turns: int = 2):
+        self.turns = turns
+
+    def validate(self):
+        if self.turns < 1:
+            raise ValueError(f"recipe_args.turns must be >= 1, got {self.turns}")

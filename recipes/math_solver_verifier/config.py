@@ -1,0 +1,46 @@
+"""The recipe's settings (``recipe_args`` in a preset or ``--recipe_args '{...}'``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from recipes.math_solver_verifier.reward import MathRewardConfig
+
+WORKFLOWS = ("solver_rewriter_selector", "solver_verifier")
+
+
+@dataclass
+class RecipeConfig:
+    """math_solver_verifier settings."""
+
+    workflow: str = "solver_rewriter_selector"
+    """solver_rewriter_selector (parallel solvers, rewriters, one selector) or solver_verifier
+    (the solver revises until the verifier approves or max_loops)."""
+    num_parallel: int = 2
+    """Solvers (and rewriters) per episode in solver_rewriter_selector."""
+    max_loops: int = 3
+    """Solver/verifier rounds at most in solver_verifier."""
+    max_solution_chars: int = 1500
+    """Each solution quoted to another role is cut to this many characters."""
+    answer: MathRewardConfig = field(default_factory=MathRewardConfig)
+    """Answer extraction and checking."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.answer, dict):  # from YAML / JSON recipe_args
+            self.answer = MathRewardConfig(**self.answer)
+
+    def validate(self) -> RecipeConfig:
+        if self.workflow not in WORKFLOWS:
+            raise ValueError(
+                f"recipe_args.workflow must be one of {WORKFLOWS}, got {self.workflow!r}"
+            )
+        if self.num_parallel < 1 or self.max_loops < 1 or self.max_solution_chars < 1:
+            raise ValueError("recipe_args.num_parallel, max_loops, max_solution_chars must be >= 1")
+        self.answer.validate()
+        return self
+
+    @property
+    def roles(self) -> tuple[str, ...]:
+        if self.workflow == "solver_verifier":
+            return ("solver", "verifier")
+        return ("solver", "rewriter", "selector")

@@ -1,0 +1,314 @@
+"""Math data for this recipe: the usual sets mapped to the buffer's row format, and problems
+generated offline by reasoning-gym.
+
+Every loader returns ``list[dict]`` rows ``{"prompt": str, "label": str, "source": str, ...}``
+(extra keys are metadata the buffer can copy with ``DataConfig.metadata_keys``). The prompt is
+the bare problem: the recipe's prompts.py adds the instructions (e.g. "put the answer in
+\\boxed{}"), so data from different sets looks the same to the model.
+
+Sources (all read through ``datasets``; a hub name needs network or a warm HF cache, and
+``path`` may instead point at a local .parquet/.jsonl/.json copy of the same columns):
+
+- DAPO-Math-17k (``BytedTsinghua-SIA/DAPO-Math-17k``): ``prompt`` is a chat list whose user
+  message wraps the problem in DAPO's "Answer:" instructions (stripped here);
+  ``reward_model.ground_truth`` is the label.
+- GSM8K (``openai/gsm8k``, config ``main``): ``question``; the label is the number after
+  ``####`` in ``answer``.
+- MATH (``EleutherAI/hendrycks_math``, one config per subject): ``problem``; the label is the
+  last ``\\boxed{}`` of ``solution``.
+- any JSONL/Parquet file with a prompt and a label column.
+- reasoning-gym: procedurally generated, fully offline; the default tasks are easy enough for
+  a 135M model to get some right (``EASY_TASK_CONFIGS``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+from kernel.buffer import DataConfig, DataError, load_rows
+from recipes.math_solver_verifier.reward import extract_answer, score
+
+logger = logging.getLogger(__name__)
+
+Row = dict[str, Any]
+
+DAPO_NAME = "BytedTsinghua-SIA/DAPO-Math-17k"
+GSM8K_NAME = "openai/gsm8k"
+MATH_NAME = "EleutherAI/hendrycks_math"
+MATH_SUBJECTS = (
+    "algebra",
+    "counting_and_probability",
+    "geometry",
+    "intermediate_algebra",
+    "number_theory",
+    "prealgebra",
+    "precalculus",
+)
+# DAPO's user message is this prefix + problem + suffix (verl's "Answer:" format).
+DAPO_PREFIX = (
+    "Solve the following math problem step by step. The last line of your response should be "
+    "of the form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n"
+)
+DAPO_SUFFIX = '\n\nRemember to put your answer on its own line after "Answer:".'
+
+EASY_TASK_CONFIGS: dict[str, dict[str, Any]] = {
+    # 2-3 one-digit terms, no division (reasoning-gym's "/" is floor division): answers like
+    # "-12" or "6" that a 135M model can sometimes get. allow_parentheses must stay True: with
+    # False, reasoning-gym 0.1.25 computes "7 - 5 * 9" left to right and labels it 18, not -38
+    # (its parenthesised generator evaluates with Python's precedence, and may add brackets).
+    "basic_arithmetic": {
+        "min_terms": 2,
+        "max_terms": 3,
+        "min_digits": 1,
+        "max_digits": 1,
+        "operators": ("+", "-", "*"),
+        "allow_parentheses": True,
+        "allow_negation": False,
+    },
+    "chain_sum": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2},
+}
+"""reasoning-gym config per task used by ``generate_reasoning_gym``; other tasks get
+reasoning-gym's defaults"""
+
+
+# ---- row mappers: one real row -> one buffer row ---------------------------------------------
+
+
+class RowError(ValueError):
+    """One row cannot be mapped; ``map_rows`` adds where it is."""
+
+
+def map_dapo(row: Mapping[str, Any]) -> Row:
+    """A DAPO-Math-17k row: the user message without DAPO's instructions, the ground truth."""
+    messages = row["prompt"]
+    user = [m["content"] for m in messages if m.get("role") == "user"]
+    if not user:
+        raise RowError("prompt has no user message")
+    text = user[-1]
+    text = text.removeprefix(DAPO_PREFIX).removesuffix(DAPO_SUFFIX).strip()
+    extra = row.get("extra_info") or {}
+    return {
+        "prompt": text,
+        "label": str(row["reward_model"]["ground_truth"]).strip(),
+        "source": "dapo",
+        "index": str(extra.get("index", "")),
+    }
+
+
+def map_gsm8k(row: Mapping[str, Any]) -> Row:
+    """A GSM8K row: the question, and the final number after '####' in the worked answer."""
+    answer = row["answer"]
+    if "####" not in answer:
+        raise RowError("answer has no '####' final answer")
+    return {
+        "prompt": row["question"].strip(),
+        "label": answer.rsplit("####", 1)[1].strip(),
+        "source": "gsm8k",
+    }
+
+
+def map_math(row: Mapping[str, Any]) -> Row:
+    """A MATH row: the problem, and the last \\boxed{} (or \\fbox{}) of the solution."""
+    label = extract_answer(row["solution"], markers=("\\boxed", "\\fbox"))
+    if label is None:
+        raise RowError("solution has no \\boxed{} answer")
+    return {
+        "prompt": row["problem"].strip(),
+        "label": label,
+        "source": "math",
+        "level": row.get("level", ""),
+        "type": row.get("type", ""),
+    }
+
+
+def file_mapper(input_key: str = "prompt", label_key: str = "label") -> Callable[[Any], Row]:
+    """A mapper for a plain file: ``input_key`` -> prompt, ``label_key`` -> label."""
+
+    def map_file(row: Mapping[str, Any]) -> Row:
+        prompt, label = row[input_key], row[label_key]
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise RowError(f"{input_key!r} must be a non-empty string, got {prompt!r:.60}")
+        if label is None or not str(label).strip():
+            raise RowError(f"{label_key!r} is empty")
+        return {"prompt": prompt.strip(), "label": str(label).strip(), "source": "file"}
+
+    return map_file
+
+
+def map_rows(
+    rows: Iterable[Mapping[str, Any]],
+    mapper: Callable[[Mapping[str, Any]], Row],
+    where: str,
+    skip_bad: bool = False,
+) -> list[Row]:
+    """Apply ``mapper`` to every row; a bad row raises DataError naming ``where`` and its 1-based
+    number; with ``skip_bad`` a row the mapper rejects (RowError, e.g. no boxed answer) is dropped
+    and counted in one warning instead."""
+    out, skipped = [], []
+    for i, row in enumerate(rows, start=1):
+        try:
+            out.append(mapper(row))
+        except (RowError, KeyError, TypeError, AttributeError, IndexError) as e:
+            if not (skip_bad and isinstance(e, RowError)):  # a missing column always fails
+                why = f"missing key {e.args[0]!r}" if isinstance(e, KeyError) else str(e)
+                raise DataError(f"{where}: row {i}: {why}") from e
+            skipped.append(i)
+    if skipped:
+        logger.warning(
+            "%s: skipped %d row(s) without a usable answer (first: row %d)",
+            where,
+            len(skipped),
+            skipped[0],
+        )
+    if not out:
+        raise DataError(f"{where}: no usable rows")
+    return out
+
+
+# ---- loaders ---------------------------------------------------------------------------------
+
+
+def _is_file(path: str) -> bool:
+    return os.path.splitext(path)[1].lower() in (".jsonl", ".json", ".parquet")
+
+
+def _load_hub(name: str, config: str | None, split: str):
+    """``datasets.load_dataset`` with an error that says what to do when offline."""
+    import datasets
+
+    try:
+        return datasets.load_dataset(name, config, split=split)
+    except Exception as e:
+        raise DataError(
+            f"cannot load {name!r} (config {config!r}, split {split!r}) from the Hugging Face "
+            f"Hub: {type(e).__name__}: {e}. Without network, download it elsewhere and pass the "
+            "local .parquet/.jsonl file as the path, or use the offline source 'reasoning_gym'."
+        ) from e
+
+
+def _load(path: str, config: str | None, split: str):
+    if _is_file(path):
+        return load_rows(DataConfig(path=path, split=split, label_key=None))
+    return _load_hub(path, config, split)
+
+
+def dedup(rows: Iterable[Row]) -> list[Row]:
+    """The first row of every distinct prompt, in order."""
+    out: dict[str, Row] = {}
+    for r in rows:
+        out.setdefault(r["prompt"], r)
+    return list(out.values())
+
+
+def load_dapo(path: str = DAPO_NAME, split: str = "train") -> list[Row]:
+    """DAPO-Math-17k rows (only a train split exists), de-duplicated: the hub copy repeats each
+    of its ~17k problems many times (1.79M rows)."""
+    rows = map_rows(_load(path, None, split), map_dapo, f"{path} [{split}]")
+    unique = dedup(rows)
+    logger.info("%s: %d rows, %d distinct problems", path, len(rows), len(unique))
+    return unique
+
+
+def load_gsm8k(path: str = GSM8K_NAME, split: str = "train") -> list[Row]:
+    """GSM8K rows (splits train and test)."""
+    return map_rows(_load(path, "main", split), map_gsm8k, f"{path} [{split}]")
+
+
+def load_math(
+    path: str = MATH_NAME, split: str = "train", subjects: Sequence[str] = MATH_SUBJECTS
+) -> list[Row]:
+    """MATH rows of ``subjects`` (splits train and test). The rare solution without a boxed
+    answer is skipped, with a warning."""
+    if _is_file(path):
+        return map_rows(_load(path, None, split), map_math, path, skip_bad=True)
+    rows = []
+    for subject in subjects:
+        where = f"{path}/{subject} [{split}]"
+        rows += map_rows(_load(path, subject, split), map_math, where, skip_bad=True)
+    return rows
+
+
+def load_file(path: str, input_key: str = "prompt", label_key: str = "label") -> list[Row]:
+    """Rows of a local .jsonl/.json/.parquet file with a prompt and a label column."""
+    if not _is_file(path):
+        raise DataError(f"{path}: expected a .jsonl, .json or .parquet file")
+    dataset = _load(path, None, "train")
+    for key in (input_key, label_key):
+        if key not in dataset.column_names:
+            raise DataError(f"{path}: no column {key!r} (columns: {dataset.column_names})")
+    return map_rows(dataset, file_mapper(input_key, label_key), path)
+
+
+# ---- reasoning-gym ---------------------------------------------------------------------------
+
+
+def is_gradable(label: str) -> bool:
+    """Whether a response that writes exactly ``label`` in ``\\boxed{}`` scores 1.0 against it:
+    the answer survives extraction and math-verify accepts it as equal to itself.
+
+    math-verify falls back to exact string comparison for what it cannot parse, so word
+    answers pass too; what fails are labels that cannot be boxed (empty, unbalanced braces).
+    """
+    return score(f"\\boxed{{{label}}}", label) == 1.0
+
+
+def generate_reasoning_gym(
+    tasks: Sequence[str] = ("basic_arithmetic", "chain_sum"),
+    n: int = 256,
+    seed: int = 0,
+    exclude: Iterable[str] = (),
+    task_configs: Mapping[str, Mapping[str, Any]] | None = None,
+) -> list[Row]:
+    """``n`` distinct reasoning-gym problems, spread evenly over ``tasks`` and interleaved.
+
+    Rows are ``{"prompt": question, "label": answer, "source": "reasoning_gym", "task": name}``.
+    Deterministic in ``seed``. Prompts in ``exclude`` (e.g. the train set, when making a test
+    set) and repeats are skipped. Every label is checked with ``is_gradable`` (ValueError if
+    not: the task is unsuitable for this reward).
+    """
+    import reasoning_gym
+
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if not tasks:
+        raise ValueError("tasks: give at least one reasoning-gym task name")
+    configs = EASY_TASK_CONFIGS if task_configs is None else task_configs
+    seen = set(exclude)
+    per_task: list[list[Row]] = []
+    for k, task in enumerate(tasks):
+        quota = n // len(tasks) + (k < n % len(tasks))
+        # Items are generated lazily by index, so a large virtual size costs nothing; it bounds
+        # the search for distinct problems when the task's problem space is small.
+        size = 50 * quota + 100
+        try:
+            dataset = reasoning_gym.create_dataset(
+                task, size=size, seed=seed, **configs.get(task, {})
+            )
+        except (ValueError, TypeError, AssertionError) as e:
+            raise ValueError(f"tasks: reasoning-gym task {task!r}: {e}") from e
+        rows: list[Row] = []
+        for idx in range(size):
+            if len(rows) == quota:
+                break
+            item = dataset[idx]
+            prompt, label = str(item["question"]).strip(), str(item["answer"]).strip()
+            if prompt in seen:
+                continue
+            if not is_gradable(label):
+                raise ValueError(
+                    f"tasks: reasoning-gym task {task!r} item {idx}: a response boxing its "
+                    f"answer {label!r} would not be graded correct; pick another task"
+                )
+            seen.add(prompt)
+            rows.append({"prompt": prompt, "label": label, "source": "reasoning_gym", "task": task})
+        if len(rows) < quota:
+            raise ValueError(
+                f"n: task {task!r} has only {len(rows)} distinct new problems in its first {size}, "
+                f"{quota} asked"
+            )
+        per_task.append(rows)
+    # Interleave so any prefix of the file mixes the tasks.
+    return [rows[i] for i in range(max(map(len, per_task))) for rows in per_task if i < len(rows)]

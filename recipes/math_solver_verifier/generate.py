@@ -1,0 +1,180 @@
+"""The episode of one math problem, played by roles that share one model.
+
+``solver_rewriter_selector`` (Miles' multi-agent example, done right): ``num_parallel`` solvers
+answer independently; ``num_parallel`` rewriters each see all the solutions and write an
+improved one; one selector reads the rewritten solutions and answers ``Judgment: N``. The
+selected rewrite's answer is the episode's answer: ``metadata["correct"]`` on every sample
+says whether it was right, which drives the kernel's asymmetric outcome weighting.
+
+``solver_verifier`` (Dr.MAS math): the solver proposes; the verifier answers ``Verdict:
+approve`` or ``Verdict: reject``; on reject the solver revises in the same dialogue, until
+approval or ``max_loops``. A verdict the verifier did not state in that form is a format
+failure, never an approval. The final solution's answer is the episode's answer.
+
+Every role keeps its own token-exact dialogue (``ctx.agents[role].conversation()``): the
+solutions quoted to other roles enter their prompts as text, masked out of their loss, and each
+role trains only on the tokens it sampled. The per-sample rewards are computed by reward.py
+from what this function records in ``metadata``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+
+from kernel.hooks import RolloutContext
+from kernel.sample import Sample, Status
+from recipes.math_solver_verifier import prompts
+from recipes.math_solver_verifier.reward import extract_answer, is_equivalent
+
+JUDGMENT = re.compile(r"judgment\s*:\s*\**\s*(\d+)", re.IGNORECASE)
+VERDICT = re.compile(r"verdict\s*:\s*\**\s*(approve|reject)", re.IGNORECASE)
+
+
+def parse_judgment(text: str, n: int) -> int | None:
+    """0-based index from the LAST 'Judgment: N' with 1 <= N <= n, else None."""
+    found = JUDGMENT.findall(text)
+    if not found:
+        return None
+    k = int(found[-1])
+    return k - 1 if 1 <= k <= n else None
+
+
+def parse_verdict(text: str) -> bool | None:
+    """True for approve, False for reject (the last stated verdict), None if malformed."""
+    found = VERDICT.findall(text)
+    return None if not found else found[-1].lower() == "approve"
+
+
+def srs_metrics(
+    n: int, pick: int | None, correct_rewrites: list[bool], solver_correct: list[bool]
+) -> dict[str, float | None]:
+    """Episode metrics of solver_rewriter_selector (None: not applicable, not averaged)."""
+    solved = pick is not None and correct_rewrites[pick]
+    return {
+        "turns": float(2 * n + 1),
+        "selector_format_ok": float(pick is not None),
+        # picked a correct answer when one existed; undefined when none did
+        "selector_accuracy": float(solved) if any(correct_rewrites) else None,
+        "solver_pass@k": float(any(solver_correct)),
+        "solved": float(solved),
+    }
+
+
+def verifier_metrics(
+    verdicts: list[bool | None], correct: bool, max_loops: int
+) -> dict[str, float | None]:
+    """Episode metrics of solver_verifier."""
+    approved = bool(verdicts) and verdicts[-1] is True
+    return {
+        "turns": float(2 * len(verdicts)),
+        "early_termination": float(approved and len(verdicts) < max_loops),
+        "verifier_format_ok": (
+            sum(v is not None for v in verdicts) / len(verdicts) if verdicts else None
+        ),
+        "approved_correct": float(correct) if approved else None,
+        "solved": float(correct),
+    }
+
+
+class _Turn:
+    """One role's dialogue in the episode: conversation, sampled text, finish."""
+
+    def __init__(self, ctx: RolloutContext, role: str, user: str, system: str | None = None):
+        self.role, self.agent = role, ctx.agents[role]
+        self.conv = self.agent.conversation(system=system)
+        self.conv.add_message("user", user)
+        self.text, self.finish = "", None
+
+    async def speak(self) -> str:
+        result = await self.agent.generate_turn(self.conv)
+        if result is not None:
+            self.text = self.agent.tokenizer.decode(result.output_ids, skip_special_tokens=True)
+            self.finish = result.finish_type
+        return self.text
+
+    def sample(self, seed: Sample, turn: int, **metadata) -> Sample | None:
+        if self.finish is None:  # the prompt left no room to generate: nothing to train on
+            return None
+        status = Status.COMPLETED if self.finish == "stop" else Status.TRUNCATED
+        fields = seed.seed_fields()
+        fields["metadata"].update(role=self.role, text=self.text, **metadata)
+        return self.conv.to_sample(agent=self.role, turn=turn, status=status, **fields)
+
+
+def _answer(text: str, cfg) -> str | None:
+    return extract_answer(text, cfg.answer.markers, cfg.answer.after_think)
+
+
+def _correct(answer: str | None, label, cfg) -> bool:
+    a = cfg.answer
+    return is_equivalent(answer, str(label), timeout_s=a.timeout_s, max_chars=a.max_answer_chars)
+
+
+async def solver_rewriter_selector(ctx: RolloutContext, seed: Sample) -> list[Sample]:
+    cfg, problem, n = ctx.config, str(seed.prompt), ctx.config.num_parallel
+
+    solvers = [
+        _Turn(ctx, "solver", prompts.solver(problem), prompts.SOLVER_SYSTEM) for _ in range(n)
+    ]
+    solutions = await asyncio.gather(*(t.speak() for t in solvers))
+    listing = prompts.rewriter(problem, solutions, cfg.max_solution_chars)
+    rewriters = [_Turn(ctx, "rewriter", listing) for _ in range(n)]
+    rewrites = await asyncio.gather(*(t.speak() for t in rewriters))
+    selector = _Turn(ctx, "selector", prompts.selector(problem, rewrites, cfg.max_solution_chars))
+    pick = parse_judgment(await selector.speak(), n)
+
+    answers = [_answer(t.text, cfg) for t in solvers + rewriters]
+    graded = [_correct(a, seed.label, cfg) for a in answers]
+    solver_correct, correct_rewrites = graded[:n], graded[n:]
+    correct = pick is not None and correct_rewrites[pick]
+    metrics = srs_metrics(n, pick, correct_rewrites, solver_correct)
+    # the parallel attempts of a role are numbered as its turns (0..n-1)
+    samples = [
+        t.sample(seed, i % n, answer=a, correct=correct)
+        for i, (t, a) in enumerate(zip(solvers + rewriters, answers, strict=True))
+    ]
+    samples.append(selector.sample(seed, 0, picked=pick, correct=correct, metrics=metrics))
+    return [s for s in samples if s is not None]
+
+
+async def solver_verifier(ctx: RolloutContext, seed: Sample) -> list[Sample]:
+    cfg, problem = ctx.config, str(seed.prompt)
+    solver = _Turn(ctx, "solver", prompts.solver(problem), prompts.SOLVER_SYSTEM)
+    verifier: _Turn | None = None
+    verdicts: list[bool | None] = []
+    for loop in range(cfg.max_loops):
+        solution = await solver.speak() if loop == 0 else await _revise(solver, verifier, cfg)
+        if solver.conv.truncated:
+            break
+        if verifier is None:
+            verifier = _Turn(
+                ctx, "verifier", prompts.verifier(problem, solution, cfg.max_solution_chars)
+            )
+        elif not verifier.conv.add_message(
+            "user", prompts.verifier(problem, solution, cfg.max_solution_chars)
+        ):
+            break
+        verdicts.append(parse_verdict(await verifier.speak()))
+        if verdicts[-1] is True:
+            break
+    answer = _answer(solver.text, cfg)
+    correct = _correct(answer, seed.label, cfg)
+    metrics = verifier_metrics(verdicts, correct, cfg.max_loops)
+    samples = [solver.sample(seed, 0, answer=answer, correct=correct, metrics=metrics)]
+    if verifier is not None:
+        samples.append(verifier.sample(seed, 0, verdicts=verdicts, correct=correct))
+    return [s for s in samples if s is not None]
+
+
+async def _revise(solver: _Turn, verifier: _Turn, cfg) -> str:
+    if not solver.conv.add_message("user", prompts.revise(verifier.text, cfg.max_solution_chars)):
+        return solver.text
+    return await solver.speak()
+
+
+async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
+    """The recipe's generate hook: one episode of the configured workflow."""
+    if ctx.config.workflow == "solver_verifier":
+        return await solver_verifier(ctx, sample)
+    return await solver_rewriter_selector(ctx, sample)

@@ -1,0 +1,188 @@
+"""math_solver_verifier's generate: both workflows against a real embedded engine serving a
+tiny model; parsing and metric goldens; short CPU training runs that log every metric."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from kernel.agents import AgentHandle, EngineConfig, EnginePool
+from kernel.config import load_train_config
+from kernel.hooks import RolloutContext
+from kernel.loop import train
+from kernel.sample import Sample, Status
+from recipes.math_solver_verifier.config import RecipeConfig
+from recipes.math_solver_verifier.generate import (
+    generate,
+    parse_judgment,
+    parse_verdict,
+    srs_metrics,
+    verifier_metrics,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+TINY = ROOT / "recipes" / "math_solver_verifier" / "presets" / "tiny.yaml"
+
+
+@pytest.mark.parametrize(
+    ("text", "n", "expected"),
+    [
+        ("Judgment: 2", 3, 1),
+        ("judgment:1 ... Judgment: **3**", 3, 2),  # the last one counts, markdown allowed
+        ("Judgment: 4", 3, None),  # out of range
+        ("Judgment: 0", 3, None),
+        ("I pick the second one", 3, None),
+    ],
+)
+def test_parse_judgment(text, n, expected):
+    assert parse_judgment(text, n) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Verdict: approve", True),
+        ("verdict: Reject", False),
+        ("Verdict: reject. On second thought, Verdict: approve", True),
+        ("Looks right to me, approved!", None),  # malformed: a format failure, not approval
+        ("", None),
+    ],
+)
+def test_parse_verdict(text, expected):
+    assert parse_verdict(text) == expected
+
+
+def test_episode_metric_goldens():
+    # 2 solvers (second right), 2 rewrites (first right), selector picked the first: solved
+    m = srs_metrics(2, 0, [True, False], [False, True])
+    assert m == {
+        "turns": 5.0,
+        "selector_format_ok": 1.0,
+        "selector_accuracy": 1.0,
+        "solver_pass@k": 1.0,
+        "solved": 1.0,
+    }
+    # no correct rewrite: selector accuracy is undefined, not 0
+    assert srs_metrics(2, 1, [False, False], [False, False])["selector_accuracy"] is None
+    assert srs_metrics(2, None, [True, False], [True, True])["selector_format_ok"] == 0.0
+    # approved at the 2nd of 3 loops: early termination; one malformed verdict of two
+    v = verifier_metrics([None, True], True, 3)
+    assert v == {
+        "turns": 4.0,
+        "early_termination": 1.0,
+        "verifier_format_ok": 0.5,
+        "approved_correct": 1.0,
+        "solved": 1.0,
+    }
+    assert verifier_metrics([False, False, False], False, 3)["early_termination"] == 0.0
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from kernel.models import materialize_model
+
+    work = tmp_path_factory.mktemp("math")
+    model = materialize_model("tiny-smollm2", work)
+    with EnginePool(EngineConfig(num_threads=1), model, work / "logs") as pool:
+        yield model, pool.urls
+
+
+def _context(engine, workflow: str, roles: tuple[str, ...]) -> RolloutContext:
+    from kernel.engine.client import EngineClient
+    from kernel.models import load_tokenizer
+
+    model, urls = engine
+    tok = load_tokenizer(model)
+    agents = {
+        r: AgentHandle(r, [EngineClient(urls[0])], tok, {"temperature": 1.0}, 24, 512)
+        for r in roles
+    }
+    config = RecipeConfig(workflow=workflow, num_parallel=2, max_loops=2).validate()
+    return RolloutContext(agents=agents, config=config)
+
+
+def _seed() -> Sample:
+    return Sample(prompt="Calculate 5 - 3.", label="2", group_id=3, index=1, metadata={"row": 9})
+
+
+def _own_text(sample: Sample, tok) -> str:
+    return tok.decode([t for t, m in zip(sample.response_ids, sample.loss_mask, strict=True) if m])
+
+
+@pytest.mark.parametrize(
+    ("workflow", "roles"),
+    [
+        ("solver_rewriter_selector", ("solver", "rewriter", "selector")),
+        ("solver_verifier", ("solver", "verifier")),
+    ],
+)
+def test_generate_against_the_embedded_engine(engine, workflow, roles):
+    ctx = _context(engine, workflow, roles)
+    samples = asyncio.run(_generate_and_close(ctx))
+    tok = ctx.agents[roles[0]].tokenizer
+    counts = {r: sum(s.agent == r for s in samples) for r in roles}
+    if workflow == "solver_rewriter_selector":
+        assert counts == {"solver": 2, "rewriter": 2, "selector": 1}
+    else:
+        assert counts["solver"] == 1 and counts["verifier"] == 1
+    for s in samples:
+        s.validate()
+        assert s.status in (Status.COMPLETED, Status.TRUNCATED)
+        assert (s.group_id, s.index, s.metadata["row"]) == (3, 1, 9)
+        assert s.metadata["role"] == s.agent and isinstance(s.metadata["correct"], bool)
+        # each role trains only on what it sampled: its masked tokens decode to its own turns,
+        # never to the problem or the solutions of other roles quoted in its prompt
+        own = _own_text(s, tok)
+        assert s.metadata["text"] in own
+        assert "Calculate 5 - 3." not in own and "Solution 1" not in own
+        assert len(s.rollout_logprobs) == s.response_length
+        assert all(lp <= 0 for lp in s.rollout_logprobs)
+
+
+async def _generate_and_close(ctx):
+    try:
+        return await generate(ctx, _seed())
+    finally:
+        for agent in ctx.agents.values():
+            for c in agent.clients:
+                await c.aclose()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("workflow", "roles", "episode_keys"),
+    [
+        (
+            "solver_rewriter_selector",
+            ["solver", "rewriter", "selector"],
+            ["turns", "selector_format_ok", "solver_pass@k", "solved", "tokens"],
+        ),
+        (
+            "solver_verifier",
+            ["solver", "verifier"],
+            ["turns", "early_termination", "solved", "tokens"],
+        ),
+    ],
+)
+def test_short_cpu_training_run_logs_every_metric(tmp_path, workflow, roles, episode_keys):
+    cfg = load_train_config(
+        [
+            f"--output_dir={tmp_path}",
+            f"--agents={roles}",
+            f'--recipe_args={{"workflow": "{workflow}", "num_parallel": 2, "max_loops": 2}}',
+        ],
+        yaml_path=TINY,
+    )
+    rows = train(cfg)
+    assert [r["step"] for r in rows] == [0, 1]
+    for row in rows:
+        for role in roles:
+            for key in ("reward", "response_length", "truncated", "mask_share", "samples"):
+                assert f"{role}/{key}" in row, (role, key)
+        for key in episode_keys:
+            assert f"episode/{key}" in row, key
+        assert row["train/n_samples"] > 0 and "train/logprob_diff" in row
+    assert rows[-1]["train/logprob_diff"] < 1e-4
+    assert any(k.startswith("eval/solver/pass@2") for k in rows[-1])

@@ -1,0 +1,231 @@
+"""Golden tests for recipes/math_solver_verifier/reward.py: answer extraction, math-verify
+equivalence, score and the reward hook.
+
+Each golden is written out as (input, label, expected). Where math-verify's verdict differs
+from what a human grader might say, the case is kept with math-verify's verdict and a comment
+("math-verify:"), so a change in the library shows up here instead of silently in training.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+
+import pytest
+
+from kernel.hooks import RolloutContext, call_reward, load_reward
+from kernel.sample import Sample
+from recipes.math_solver_verifier.reward import (
+    MathRewardConfig,
+    extract_answer,
+    is_equivalent,
+    reward,
+    score,
+)
+
+# ---- is_equivalent: (answer, label, expected) -----------------------------------------------
+
+EQUIVALENCE = [
+    # fractions, decimals, LaTeX fraction variants
+    ("1/2", "0.5", True),
+    ("0.5", "\\frac{1}{2}", True),
+    ("\\dfrac{1}{2}", "1/2", True),
+    ("\\tfrac12", "1/2", True),
+    ("\\frac12", "\\frac{2}{4}", True),  # 2/4 reduces to 1/2
+    ("-\\frac{1}{2}", "-0.5", True),
+    ("1/3", "0.333333", True),  # floats compared to 6 decimals: 0.333333 rounds like 1/3
+    ("1/3", "0.33", False),  # ...but 0.33 does not
+    ("10.0", "10", True),
+    ("3.0000001", "3", False),  # 3.0000001 - 3 = 1e-7, kept by numeric_precision=15
+    # \left( \right), tuples, intervals, sets
+    ("\\left(1, 2\\right)", "(1,2)", True),
+    ("\\left( 3, -1 \\right)", "(3,-1)", True),
+    ("(2, 1)", "(1, 2)", False),  # order matters in a pair (math-verify reads (1,2) as interval)
+    ("\\{2, 1\\}", "\\{1,2\\}", True),  # order does not matter in a set
+    ("2, 1", "\\{1,2\\}", True),  # a bare list is read as a set
+    # roots, pi, powers, symbolic
+    ("\\frac{\\sqrt{2}}{2}", "\\frac{1}{\\sqrt{2}}", True),
+    ("\\sqrt{18}", "3\\sqrt{2}", True),  # sqrt(18) = sqrt(9*2) = 3 sqrt(2)
+    ("\\sqrt[3]{8}", "2", True),  # 2^3 = 8
+    ("2\\pi", "6.283185", True),  # 2 * 3.14159265... = 6.2831853 -> 6.283185
+    ("\\pi", "3.14", False),  # 3.14159265 != 3.14 at 6 decimals
+    ("(x+1)^2", "x^2+2x+1", True),
+    ("x = 5", "5", True),  # an assignment counts as its right-hand side
+    # percentages: math-verify accepts both the percent number and the fraction
+    ("50\\%", "0.5", True),
+    ("50\\%", "50", True),
+    # negative numbers
+    ("-3", "-3", True),
+    ("3", "-3", False),
+    ("-7", "-7.0", True),
+    # thousands separators
+    ("1,000", "1000", True),
+    ("1000", "1{,}000", True),
+    ("12,345", "12345", True),
+    ("1.000", "1000", False),  # a decimal point, not a European thousands separator: 1.0
+    # units and text
+    ("5\\text{ cm}", "5", True),  # trailing \text units are dropped
+    ("90^\\circ", "90", True),
+    ("5 apples", "5", True),  # math-verify: a trailing word after the number is dropped
+    ("5 dollars", "5", False),  # math-verify: read as 5*d*o*l*l*a*r*s, a product of symbols
+    ("\\text{5 apples}", "5", False),  # math-verify: the whole \text{} is one symbol
+    ("e^{i\\pi}", "-1", False),  # math-verify: e is a symbol here, not Euler's number
+    # plainly wrong, and malformed input
+    ("12", "13", False),
+    (None, "5", False),
+    ("", "5", False),
+    ("   ", "5", False),
+    ("5", "", False),
+    ("\\frac{1}{", "0.5", False),  # unbalanced braces: math-verify cannot parse it
+    ("1" * 2000, "5", False),  # longer than max_chars (1000): wrong without parsing
+]
+
+
+@pytest.mark.parametrize(("answer", "label", "expected"), EQUIVALENCE)
+def test_is_equivalent_golden(answer, label, expected):
+    assert is_equivalent(answer, label) is expected
+
+
+def test_is_equivalent_never_raises_on_timeout_and_stays_bounded():
+    # A power tower that sympy cannot settle: math-verify's alarm fires after timeout_s per step
+    # (parse label, parse answer, compare: at most 3 s here), and the verdict is False.
+    start = time.monotonic()
+    assert is_equivalent("2^{2^{2^{2^{2^{2}}}}}", "5", timeout_s=1) is False
+    assert time.monotonic() - start < 4.0
+
+
+def test_is_equivalent_works_off_the_main_thread():
+    # SIGALRM only works in the main thread; elsewhere math-verify would refuse a timeout, so
+    # is_equivalent runs without one instead of raising or returning False for a right answer.
+    out: list[bool] = []
+    t = threading.Thread(target=lambda: out.append(is_equivalent("1/2", "0.5")))
+    t.start()
+    t.join()
+    assert out == [True]
+
+
+# ---- extract_answer: (text, markers, after_think, expected) ---------------------------------
+
+B = ("\\boxed",)
+EXTRACTION = [
+    ("so \\boxed{42}.", B, False, "42"),
+    ("\\boxed{\\frac{1}{\\sqrt{2}}}", B, False, "\\frac{1}{\\sqrt{2}}"),  # nested braces
+    ("\\boxed{\\{1,2\\}}", B, False, "\\{1,2\\}"),  # escaped braces are not groups
+    ("first \\boxed{3}, no wait: \\boxed{4}", B, False, "4"),  # the last box wins
+    ("\\boxed{3} then \\boxed{4", B, False, "3"),  # an unclosed box is no box
+    ("\\boxed{\\frac{1}{2}", B, False, None),  # unbalanced, nothing else
+    ("\\boxed{}", B, False, None),  # empty box
+    ("\\boxed{  }", B, False, None),
+    ("\\boxed 5", B, False, "5"),  # without braces, as math-verify allows
+    ("\\boxedfoo{5}", B, False, None),  # another command, not \boxed
+    ("the answer is 4", B, False, None),  # no box
+    ("The answer is 4.", ("\\boxed", "The answer is"), False, "4"),
+    ("Answer: $\\frac{1}{2}$.\nok", ("Answer:",), False, "\\frac{1}{2}"),  # to end of line
+    ("answer: 7", ("Answer:",), False, "7"),  # text markers ignore case
+    ("Answer: 3 ... \\boxed{5}", ("\\boxed", "Answer:"), False, "5"),  # latest match wins
+    ("\\boxed{5} Answer: 6", ("\\boxed", "Answer:"), False, "6"),
+    ("\\fbox{5}", B, False, None),  # only configured markers count
+    ("\\fbox{5}", ("\\boxed", "\\fbox"), False, "5"),
+    # after_think: only the text after the last </think>; none means unfinished thinking
+    ("<think>\\boxed{3}</think> so \\boxed{4}", B, True, "4"),
+    ("<think>\\boxed{3}</think> no box after", B, True, None),
+    ("<think>still thinking \\boxed{4}", B, True, None),
+    ("<think>still thinking \\boxed{4}", B, False, "4"),
+    ("<think>a</think>b</think>\\boxed{9}", B, True, "9"),
+]
+
+
+@pytest.mark.parametrize(("text", "markers", "after_think", "expected"), EXTRACTION)
+def test_extract_answer_golden(text, markers, after_think, expected):
+    assert extract_answer(text, markers, after_think) == expected
+
+
+def test_extract_answer_is_linear_on_huge_and_adversarial_input():
+    start = time.monotonic()
+    assert extract_answer("x" * 1_000_000 + "\\boxed{7}") == "7"
+    # 100k unclosed boxes: a naive scan from each would be quadratic (10^10 steps).
+    assert extract_answer("\\boxed{" * 100_000) is None
+    assert extract_answer(None) is None  # type: ignore[arg-type]
+    assert time.monotonic() - start < 3.0
+
+
+# ---- score: (text, label, cfg, expected reward) ---------------------------------------------
+
+PENALTY = MathRewardConfig(format_penalty=-1.0)
+THINK = MathRewardConfig(after_think=True, format_penalty=-1.0)
+SCORES = [
+    ("So the answer is \\boxed{\\frac{1}{\\sqrt{2}}}.", "\\frac{\\sqrt{2}}{2}", PENALTY, 1.0),
+    ("\\boxed{0.5}", "\\dfrac{1}{2}", PENALTY, 1.0),
+    ("\\boxed{3} no, \\boxed{4}", "4", PENALTY, 1.0),  # last box wins...
+    ("\\boxed{3} no, \\boxed{4}", "3", PENALTY, 0.0),  # ...so the first one does not count
+    ("\\boxed{12}", "13", PENALTY, 0.0),  # wrong answer: 0.0, not the penalty
+    ("the answer is 4", "4", PENALTY, -1.0),  # no box: the format penalty
+    ("the answer is 4", "4", MathRewardConfig(), 0.0),  # default penalty is 0.0
+    ("the answer is 4", "4", MathRewardConfig(markers=("\\boxed", "The answer is")), 1.0),
+    ("\\boxed{}", "4", PENALTY, -1.0),
+    ("<think>\\boxed{3}</think>\\boxed{4}", "4", THINK, 1.0),
+    ("<think>\\boxed{4}", "4", THINK, -1.0),  # never finished thinking
+    ("x" * 5000 + "\\boxed{1,000}", "1000", PENALTY, 1.0),
+]
+
+
+@pytest.mark.parametrize(("text", "label", "cfg", "expected"), SCORES)
+def test_score_golden(text, label, cfg, expected):
+    assert score(text, label, cfg) == expected
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("markers", ()),
+        ("markers", ("",)),
+        ("format_penalty", math.nan),
+        ("timeout_s", -1),
+        ("max_answer_chars", 0),
+    ],
+)
+def test_config_validate_names_the_field(field, value):
+    with pytest.raises(ValueError, match=field):
+        MathRewardConfig(**{field: value}).validate()
+
+
+# ---- the reward hook ------------------------------------------------------------------------
+
+
+def _sample(role: str, label: str = "5", **metadata) -> Sample:
+    return Sample(agent=role, label=label, metadata={"role": role, **metadata})
+
+
+def test_reward_hook_scores_each_role_on_its_own_decision():
+    ctx = RolloutContext()
+    episode = [
+        _sample("solver", text="so \\boxed{5}", correct=False),  # right answer: 1.0
+        _sample("solver", text="\\boxed{6}", correct=False),  # wrong: 0.0
+        _sample("rewriter", text="no box at all", correct=False),  # no answer: format 0.0
+        _sample("selector", picked=1, correct=False),  # picked a wrong one: 0.0
+        _sample("selector", picked=None, correct=True),  # malformed judgment: format penalty
+        _sample("verifier", verdicts=[False, True], correct=True),  # approved a right answer
+        _sample("verifier", verdicts=[True], correct=False),  # approved a wrong answer: 0.0
+        _sample("verifier", verdicts=[False, None], correct=False),  # malformed last verdict
+    ]
+    assert reward(ctx, episode) == [1.0, 0.0, 0.0, 0.0, 0.0, 1.0, 0.0, 0.0]
+
+    class Cfg:
+        answer = MathRewardConfig(format_penalty=-0.5)
+
+    penalised = reward(RolloutContext(config=Cfg()), episode)
+    assert penalised == [1.0, 0.0, -0.5, 0.0, -0.5, 1.0, 0.0, -0.5]
+    with pytest.raises(ValueError, match="unknown role 'judge'"):
+        reward(ctx, [_sample("judge")])
+
+
+async def _call(samples):
+    fn = load_reward("recipes.math_solver_verifier.reward.reward")
+    return await call_reward(fn, RolloutContext(), samples)
+
+
+def test_reward_hook_loads_by_dotted_path():
+    import asyncio
+
+    assert asyncio.run(_call([_sample("selector", picked=0, correct=True)])) == [1.0]
