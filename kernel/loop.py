@@ -88,148 +88,126 @@ def seed_everything(seed: int) -> None:
 def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> list[dict]:
     """Run ``cfg``; returns the metrics rows of the steps it ran."""
     cfg.validate()
+    return asyncio.run(_train(cfg, on_step))
+
+
+async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> list[dict]:
+    # Everything that can fail cheaply fails first: hooks, recipe config, data rows.
     generate = load_generate(cfg.generate_fn or f"recipes.{cfg.recipe}.generate.generate")
     reward = load_reward(cfg.reward_fn or f"recipes.{cfg.recipe}.reward.reward")
     recipe_config = load_recipe_config(
         cfg.recipe_config or default_recipe_config(cfg.recipe), cfg.recipe_args
     )
     out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    seed_everything(cfg.seed)
-
-    data = replace(cfg.data, path=resolve_data_path(cfg.data.path))
-    buffer = DataBuffer(data)
-    model_path = materialize_model(cfg.model, out / "models")
-    tokenizer = load_tokenizer(model_path)
-
-    from kernel.train.torch_backend import TorchTrainer  # heavy: after every cheap check
-
-    trainer_cfg = replace(cfg.trainer, temperature=cfg.rollout.temperature)
-    trainer = TorchTrainer(model_path, cfg.optim, cfg.loss, trainer_cfg, cfg.num_steps)
-    start_step, version = 0, 0
     ckpt = latest_checkpoint(out)
     if ckpt is not None and not cfg.resume:
         raise ValueError(
             f"{out} already holds checkpoints ({ckpt.name}): pass --resume true to continue "
             "that run, or choose another --output_dir"
         )
+    out.mkdir(parents=True, exist_ok=True)
+    seed_everything(cfg.seed)
+    buffer = DataBuffer(replace(cfg.data, path=resolve_data_path(cfg.data.path)))
+
+    # The model, its trainer, and the state of a resumed run.
+    model_path = materialize_model(cfg.model, out / "models")
+    tokenizer = load_tokenizer(model_path)
+    from kernel.train.torch_backend import TorchTrainer  # heavy: after every cheap check
+
+    trainer_cfg = replace(cfg.trainer, temperature=cfg.rollout.temperature)
+    trainer = TorchTrainer(model_path, cfg.optim, cfg.loss, trainer_cfg, cfg.num_steps)
+    start, version = 0, 0
     if ckpt is not None:
         state = json.loads((ckpt / "state.json").read_text())
         trainer.load(ckpt / "trainer")
         buffer.load_state_dict(state["buffer"])
-        start_step, version = state["step"], state["weight_version"]
+        start, version = state["step"], state["weight_version"]
         random.setstate(_tuple_state(state["python_rng"]))
     (out / "config.json").write_text(json.dumps(_jsonable(cfg), indent=1))
+    logger = MetricsLogger(out, cfg.log, _jsonable(cfg), start)
 
-    logger = MetricsLogger(out, cfg.log, _jsonable(cfg), start_step)
-    with EnginePool(cfg.engine, model_path, out / "logs", seed=cfg.seed) as pool:
-        return asyncio.run(
-            _run(
-                cfg,
-                recipe_config,
-                generate,
-                reward,
-                buffer,
-                trainer,
+    # Engines (started here, or given by URL), agent handles, rollouts, weight sync.
+    pool = EnginePool(cfg.engine, model_path, out / "logs", seed=cfg.seed)
+    with pool:
+        generators, clients = pool.clients()
+        sync = WeightSync(cfg.sync, clients, out)
+        sampling = {"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p}
+        agents = {
+            name: AgentHandle(
+                name,
+                generators,
                 tokenizer,
-                pool,
-                logger,
-                start_step,
-                version,
-                on_step,
+                sampling,
+                cfg.rollout.max_response_len,
+                cfg.rollout.max_context_len,
             )
+            for name in cfg.agents
+        }
+        ctx = RolloutContext(agents=agents, config=recipe_config, run=cfg, step=start)
+        manager = RolloutManager(
+            generate, reward, cfg.reward, cfg.rollout.concurrency, cfg.rollout.timeout_s
         )
+        rows: list[dict] = []
+        try:
+            # Engines serve the trainer's weights from the first step on: a resumed run pushes
+            # its checkpoint, a fresh one only labels the base weights with version 0.
+            if start > 0:
+                await sync.push(trainer, version)
+            else:
+                await asyncio.gather(*(c.update_weight_version(str(version)) for c in clients))
 
-
-async def _run(
-    cfg,
-    recipe_config,
-    generate,
-    reward,
-    buffer,
-    trainer,
-    tokenizer,
-    pool,
-    logger,
-    start,
-    version,
-    on_step,
-) -> list[dict]:
-    generators, clients = pool.clients()
-    sync = WeightSync(cfg.sync, clients, Path(cfg.output_dir))
-    sampling = {"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p}
-    agents = {
-        name: AgentHandle(
-            name,
-            clients,
-            tokenizer,
-            sampling,
-            cfg.rollout.max_response_len,
-            cfg.rollout.max_context_len,
-        )
-        for name in cfg.agents
-    }
-    ctx = RolloutContext(agents=agents, config=recipe_config, run=cfg, step=start)
-    manager = RolloutManager(
-        generate, reward, cfg.reward, cfg.rollout.concurrency, cfg.rollout.timeout_s
-    )
-    rows: list[dict] = []
-    try:
-        # Engines serve the trainer's weights from the first step on: a resumed run pushes
-        # its checkpoint, a fresh one only labels the base weights with version 0.
-        if start > 0:
-            await sync.push(trainer, version)
-        else:
-            await asyncio.gather(*(c.update_weight_version(str(version)) for c in clients))
-
-        next_batch = None
-        for step in range(start, cfg.num_steps):
-            t_step = time.perf_counter()
-            # 1-2. rollout with rewards (in async mode it was started during the last step)
-            batch = await (next_batch or _collect(cfg, manager, ctx, buffer, step))
             next_batch = None
-            if cfg.async_mode and step + 1 < cfg.num_steps:
-                next_batch = asyncio.ensure_future(_collect(cfg, manager, ctx, buffer, step + 1))
-            samples, stale = _drop_stale(batch.samples, version, cfg.max_staleness)
+            for step in range(start, cfg.num_steps):
+                t_step = time.perf_counter()
+                # 1-2. rollout with rewards (in async mode it was started during the last step)
+                batch = await (next_batch or _collect(cfg, manager, ctx, buffer, step))
+                next_batch = None
+                if cfg.async_mode and step + 1 < cfg.num_steps:
+                    next_batch = asyncio.ensure_future(
+                        _collect(cfg, manager, ctx, buffer, step + 1)
+                    )
+                samples, stale = _drop_stale(batch.samples, version, cfg.max_staleness)
 
-            # 3. advantages, per (prompt, agent[, turn])
-            adv_metrics = compute_advantages(samples, cfg.advantage)
+                # 3. advantages, per (prompt, agent[, turn])
+                adv_metrics = compute_advantages(samples, cfg.advantage)
 
-            # 4. train the shared model on every agent's samples (off the event loop, so an
-            # async rollout keeps going)
-            t0 = time.perf_counter()
-            train_metrics = await asyncio.to_thread(trainer.train_step, samples)
-            train_s = time.perf_counter() - t0
+                # 4. train the shared model on every agent's samples (off the event loop, so an
+                # async rollout keeps going)
+                t0 = time.perf_counter()
+                train_metrics = await asyncio.to_thread(trainer.train_step, samples)
+                train_s = time.perf_counter() - t0
 
-            # 5. weight sync
-            version += 1
-            sync_metrics = await sync.push(trainer, version)
+                # 5. weight sync
+                version += 1
+                sync_metrics = await sync.push(trainer, version)
 
-            # 6. log and checkpoint
-            row = {"step": step, "weight_version": version, **batch.metrics}
-            row["data/rows"] = sorted(r.group[0].metadata["row"] for r in batch.results)
-            row |= _agent_metrics(samples) | adv_metrics | batch.stats.as_metrics()
-            row |= {f"train/{k}": v for k, v in train_metrics.items()} | sync_metrics
-            row |= {"staleness/dropped": float(stale), "time/rollout_s": batch.stats.seconds}
-            row |= {"time/train_s": train_s, "time/sync_s": sync_metrics["sync/time_s"]}
-            if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or step + 1 == cfg.num_steps):
-                row |= await _evaluate(cfg, manager, ctx)
-            row["time/step_s"] = time.perf_counter() - t_step
-            row["tokens_per_s"] = train_metrics.get("tokens", 0.0) / row["time/step_s"]
-            logger.log(row)
-            rows.append(row)
-            if on_step:
-                on_step(row)
-            ctx.step = step + 1
-            last = step + 1 == cfg.num_steps
-            if last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
-                in_flight = [] if next_batch is None else await _handed_out(next_batch)
-                _checkpoint(cfg, trainer, buffer, step + 1, version, in_flight)
-        return rows
-    finally:
-        await sync.aclose()
-        logger.close()
-        await asyncio.gather(*(c.aclose() for c in {*generators, *clients}))
+                # 6. log and checkpoint
+                row = {"step": step, "weight_version": version, **batch.metrics}
+                row["data/rows"] = sorted(r.group[0].metadata["row"] for r in batch.results)
+                row |= _agent_metrics(samples) | adv_metrics | batch.stats.as_metrics()
+                row |= {f"train/{k}": v for k, v in train_metrics.items()} | sync_metrics
+                row |= {"staleness/dropped": float(stale), "time/rollout_s": batch.stats.seconds}
+                row |= {"time/train_s": train_s, "time/sync_s": sync_metrics["sync/time_s"]}
+                if cfg.eval.every and (
+                    (step + 1) % cfg.eval.every == 0 or step + 1 == cfg.num_steps
+                ):
+                    row |= await _evaluate(cfg, manager, ctx)
+                row["time/step_s"] = time.perf_counter() - t_step
+                row["tokens_per_s"] = train_metrics.get("tokens", 0.0) / row["time/step_s"]
+                logger.log(row)
+                rows.append(row)
+                if on_step:
+                    on_step(row)
+                ctx.step = step + 1
+                last = step + 1 == cfg.num_steps
+                if last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
+                    in_flight = [] if next_batch is None else await _handed_out(next_batch)
+                    _checkpoint(cfg, trainer, buffer, step + 1, version, in_flight)
+            return rows
+        finally:
+            await sync.aclose()
+            logger.close()
+            await asyncio.gather(*(c.aclose() for c in {*generators, *clients}))
 
 
 async def _collect(cfg, manager, ctx, buffer, step: int) -> Batch:
