@@ -113,10 +113,10 @@ def cmd_train(cfg) -> None:
         rows = train(cfg, on_step=on_step)
     metrics = Path(cfg.output_dir) / "metrics.jsonl"
     png = plot_metrics(metrics)
-    if rows:
-        n = min(5, len(rows))
-        first = sum(r["reward"] for r in rows[:n]) / n
-        last = sum(r["reward"] for r in rows[-n:]) / n
+    rewards = [r["reward"] for r in rows if "reward" in r]
+    if rewards:
+        n = min(5, len(rewards))
+        first, last = sum(rewards[:n]) / n, sum(rewards[-n:]) / n
         console.print(f"mean reward: first {n} steps {first:.3f} -> last {n} steps {last:.3f}")
     console.print(f"metrics: {metrics}   curves: {png}")
 

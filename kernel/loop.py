@@ -47,7 +47,7 @@ from kernel.hooks import (
 from kernel.metrics import MetricsLogger, mean
 from kernel.models import load_tokenizer, materialize_model
 from kernel.rollout import GroupResult, RolloutManager, RolloutStats
-from kernel.sample import Sample
+from kernel.sample import Sample, Status
 from kernel.sync.push import WeightSync
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -223,16 +223,7 @@ async def _collect(cfg, manager, ctx, buffer, step: int) -> Batch:
         for r in aborted:  # rolled out again, whole, in a later round or step
             buffer.requeue(r.group)
         results += kept
-        for k in (
-            "episodes",
-            "failed",
-            "timed_out",
-            "aborted_groups",
-            "reward_errors",
-            "dropped_groups",
-        ):
-            setattr(total, k, getattr(total, k) + getattr(stats, k))
-        total.seconds += stats.seconds
+        total.add(stats)
         if len(results) >= want:
             break
     return Batch(results, handed_out, total, {"rollout/groups": float(len(results))})
@@ -262,13 +253,14 @@ def _agent_metrics(samples: list[Sample]) -> dict[str, float]:
     for agent in sorted({s.agent for s in samples}):
         mine = [s for s in samples if s.agent == agent]
         lengths = [sum(s.loss_mask) for s in mine]
-        row[f"{agent}/reward"] = mean(s.reward for s in mine)
+        row[f"{agent}/reward"] = mean(s.raw_reward for s in mine)  # as the recipe scored it
+        row[f"{agent}/weighted_reward"] = mean(s.reward for s in mine)  # what is optimised
         row[f"{agent}/response_length"] = mean(lengths)
         row[f"{agent}/mask_share"] = mean(
             sum(s.loss_mask) / (len(s.prompt_ids) + s.response_length) for s in mine if s.prompt_ids
         )
-        row[f"{agent}/truncated"] = mean(float(s.status.value == "truncated") for s in mine)
-        row[f"{agent}/failed"] = mean(float(s.status.value == "failed") for s in mine)
+        row[f"{agent}/truncated"] = mean(float(s.status is Status.TRUNCATED) for s in mine)
+        row[f"{agent}/failed"] = mean(float(s.status is Status.FAILED) for s in mine)
         row[f"{agent}/samples"] = float(len(mine))
     episodes: dict[tuple, dict] = {}
     tokens: dict[tuple, int] = {}  # every agent's dialogue tokens of the episode
@@ -280,12 +272,13 @@ def _agent_metrics(samples: list[Sample]) -> dict[str, float]:
     for key in sorted({k for m in episodes.values() for k in m}):
         row[f"episode/{key}"] = mean(m.get(key) for m in episodes.values())
     row["episode/tokens"] = mean(tokens.values())
-    row["reward"] = mean(s.reward for s in samples)
+    row["reward"] = mean(s.raw_reward for s in samples)
     return {k: v for k, v in row.items() if v is not None}
 
 
 async def _evaluate(cfg, manager, ctx) -> dict[str, float]:
-    """avg@k and pass@k per agent on the held-out prompts (no training on them)."""
+    """avg@k and pass@k per agent on the held-out prompts (no training on them), on the
+    rewards as the recipe scored them (before the kernel's weighting)."""
     data = replace(
         cfg.data,
         path=resolve_data_path(cfg.eval.path),
@@ -300,12 +293,12 @@ async def _evaluate(cfg, manager, ctx) -> dict[str, float]:
     for agent in agents:
         per_prompt = []
         for r in kept:
-            mine = [s for s in r.samples if s.agent == agent and s.reward is not None]
+            mine = [s for s in r.samples if s.agent == agent and s.raw_reward is not None]
             if mine:
                 passed = [
-                    s.metadata.get("correct", s.reward >= cfg.eval.pass_threshold) for s in mine
+                    s.metadata.get("correct", s.raw_reward >= cfg.eval.pass_threshold) for s in mine
                 ]
-                per_prompt.append((mean(s.reward for s in mine), any(passed)))
+                per_prompt.append((mean(s.raw_reward for s in mine), any(passed)))
         if per_prompt:
             k = cfg.eval.n_samples
             row[f"eval/{agent}/avg@{k}"] = mean(a for a, _ in per_prompt)

@@ -69,6 +69,10 @@ class RolloutStats:
     dropped_groups: int = 0
     seconds: float = 0.0
 
+    def add(self, other: RolloutStats) -> None:
+        for f in dataclasses.fields(self):
+            setattr(self, f.name, getattr(self, f.name) + getattr(other, f.name))
+
     def as_metrics(self) -> dict[str, float]:
         return {f"rollout/{k}": float(v) for k, v in dataclasses.asdict(self).items()}
 
