@@ -36,7 +36,6 @@ from torch import Tensor
 
 from kernel.loss import LossConfig
 from kernel.models import load_tokenizer
-from kernel.train.logprobs import entropy_from_logits, token_logprobs
 from kernel.train.megatron_model import (
     MegatronModelConfig,
     build_gpt_model,
@@ -185,10 +184,9 @@ class MegatronTrainer(TorchTrainer):
 
     # ---------------------------------------------------------------- forward
 
-    def _forward(
-        self, model, mb, entropy: bool = False, entropy_grad: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
-        """Logprobs (S, R) of each sample's response tokens, and their entropy (S, R) if asked."""
+    def _logits(self, model, mb) -> Tensor:
+        """Logits (N, V) at the positions predicting a response token, TP-gathered, with the
+        vocab padding stripped (the rest of ``_forward`` is TorchTrainer's)."""
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
@@ -197,19 +195,7 @@ class MegatronTrainer(TorchTrainer):
             logits = model(mb.input_ids.to(dev), mb.position_ids.to(dev), attention_mask=None)
         if ps.get_tensor_model_parallel_world_size() > 1:
             logits = gather_from_tensor_model_parallel_region(logits)  # (B, L, V_pad)
-        logits = logits[mb.keep.to(dev)][:, : self.arch.vocab_size]  # (N, V)
-        shape = tuple(mb.loss_mask.shape)
-        index = (mb.seq.to(dev), mb.pos.to(dev))
-
-        def per_sample(flat: Tensor) -> Tensor:  # (N,) -> (S, R), zeros past each response
-            return flat.new_zeros(shape).index_put(index, flat)
-
-        lp = per_sample(token_logprobs(logits, mb.targets.to(dev), self.cfg.temperature))
-        ent = None
-        if entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                ent = per_sample(entropy_from_logits(logits, self.cfg.temperature))
-        return lp, ent
+        return logits[mb.keep.to(dev)][:, : self.arch.vocab_size]  # (N, V)
 
     # ---------------------------------------------------------------- training
 

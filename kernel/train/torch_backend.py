@@ -213,10 +213,8 @@ class TorchTrainer:
         n = int(self._all_reduce([len(mbs)], op="max")[0])
         return mbs + [dummy_microbatch() for _ in range(n - len(mbs))]
 
-    def _forward(
-        self, model, mb: MicroBatch, entropy: bool = False, entropy_grad: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
-        """Logprobs (S, R) of each sample's response tokens, and their entropy (S, R) if asked."""
+    def _logits(self, model, mb: MicroBatch) -> Tensor:
+        """Logits (N, V) at the N positions that predict a response token."""
         dev = self.device
         with self._autocast():
             out = model(
@@ -226,7 +224,14 @@ class TorchTrainer:
                 logits_to_keep=mb.keep.to(dev),  # only positions predicting a response token
                 use_cache=False,  # a cache would also turn off transformers' packed-row masks
             )
-        logits = out.logits  # (N, V)
+        return out.logits  # (N, V)
+
+    def _forward(
+        self, model, mb: MicroBatch, entropy: bool = False, entropy_grad: bool = False
+    ) -> tuple[Tensor, Tensor | None]:
+        """Logprobs (S, R) of each sample's response tokens, and their entropy (S, R) if asked."""
+        dev = self.device
+        logits = self._logits(model, mb)  # (N, V)
         shape = tuple(mb.loss_mask.shape)
         index = (mb.seq.to(dev), mb.pos.to(dev))
 
