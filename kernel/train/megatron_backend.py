@@ -43,8 +43,8 @@ from kernel.train.megatron_model import (
     load_hf_weights,
     megatron_parallel,
 )
-from kernel.train.optim import OptimConfig
-from kernel.train.torch_backend import SCHEDULES, TorchTrainer
+from kernel.train.optim import OptimConfig, build_optimizer
+from kernel.train.torch_backend import TorchTrainer
 
 
 @dataclass
@@ -113,7 +113,7 @@ class MegatronTrainer(TorchTrainer):
 
     def _setup(self, total_steps: int) -> None:
         from megatron.core import parallel_state as ps
-        from transformers import AutoConfig, get_scheduler
+        from transformers import AutoConfig
 
         cfg, optim, loss = self.cfg, self.optim_cfg, self.loss_cfg
         if ps.get_tensor_model_parallel_world_size() != cfg.tensor_parallel:
@@ -144,17 +144,8 @@ class MegatronTrainer(TorchTrainer):
         if loss.kl_coef > 0:
             self.ref_model = self._build()[0].eval().requires_grad_(False)
 
-        self.optimizer = torch.optim.AdamW(
-            self.module.parameters(),
-            lr=optim.lr,
-            betas=tuple(optim.betas),
-            weight_decay=optim.weight_decay,
-        )
-        self.scheduler = get_scheduler(
-            SCHEDULES[optim.decay],
-            self.optimizer,
-            num_warmup_steps=optim.warmup_steps,
-            num_training_steps=total_steps,
+        self.optimizer, self.scheduler = build_optimizer(
+            self.module.parameters(), optim, total_steps
         )
 
     # ---------------------------------------------------------------- set-up

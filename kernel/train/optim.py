@@ -1,4 +1,4 @@
-"""Optimiser settings shared by the training backends (torch and Megatron)."""
+"""Optimiser settings and construction shared by the training backends (torch and Megatron)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,24 @@ class OptimConfig:
             raise ValueError(f"optim.grad_clip must be >= 0, got {self.grad_clip}")
         if self.dtype not in ("float32", "bfloat16"):
             raise ValueError(f"optim.dtype must be float32 or bfloat16, got {self.dtype!r}")
+
+
+# transformers' scheduler names for OptimConfig.decay (all of them warm up linearly first).
+SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+
+
+def build_optimizer(params, optim: OptimConfig, total_steps: int):
+    """AdamW over ``params`` and its warm-up/decay schedule (transformers' get_scheduler)."""
+    import torch
+    from transformers import get_scheduler
+
+    optimizer = torch.optim.AdamW(
+        params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
+    )
+    scheduler = get_scheduler(
+        SCHEDULES[optim.decay],
+        optimizer,
+        num_warmup_steps=optim.warmup_steps,
+        num_training_steps=total_steps,
+    )
+    return optimizer, scheduler

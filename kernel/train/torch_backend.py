@@ -58,10 +58,7 @@ from kernel.train.batching import (
     to_rows,
 )
 from kernel.train.logprobs import entropy_from_logits, token_logprobs
-from kernel.train.optim import OptimConfig
-
-# transformers' scheduler names for OptimConfig.decay (all of them warm up linearly first).
-SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+from kernel.train.optim import OptimConfig, build_optimizer
 
 
 @dataclass
@@ -154,19 +151,8 @@ class TorchTrainer:
             if self.ref_model is not None:
                 self._shard(self.ref_model)
 
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=optim.lr,
-            betas=tuple(optim.betas),
-            weight_decay=optim.weight_decay,
-        )
-        from transformers import get_scheduler
-
-        self.scheduler = get_scheduler(
-            SCHEDULES[optim.decay],
-            self.optimizer,
-            num_warmup_steps=optim.warmup_steps,
-            num_training_steps=total_steps,
+        self.optimizer, self.scheduler = build_optimizer(
+            self.model.parameters(), optim, total_steps
         )
 
     # ---------------------------------------------------------------- set-up
