@@ -96,12 +96,7 @@ class MegatronTrainer(TorchTrainer):
     ):
         from megatron.core import parallel_state as ps
 
-        optim.validate()
-        loss.validate()
-        cfg.validate()
-        if total_steps < 1:
-            raise ValueError(f"total_steps must be >= 1, got {total_steps}")
-        self.model_path, self.optim_cfg, self.loss_cfg, self.cfg = model_path, optim, loss, cfg
+        self._set_config(model_path, optim, loss, cfg, total_steps)
         self._stack = contextlib.ExitStack()
         if not ps.model_parallel_is_initialized():
             self._stack.enter_context(megatron_parallel(cfg.tensor_parallel, 1, cfg.seed))

@@ -124,12 +124,7 @@ class TorchTrainer:
         cfg: TorchTrainerConfig,
         total_steps: int,
     ):
-        optim.validate()
-        loss.validate()
-        cfg.validate()
-        if total_steps < 1:
-            raise ValueError(f"total_steps must be >= 1, got {total_steps}")
-        self.model_path, self.optim_cfg, self.loss_cfg, self.cfg = model_path, optim, loss, cfg
+        self._set_config(model_path, optim, loss, cfg, total_steps)
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1
@@ -156,6 +151,15 @@ class TorchTrainer:
         )
 
     # ---------------------------------------------------------------- set-up
+
+    def _set_config(self, model_path, optim: OptimConfig, loss: LossConfig, cfg, total_steps):
+        """Validate every section before anything is loaded, then keep them."""
+        optim.validate()
+        loss.validate()
+        cfg.validate()
+        if total_steps < 1:
+            raise ValueError(f"total_steps must be >= 1, got {total_steps}")
+        self.model_path, self.optim_cfg, self.loss_cfg, self.cfg = model_path, optim, loss, cfg
 
     def _load(self, path: str):
         model = load_causal_lm(path, dtype="float32", device=str(self.device))
