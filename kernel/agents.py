@@ -63,6 +63,111 @@ class EngineConfig:
         return self
 
 
+BACKENDS = ("torch", "megatron")
+OVERRIDABLE = ("rollout", "optim", "loss", "trainer", "engine", "resources")
+
+
+@dataclass
+class AgentSpec:
+    """One agent of the run: which model plays it, how it is served and trained.
+
+    Agents that share a model (``share_model_with``) share its trainer, engines and weight
+    versions (Dr.MAS LLM sharing); the others each get their own (heterogeneous families
+    allowed). In ``TrainConfig.agents`` a bare name is shorthand for a spec that shares the first
+    agent's model, so ``agents: [solver, rewriter, selector]`` is one model playing three roles.
+    """
+
+    name: str
+    """Name the recipe calls it by (ctx.agents[name]) and that tags its samples."""
+    model: str | None = None
+    """HF model path or name of this agent's own model (None: the run's --model)."""
+    share_model_with: str | None = None
+    """Another agent whose model, trainer and engines this agent uses (None: its own)."""
+    trainable: bool = True
+    """False freezes the agent: it is served and rolled out, never trained or synced."""
+    update_every: int = 1
+    """Train this agent's model every k steps (its samples in between are dropped)."""
+    backend: str = "torch"
+    """Training backend of this agent's model: torch or megatron."""
+    rollout: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the run's rollout section for this agent (temperature, top_p,
+    max_response_len, max_context_len)."""
+    optim: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the run's optim section for this agent's model (lr, weight_decay, ...)."""
+    loss: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the run's loss section for this agent's model (clip, kl_coef, ...)."""
+    trainer: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the run's trainer section (max_tokens_per_microbatch, device, ...)."""
+    engine: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the run's engine section for this agent's model (urls, router_url,
+    num_engines, device, ...): every model has its own engines."""
+    resources: dict[str, Any] = field(default_factory=dict)
+    """Placement of this agent's model on a cluster (GPUs for training and inference,
+    colocation, parallel sizes); see kernel.cluster.plan.ResourceConfig and `kernel launch`."""
+
+    def validate(self) -> AgentSpec:
+        where = f"agents[{self.name!r}]"
+        if not self.name or not self.name.replace("_", "").replace("-", "").isalnum():
+            raise ValueError(f"agents: name must be letters, digits, - or _, got {self.name!r}")
+        if self.update_every < 1:
+            raise ValueError(f"{where}.update_every must be >= 1, got {self.update_every}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"{where}.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.share_model_with is not None:
+            own = [k for k in ("model", *OVERRIDABLE) if getattr(self, k)]
+            own += [k for k in ("update_every", "backend") if getattr(self, k) != _DEFAULTS[k]]
+            # Sampling settings are per agent even on a shared model; the rest belong to the model.
+            own = [k for k in own if k != "rollout"]
+            if own:
+                raise ValueError(
+                    f"{where} shares the model of {self.share_model_with!r}, so {', '.join(own)} "
+                    f"must be set on {self.share_model_with!r}"
+                )
+        return self
+
+
+_DEFAULTS = {"update_every": 1, "backend": "torch"}
+
+
+def agent_specs(agents: list) -> list[AgentSpec]:
+    """Normalise ``TrainConfig.agents`` (names or specs) and check the sharing graph."""
+    if not agents:
+        raise ValueError("agents is empty: name at least one agent")
+    first = agents[0] if isinstance(agents[0], str) else agents[0].name
+    specs = [
+        AgentSpec(a, share_model_with=None if a == first else first) if isinstance(a, str) else a
+        for a in agents
+    ]
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"agents must have distinct names, got {names}")
+    by_name = {s.name: s for s in specs}
+    for s in specs:
+        s.validate()
+        other = by_name.get(s.share_model_with) if s.share_model_with else s
+        if other is None:
+            raise ValueError(
+                f"agents[{s.name!r}].share_model_with names {s.share_model_with!r}, "
+                f"which is not an agent of this run ({names})"
+            )
+        if other.share_model_with is not None:
+            raise ValueError(
+                f"agents[{s.name!r}] shares with {other.name!r}, which itself shares with "
+                f"{other.share_model_with!r}: share with {other.share_model_with!r} directly"
+            )
+    return specs
+
+
+def model_groups(specs: list[AgentSpec]) -> dict[str, list[AgentSpec]]:
+    """Owner agent name -> the specs of every agent its model plays (owner first)."""
+    groups: dict[str, list[AgentSpec]] = {}
+    for s in specs:
+        groups.setdefault(s.share_model_with or s.name, []).append(s)
+    for owner, members in groups.items():
+        members.sort(key=lambda s: s.name != owner)
+    return groups
+
+
 class EnginePool:
     """The engines of one model: started here (embedded) or given by URL."""
 
@@ -72,8 +177,16 @@ class EnginePool:
         self.urls: list[str] = list(cfg.urls)
 
     def __enter__(self) -> EnginePool:
-        if self.urls:
-            return self
+        """Start the engines (if no URLs were given) and wait until they serve."""
+        self.launch()
+        self.wait_healthy()
+        return self
+
+    def launch(self) -> None:
+        """Start this pool's embedded engines without waiting for them (so several pools load
+        their models at once); a no-op when the pool was given URLs or already launched."""
+        if self.cfg.urls or self.processes:
+            return
         from kernel.engine.launch import free_port
         from kernel.engine.serve import launch_server
         from kernel.engine.server import ServerConfig
@@ -89,13 +202,20 @@ class EnginePool:
                     seed=self.seed + i,
                 )
                 self.processes.append(launch_server(server, self.log_dir / f"engine{i}.log"))
+        except BaseException:
+            self.__exit__()
+            raise
+
+    def wait_healthy(self) -> None:
+        """Block until every engine this pool started serves (stops them all on failure)."""
+        try:
             for p in self.processes:
                 p.wait_healthy(self.cfg.startup_timeout_s)
         except BaseException:
             self.__exit__()
             raise
-        self.urls = [p.url for p in self.processes]
-        return self
+        if self.processes:
+            self.urls = [p.url for p in self.processes]
 
     def __exit__(self, *exc) -> None:
         for p in self.processes:  # only what this pool started, by PID

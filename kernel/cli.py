@@ -86,7 +86,7 @@ def cmd_train(cfg) -> None:
 
     console = Console()
     console.print(
-        f"[bold]Tandem[/] training {cfg.recipe} ({', '.join(cfg.agents)}) on {cfg.model}: "
+        f"[bold]Tandem[/] training {cfg.recipe} ({', '.join(a.name for a in cfg.agent_specs())}) on {cfg.model}: "
         f"{cfg.num_steps} steps -> {cfg.output_dir}"
     )
     columns = [

