@@ -49,3 +49,48 @@ def write_toy_prompts(path: Path, n: int = 64) -> Path:
         for i in range(n):
             f.write(json.dumps({"prompt": f"Write a short line of text, number {i}."}) + "\n")
     return path
+
+
+# ---------------------------------------------------------------- the two-agent toy
+
+DOCTOR, PATIENT = "doctor", "patient"
+
+
+def _share(text: str, predicate) -> float:
+    return sum(map(predicate, text)) / len(text) if text else 0.0
+
+
+def duo_reward(ctx: RolloutContext, samples: list[Sample]) -> dict[str, float]:
+    """Bilateral rewards of the two-agent toy. The patient answers faithfully when it answers
+    with facts: its reward is the share of digits in its answer. The doctor asks well when its
+    question is words (share of letters) AND gets facts back: its reward is the mean of the two,
+    so it depends on how well the patient has learned to answer."""
+    text = {s.agent: s.metadata.get("text", "") for s in samples}
+    ask = _share(text.get(DOCTOR, ""), str.isalpha)
+    info = _share(text.get(PATIENT, ""), str.isdigit)
+    return {DOCTOR: (ask + info) / 2, PATIENT: info}
+
+
+async def duo_generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
+    """The doctor asks (one turn), the patient answers; each speaks with its own model and keeps
+    its own dialogue, in which the other's words are a masked user message."""
+    doctor, patient = ctx.agents[DOCTOR], ctx.agents[PATIENT]
+    d_conv, p_conv = doctor.conversation(), patient.conversation()
+    d_conv.add_message("user", sample.prompt)
+    asked = await doctor.generate_turn(d_conv)
+    question = doctor.tokenizer.decode(asked.output_ids, skip_special_tokens=True)
+    p_conv.add_message("user", question)
+    answered = await patient.generate_turn(p_conv)
+    answer = patient.tokenizer.decode(answered.output_ids, skip_special_tokens=True)
+    d_conv.add_message("user", answer)  # the doctor hears the answer: context, not trained on
+
+    out = []
+    for agent, conv, result, text in (
+        (DOCTOR, d_conv, asked, question),
+        (PATIENT, p_conv, answered, answer),
+    ):
+        status = Status.COMPLETED if result.finish_type == "stop" else Status.TRUNCATED
+        s = conv.to_sample(agent=agent, status=status, **sample.seed_fields())
+        s.metadata["text"] = text
+        out.append(s)
+    return out

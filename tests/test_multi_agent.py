@@ -1,0 +1,203 @@
+"""Several agents with their own models in one run (kernel.agents.AgentSpec, kernel.loop).
+
+The two-agent toy (kernel/presets/toy_duo.yaml): a doctor and a patient, each a tiny model with
+its own engine, trainer and weight sync. The patient is rewarded for answering with facts
+(digits); the doctor for asking in words AND getting facts back. Both rewards must rise, and
+freezing the patient (the ablation) must leave the doctor measurably worse off.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kernel.agents import AgentSpec, agent_specs, model_groups
+from kernel.config import TrainConfig, load_train_config
+from kernel.hooks import RolloutContext
+from kernel.loop import train
+from kernel.sample import Sample
+from kernel.toy import duo_reward
+
+ROOT = Path(__file__).resolve().parent.parent
+DUO = ROOT / "kernel" / "presets" / "toy_duo.yaml"
+FROZEN_PATIENT = (
+    '--agents=[{"name":"doctor","model":"tiny-char"},'
+    '{"name":"patient","model":"tiny-char","trainable":false}]'
+)
+
+
+def duo_config(tmp_path, *flags):
+    return load_train_config([f"--output_dir={tmp_path}", *flags], yaml_path=DUO)
+
+
+def mean(rows, key):
+    return sum(r[key] for r in rows) / len(rows)
+
+
+# ---------------------------------------------------------------- specs and validation
+
+
+def test_bare_names_share_the_first_agents_model():
+    groups = model_groups(agent_specs(["solver", "rewriter", "selector"]))
+    assert list(groups) == ["solver"]
+    assert [s.name for s in groups["solver"]] == ["solver", "rewriter", "selector"]
+
+
+def test_full_specs_get_their_own_models_unless_they_share():
+    specs = agent_specs(
+        [AgentSpec("doctor"), AgentSpec("patient", model="tiny-char"), "nurse"]
+    )  # a bare name after specs shares the first agent's model
+    groups = model_groups(specs)
+    assert {k: [s.name for s in v] for k, v in groups.items()} == {
+        "doctor": ["doctor", "nurse"],
+        "patient": ["patient"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("agents", "message"),
+    [
+        ([AgentSpec("a"), AgentSpec("a")], "distinct names"),
+        ([AgentSpec("a"), AgentSpec("b", share_model_with="zz")], "'zz', which is not an agent"),
+        (
+            [
+                AgentSpec("a"),
+                AgentSpec("b", share_model_with="a"),
+                AgentSpec("c", share_model_with="b"),
+            ],
+            "share with 'a' directly",
+        ),
+        (
+            [AgentSpec("a"), AgentSpec("b", share_model_with="a", optim={"lr": 1e-3})],
+            "so optim must be set on 'a'",
+        ),
+        ([AgentSpec("a", update_every=0)], "agents['a'].update_every must be >= 1"),
+        ([AgentSpec("a", backend="jax")], "agents['a'].backend must be one of"),
+        ([AgentSpec("a b")], "name must be letters"),
+    ],
+)
+def test_bad_agent_specs_fail_naming_the_agent_and_field(agents, message):
+    with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("(", r"\(")):
+        agent_specs(agents)
+
+
+@pytest.mark.parametrize(
+    ("agents", "message"),
+    [
+        ([AgentSpec("a", optim={"learning_rate": 1.0})], r"agents\['a'\].optim: unknown key"),
+        ([AgentSpec("a", loss={"clip_eps": -1.0})], r"agents\['a'\].loss"),
+        ([AgentSpec("a", engine={"num_engines": 0})], r"agents\['a'\].engine"),
+        ([AgentSpec("a", rollout={"top_p": 2.0})], r"agents\['a'\].rollout"),
+        (
+            [AgentSpec("a"), AgentSpec("b", share_model_with="a", rollout={"temperature": 0.5})],
+            "train at one temperature",
+        ),
+        ([AgentSpec("a", rollout={"temperature": 0.0})], "freeze the agent"),
+        ([AgentSpec("a", backend="megatron"), AgentSpec("b")], "megatron backend trains one"),
+    ],
+)
+def test_bad_overrides_fail_before_anything_starts(agents, message):
+    cfg = TrainConfig(agents=agents, data=TrainConfig().data)
+    cfg.data.path = "x.jsonl"
+    with pytest.raises(ValueError, match=message):
+        cfg.validate()
+
+
+def test_overrides_apply_per_model_and_per_agent():
+    cfg = TrainConfig(
+        agents=[
+            AgentSpec("doctor", optim={"lr": 3e-4}, trainer={"max_tokens_per_microbatch": 512}),
+            AgentSpec("patient", model="tiny-char", rollout={"temperature": 0.7}),
+            AgentSpec("nurse", share_model_with="doctor", rollout={"max_response_len": 32}),
+            AgentSpec(
+                "greedy", share_model_with="doctor", trainable=False, rollout={"temperature": 0.0}
+            ),
+        ]
+    )
+    doctor, patient, nurse, greedy = cfg.agent_specs()
+    assert cfg.model_settings(doctor).optim.lr == 3e-4
+    assert cfg.model_settings(doctor).trainer.max_tokens_per_microbatch == 512
+    assert cfg.model_settings(patient).optim.lr == cfg.optim.lr  # not the doctor's
+    assert cfg.model_settings(patient).model == "tiny-char"
+    assert cfg.model_settings(doctor).model == cfg.model
+    assert cfg.agent_rollout(patient).temperature == 0.7
+    assert cfg.agent_rollout(nurse).max_response_len == 32
+    assert cfg.agent_rollout(nurse).temperature == cfg.rollout.temperature
+    # a frozen agent may sample greedily on a shared model; the others still train at 1.0
+    cfg.data.path = "x.jsonl"
+    cfg.validate()
+    assert cfg.agent_rollout(greedy).temperature == 0.0
+
+
+def test_duo_reward_goldens():
+    """The doctor's reward depends on the patient's answer; the patient's on its own."""
+
+    def episode(question: str, answer: str):
+        return [
+            Sample(agent="doctor", metadata={"text": question}),
+            Sample(agent="patient", metadata={"text": answer}),
+        ]
+
+    ctx = RolloutContext()
+    # "ab?d": 3 letters of 4 -> ask 0.75; "12x4": 3 digits of 4 -> info 0.75
+    assert duo_reward(ctx, episode("ab?d", "12x4")) == {"doctor": 0.75, "patient": 0.75}
+    # a perfect question gets nothing more than half when the answer holds no facts
+    assert duo_reward(ctx, episode("abcd", "xyz")) == {"doctor": 0.5, "patient": 0.0}
+    assert duo_reward(ctx, episode("", "")) == {"doctor": 0.0, "patient": 0.0}
+
+
+# ---------------------------------------------------------------- the two-agent toy, trained
+
+
+@pytest.mark.slow
+def test_doctor_and_patient_learn_together_and_freezing_the_patient_shows(tmp_path):
+    rows = train(duo_config(tmp_path / "both"))
+    frozen = train(duo_config(tmp_path / "frozen", FROZEN_PATIENT))
+
+    # both agents' rewards rise when both train
+    assert mean(rows[:5], "doctor/reward") <= 0.45
+    assert mean(rows[-5:], "doctor/reward") >= 0.8
+    assert mean(rows[:5], "patient/reward") <= 0.25
+    assert mean(rows[-5:], "patient/reward") >= 0.75
+    # with the patient frozen, the patient does not move and the doctor tops out near
+    # (1 + the patient's ~0.1 digit share) / 2
+    assert abs(mean(frozen[-5:], "patient/reward") - mean(frozen[:5], "patient/reward")) < 0.1
+    assert mean(frozen[-5:], "doctor/reward") < mean(rows[-5:], "doctor/reward") - 0.2
+    assert all(r["weight_version/patient"] == 0 for r in frozen)
+    assert not any(k.startswith("train/patient/") for r in frozen for k in r)
+
+    # each model trained on its own agent's samples only, on-policy to its own engine
+    n = 4 * 8  # prompts_per_step x n_samples_per_prompt episodes, one sample per agent each
+    for r in rows:
+        assert r["train/doctor/n_samples"] == n and r["train/patient/n_samples"] == n
+        assert r["train/doctor/logprob_diff"] < 1e-4 and r["train/patient/logprob_diff"] < 1e-4
+    assert [r["weight_version/doctor"] for r in rows] == list(range(1, len(rows) + 1))
+    # per-agent checkpoints, and engine logs per model
+    last = tmp_path / "both" / "checkpoints" / f"step_{len(rows)}"
+    assert {p.name for p in (last / "trainers").iterdir()} == {"doctor", "patient"}
+    state = json.loads((last / "state.json").read_text())
+    assert state["weight_versions"] == {"doctor": len(rows), "patient": len(rows)}
+    assert (tmp_path / "both" / "logs" / "patient" / "engine0.log").exists()
+
+
+@pytest.mark.slow
+def test_update_every_heterogeneous_models_and_resume(tmp_path):
+    """The patient is another family (SmolLM2's tokenizer, a Llama body) trained every 2nd step;
+    a resumed run continues each model's weight versions from its own checkpoint."""
+    agents = (
+        '--agents=[{"name":"doctor","model":"tiny-char"},'
+        '{"name":"patient","model":"tiny-smollm2-llama","update_every":2}]'
+    )
+    flags = [agents, "--data.prompts_per_step=2", "--data.n_samples_per_prompt=2"]
+    rows = train(duo_config(tmp_path, *flags, "--num_steps=3", "--save_every=1"))
+    assert [r["weight_version/doctor"] for r in rows] == [1, 2, 3]
+    assert [r["weight_version/patient"] for r in rows] == [1, 1, 2]  # trained at steps 0, 2
+    assert ["train/patient/loss" in r for r in rows] == [True, False, True]
+    assert all("train/doctor/loss" in r for r in rows)
+
+    resumed = train(duo_config(tmp_path, *flags, "--num_steps=5", "--resume=true"))
+    assert [r["step"] for r in resumed] == [3, 4]
+    assert [r["weight_version/doctor"] for r in resumed] == [4, 5]
+    assert [r["weight_version/patient"] for r in resumed] == [2, 3]  # step 3 skips, 4 trains
