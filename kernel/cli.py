@@ -86,7 +86,8 @@ def cmd_train(cfg) -> None:
 
     console = Console()
     console.print(
-        f"[bold]Tandem[/] training {cfg.recipe} ({', '.join(a.name for a in cfg.agent_specs())}) on {cfg.model}: "
+        f"[bold]Tandem[/] training {cfg.recipe} "
+        f"({', '.join(a.name for a in cfg.agent_specs())}) on {cfg.model}: "
         f"{cfg.num_steps} steps -> {cfg.output_dir}"
     )
     columns = [
@@ -110,7 +111,16 @@ def cmd_train(cfg) -> None:
             )
             progress.update(task, completed=row["step"] + 1, status=status)
 
-        rows = train(cfg, on_step=on_step)
+        try:
+            rows = train(cfg, on_step=on_step)
+        except KeyboardInterrupt:
+            progress.stop()
+            Console(stderr=True).print(
+                "[red]interrupted[/]: every process this run started has been stopped; "
+                "continue from the last checkpoint with --resume true --output_dir "
+                f"{cfg.output_dir}"
+            )
+            sys.exit(130)
     metrics = Path(cfg.output_dir) / "metrics.jsonl"
     png = plot_metrics(metrics)
     rewards = [r["reward"] for r in rows if "reward" in r]

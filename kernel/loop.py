@@ -148,6 +148,7 @@ async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> li
                     sampling,
                     rollout.max_response_len,
                     rollout.max_context_len,
+                    pool=m.pool,
                 )
         agents = {name: agents[name] for name in (s.name for s in cfg.agent_specs())}
         ctx = RolloutContext(agents=agents, config=recipe_config, run=cfg, step=start)
@@ -155,6 +156,7 @@ async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> li
             generate, reward, cfg.reward, cfg.rollout.concurrency, cfg.rollout.timeout_s
         )
         rows: list[dict] = []
+        watchers = [asyncio.ensure_future(m.pool.watch()) for m in models]
         try:
             # Engines serve the trainers' weights from the first step on: a resumed run pushes
             # its checkpoints, a fresh one only labels the base weights with version 0.
@@ -190,11 +192,17 @@ async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> li
                 )
                 train_s = time.perf_counter() - t0
 
-                # 5. weight sync of the models that trained
+                # 5. weight sync of the models that trained, and of engines restarted after a
+                # crash (which rejoin the rotation only once they serve the current weights)
+                restarted = {m.owner: await m.pool.restart_dead() for m in models}
                 sync_metrics = []
-                for m in due:
-                    m.version += 1
-                    sync_metrics.append(await m.sync.push(m.trainer, m.version))
+                for m in models:
+                    if m in due:
+                        m.version += 1
+                        sync_metrics.append(await m.sync.push(m.trainer, m.version))
+                    elif restarted[m.owner] and m.trainer is not None:
+                        await m.sync.push(m.trainer, m.version)
+                    await m.pool.readmit(restarted[m.owner])
 
                 # 6. log and checkpoint
                 row = {"step": step, **batch.metrics}
@@ -203,6 +211,7 @@ async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> li
                 row |= _agent_metrics(samples, models) | adv_metrics | batch.stats.as_metrics()
                 row |= {"staleness/dropped": float(stale), "time/rollout_s": batch.stats.seconds}
                 row |= {"time/train_s": train_s}
+                row["engines/restarts"] = float(sum(m.pool.restarts for m in models))
                 row["time/sync_s"] = sum(m["sync/time_s"] for m in sync_metrics)
                 if cfg.eval.every and (
                     (step + 1) % cfg.eval.every == 0 or step + 1 == cfg.num_steps
@@ -222,6 +231,8 @@ async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> li
                     _checkpoint(cfg, models, buffer, step + 1, in_flight)
             return rows
         finally:
+            for w in watchers:
+                w.cancel()
             for m in models:
                 if m.sync is not None:
                     await m.sync.aclose()

@@ -42,6 +42,9 @@ class RouterConfig:
     """How long the router waits for one proxied request."""
     log_level: str = "warn"
     """debug, info, warn or error."""
+    prometheus_port: int | None = None
+    """Port of the router's Prometheus metrics exporter (None: the router's default, 29000,
+    which a second router on the same host cannot bind: give each its own)."""
     extra_args: list[str] = field(default_factory=list)
     """More flags for sglang_router.launch_router, passed verbatim."""
 
@@ -69,6 +72,8 @@ class RouterConfig:
         cmd += ["--host", self.host, "--port", str(self.port), "--policy", self.policy]
         cmd += ["--request-timeout-secs", str(self.request_timeout_s)]
         cmd += ["--log-level", self.log_level]
+        if self.prometheus_port is not None:
+            cmd += ["--prometheus-host", self.host, "--prometheus-port", str(self.prometheus_port)]
         if self.worker_urls:
             cmd += ["--worker-urls", *self.worker_urls]
         return cmd + list(self.extra_args)

@@ -1,0 +1,109 @@
+"""Faults on CPU: an engine killed by PID mid-rollout (its requests go to the other engine, it
+leaves the router, is restarted, gets the current weights and rejoins), and Ctrl-C (every
+process the run started stops; nothing else does)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kernel.config import load_train_config
+from kernel.loop import train
+from tests.hook_fixtures import faults
+
+ROOT = Path(__file__).resolve().parent.parent
+TOY = ROOT / "kernel" / "presets" / "toy.yaml"
+
+
+def _children(pid: int) -> list[int]:
+    """PIDs whose parent is ``pid`` (read from /proc; looked at, never signalled)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            stat = (proc / "stat").read_text()
+        except OSError:
+            continue
+        if proc.name.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+            pids.append(int(proc.name))
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_engine_killed_mid_rollout_is_replaced_and_the_step_completes(tmp_path):
+    faults.seen.clear()
+    cfg = load_train_config(
+        [
+            f"--output_dir={tmp_path}",
+            "--generate_fn=tests.hook_fixtures.faults.generate",
+            "--num_steps=4",
+            "--engine.num_engines=2",
+            "--engine.start_router=true",
+            "--rollout.max_response_len=24",
+        ],
+        yaml_path=TOY,
+    )
+    rows = train(cfg)
+
+    # every step completed with its full batch, and no prompt was trained twice or lost
+    assert [r["step"] for r in rows] == [0, 1, 2, 3]
+    assert all(r["rollout/groups"] == cfg.data.prompts_per_step for r in rows)
+    trained = [row for r in rows for row in r["data/rows"]]
+    assert len(trained) == len(set(trained)) == 4 * cfg.data.prompts_per_step
+    # the dead engine was restarted once, in the step it died in
+    assert [r["engines/restarts"] for r in rows] == [0, 1, 1, 1]
+    url, old_pid = faults.seen["killed"]
+    assert old_pid not in faults.seen["pids"]
+    # ... re-registered with the router (both workers healthy again) ...
+    workers = {w["url"]: w["is_healthy"] for w in faults.seen["workers"]}
+    assert workers == {u: True for u in workers} and url in workers and len(workers) == 2
+    # ... and serving the trainer's current weights, like the engine that never died
+    assert faults.seen["versions"] == [str(rows[2]["weight_version"])] * 2
+    assert rows[-1]["train/logprob_diff"] < 1e-4
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_every_process_the_run_started_and_nothing_else(tmp_path):
+    bystander = subprocess.Popen(["sleep", "120"])  # not the run's: must survive
+    metrics = tmp_path / "metrics.jsonl"
+    cmd = [sys.executable, "-m", "kernel", "train", "--preset", "toy_duo"]
+    cmd += [f"--output_dir={tmp_path}", "--num_steps=200", "--engine.start_router=true"]
+    run = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 240
+        while not (metrics.exists() and metrics.read_text().strip()):
+            assert run.poll() is None, run.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the run made no progress"
+            time.sleep(0.2)
+        started = _children(run.pid)
+        assert len(started) >= 4, started  # two engines and two routers (one per model)
+
+        run.send_signal(signal.SIGINT)
+        _, err = run.communicate(timeout=60)
+        assert run.returncode != 0
+        assert b"interrupted" in err.lower(), err.decode()[-2000:]
+        deadline = time.monotonic() + 20
+        while [p for p in started if _alive(p)]:
+            left = [p for p in started if _alive(p)]
+            assert time.monotonic() < deadline, f"left running: {left}"
+            time.sleep(0.2)
+        assert bystander.poll() is None  # a process the run did not start is untouched
+        rows = [json.loads(line) for line in metrics.read_text().splitlines()]
+        assert rows and rows[0]["step"] == 0
+    finally:
+        if run.poll() is None:
+            run.kill()
+        bystander.kill()
