@@ -5,6 +5,7 @@ Commands:
   train  run a training job: a recipe (or the toy task) on engines, with a preset or flags
   config validate a training config (YAML file and flags) and print it resolved
   plot   learning curves of a run's metrics.jsonl to PNG
+  launch place a training job on a (Ray) cluster: --dry-run prints and validates the plan
 
 Every command validates its flags before it starts work and exits with status 2 and a message
 naming the flag on bad input.
@@ -215,7 +216,46 @@ def build_parser() -> ArgumentParser:
     plot.add_argument("--out", type=str | None, default=None, help="PNG path (default beside).")
     plot.add_argument("--keys", type=list[str] | None, default=None, help="Metrics to plot.")
     sub.add_subcommand("plot", plot, help="Learning curves of a run to PNG.")
+    sub.add_subcommand("launch", _launch_parser(), help="Place a run on a cluster (--dry-run).")
     return parser
+
+
+def _launch_parser() -> ArgumentParser:
+    from kernel.cluster.plan import ClusterConfig
+    from kernel.config import TrainConfig
+
+    launch = _dataclass_parser(
+        TrainConfig,
+        "Place a training job on a cluster: which GPU of which node trains or serves which agent, "
+        "engine and router ports, parallel sizes. Per model, placement comes from the agent "
+        "spec's resources (kernel.cluster.plan.ResourceConfig). --dry-run prints and validates "
+        "the plan without Ray or a GPU.",
+    )
+    launch.add_argument("--preset", type=str | None, default=None, help="Preset name (as train).")
+    launch.add_class_arguments(ClusterConfig, "cluster")
+    launch.add_argument("--dry-run", type=bool, default=False, help="Print the plan and stop.")
+    launch.add_argument("--json", type=bool, default=False, help="Print the plan as JSON.")
+    return launch
+
+
+def cmd_launch(cfg, cluster, dry_run: bool, as_json: bool) -> None:
+    from rich.console import Console
+
+    from kernel.cluster.plan import make_plan
+
+    plan = make_plan(cfg, cluster)
+    if as_json:
+        print(plan.to_json())
+    else:
+        console = Console(width=160)
+        for table in plan.tables():
+            console.print(table)
+    if dry_run:
+        print("# valid: the plan fits the cluster", file=sys.stderr)
+        return
+    from kernel.cluster.ray_group import run_plan
+
+    run_plan(cfg, plan)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -239,5 +279,11 @@ def main(argv: list[str] | None = None) -> None:
             cmd_config(_build(TrainConfig, args).validate())
         elif ns.command == "plot":
             print(plot_metrics(args["metrics"], args["out"], args["keys"]))
+        elif ns.command == "launch":
+            from kernel.cluster.plan import ClusterConfig
+
+            cluster = ClusterConfig(**vars(args["cluster"]))
+            train_cfg = _build(TrainConfig, args).validate()
+            cmd_launch(train_cfg, cluster, args["dry_run"], args["json"])
     except ValueError as e:
         parser.error(f"{ns.command}: {e}")

@@ -197,6 +197,7 @@ async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> li
                 restarted = {m.owner: await m.pool.restart_dead() for m in models}
                 sync_metrics = []
                 for m in models:
+                    await m.sync.reset(restarted[m.owner])
                     if m in due:
                         m.version += 1
                         sync_metrics.append(await m.sync.push(m.trainer, m.version))

@@ -43,7 +43,8 @@ def _alive(pid: int) -> bool:
 
 
 @pytest.mark.slow
-def test_engine_killed_mid_rollout_is_replaced_and_the_step_completes(tmp_path):
+@pytest.mark.parametrize("transport", ["tensor", "distributed"])
+def test_engine_killed_mid_rollout_is_replaced_and_the_step_completes(tmp_path, transport):
     faults.seen.clear()
     cfg = load_train_config(
         [
@@ -53,6 +54,7 @@ def test_engine_killed_mid_rollout_is_replaced_and_the_step_completes(tmp_path):
             "--engine.num_engines=2",
             "--engine.start_router=true",
             "--rollout.max_response_len=24",
+            f"--sync.transport={transport}",
         ],
         yaml_path=TOY,
     )

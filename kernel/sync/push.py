@@ -143,6 +143,19 @@ class WeightSync:
             asyncio.to_thread(broadcast),
         )
 
+    async def reset(self, restarted: list[str]) -> None:
+        """Engines at ``restarted`` URLs were restarted: leave the distributed transport's
+        process group (the others first) so that the next push forms a new one with every
+        engine. A no-op for the other transports."""
+        if self._group is None or not restarted:
+            return
+        from kernel.sync.group import destroy_custom_process_group
+
+        live = [c for c in self.clients if c.base_url not in restarted]
+        await asyncio.gather(*(c.destroy_weights_update_group() for c in live))
+        destroy_custom_process_group(self._group)
+        self._group = None
+
     async def aclose(self) -> None:
         """Leave the weight-sync group: the engines first, then the trainer (tearing gloo down
         on one side while the other still holds the pair can abort the other process)."""

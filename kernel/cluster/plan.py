@@ -1,0 +1,511 @@
+"""The placement plan of a run on a cluster: which GPU of which node trains or serves which model.
+
+Each model group (the agents that share one model) gets
+- a trainer: ``train_gpus`` ranks of torch.distributed (Megatron's tensor x pipeline x data
+  parallel, or the torch backend's data parallel), each rank one GPU;
+- a pool of engines (SGLang servers), each ``engine_tensor_parallel`` GPUs of one node, behind the
+  group's own sglang-router;
+- a weight-sync transport implied by the placement: ``tensor`` when colocated (train and infer on
+  the same GPUs, SGLang releasing and resuming its memory around training), ``distributed`` (an
+  NCCL broadcast from trainer rank 0 to the engines) when disaggregated.
+
+GPUs are handed out first-fit, node by node, group by group in the order of ``agents``: a trainer
+takes blocks of ``tensor_parallel`` GPUs (a tensor-parallel group never spans nodes, its
+all-reduces need NVLink; data and pipeline parallel may span nodes), an engine takes one block of
+``engine_tensor_parallel`` GPUs. An agent spec's ``resources`` dict holds a ``ResourceConfig``;
+left empty, every group takes an even share of the GPUs, half to train and half to serve.
+
+``make_plan`` validates everything a launch would trip on later, with errors naming the agent and
+field; ``Plan.table()`` renders it for ``kernel launch --dry-run`` and ``Plan.to_dict()`` as JSON.
+Nothing here imports Ray, SGLang or touches a GPU.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+from kernel.agents import AgentSpec, agent_specs, model_groups
+
+
+@dataclass
+class ResourceConfig:
+    """Placement of one model (group of agents) on the cluster: an AgentSpec's ``resources``."""
+
+    train_gpus: int | None = None
+    """GPUs (= ranks) of the trainer; None: the group's even share of the free GPUs (half of it
+    when disaggregated); 0 only for a frozen model."""
+    infer_gpus: int | None = None
+    """GPUs of the engines when disaggregated; None: the rest of the group's share. Colocated
+    engines run on the training GPUs, so leave it unset then."""
+    colocate: bool = False
+    """Train and serve on the same GPUs (SGLang releases and resumes its memory around each
+    training step; weights go over by tensor); False puts engines on GPUs of their own
+    (weights go over by an NCCL broadcast)."""
+    tensor_parallel: int = 1
+    """Trainer tensor-parallel size (megatron backend); a TP group stays inside one node."""
+    pipeline_parallel: int = 1
+    """Trainer pipeline-parallel size (megatron backend); data parallel is train_gpus / (TP x PP)."""
+    engine_tensor_parallel: int = 1
+    """GPUs of one SGLang engine (its --tp-size); an engine stays inside one node."""
+    mem_fraction_static: float = 0.8
+    """SGLang --mem-fraction-static: the share of a GPU's memory an engine takes for weights and
+    KV cache (colocated, SGLang releases it during training; keep room for the trainer)."""
+    nodes: list[int] | None = None
+    """Nodes this model may use (None: any, filled in order)."""
+
+    def validate(self) -> ResourceConfig:
+        """Raise ValueError naming the first field with a bad value."""
+        for name in ("train_gpus", "infer_gpus"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be >= 0, got {value}")
+        for name in ("tensor_parallel", "pipeline_parallel", "engine_tensor_parallel"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 < self.mem_fraction_static < 1.0:
+            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+        if self.colocate and self.infer_gpus is not None:
+            raise ValueError(
+                f"infer_gpus={self.infer_gpus} but colocate is true: colocated engines run on the "
+                "train_gpus; leave infer_gpus unset"
+            )
+        if self.nodes is not None and (not self.nodes or min(self.nodes) < 0):
+            raise ValueError(f"nodes must be a non-empty list of node indices >= 0, got {self.nodes}")
+        return self
+
+
+@dataclass
+class ClusterConfig:
+    """The cluster a run is placed on (``kernel launch --cluster.*``)."""
+
+    nodes: int = 1
+    """Nodes (machines) of the cluster."""
+    gpus_per_node: int = 8
+    """GPUs of each node."""
+    address: str | None = None
+    """Ray cluster to connect to (e.g. ray://head:10001 or auto); None starts a local one."""
+    router_base_port: int = 30000
+    """Port of the first model's sglang-router (on node 0); the next model's is one more."""
+    engine_base_port: int = 30010
+    """Port of the first engine on each node; the next engine on that node is one more."""
+    metrics_base_port: int = 29000
+    """Port of the first router's Prometheus exporter (node 0); one more per model."""
+    master_base_port: int = 29500
+    """torch.distributed rendezvous port of the first trainer (on its rank 0's node)."""
+
+    def validate(self) -> ClusterConfig:
+        """Raise ValueError naming the first field with a bad value."""
+        if self.nodes < 1:
+            raise ValueError(f"cluster.nodes must be >= 1, got {self.nodes}")
+        if self.gpus_per_node < 1:
+            raise ValueError(f"cluster.gpus_per_node must be >= 1, got {self.gpus_per_node}")
+        for f in fields(self):
+            if f.name.endswith("_port") and not 0 < getattr(self, f.name) < 65536:
+                raise ValueError(f"cluster.{f.name} must be in 1..65535, got {getattr(self, f.name)}")
+        return self
+
+    @property
+    def total_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+@dataclass
+class TrainerRank:
+    """One torch.distributed rank of a trainer: its GPU and parallel coordinates."""
+
+    rank: int
+    node: int
+    gpu: int
+    tp: int  # tensor-parallel index: fastest-varying, as in Megatron's default rank order
+    dp: int
+    pp: int
+
+
+@dataclass
+class Engine:
+    """One SGLang engine: the GPUs of one node it holds and the port it serves on."""
+
+    index: int
+    node: int
+    gpus: list[int]
+    port: int
+
+
+@dataclass
+class GroupPlan:
+    """The placement of one model: its trainer ranks, engines, router and sync."""
+
+    owner: str
+    agents: list[str]
+    model: str | None
+    backend: str
+    colocate: bool
+    tensor_parallel: int
+    pipeline_parallel: int
+    data_parallel: int
+    engine_tensor_parallel: int
+    mem_fraction_static: float
+    trainer: list[TrainerRank]
+    engines: list[Engine]
+    router_port: int
+    metrics_port: int
+    master_port: int | None  # torch.distributed rendezvous on trainer rank 0's node
+    sync_transport: str  # tensor (colocated) | distributed | none (frozen model)
+
+
+@dataclass
+class Plan:
+    """Where every model of a run trains and serves."""
+
+    cluster: ClusterConfig
+    groups: list[GroupPlan]
+
+    def gpu_roles(self) -> dict[str, list[str]]:
+        """``"node0/gpu3"`` -> roles on that GPU, e.g. ``["doctor train r0", "doctor engine 1"]``
+        (agents sharing a model appear under the owner's name); idle GPUs map to []."""
+        roles: dict[str, list[str]] = {
+            f"node{n}/gpu{g}": []
+            for n in range(self.cluster.nodes)
+            for g in range(self.cluster.gpus_per_node)
+        }
+        for grp in self.groups:
+            for r in grp.trainer:
+                roles[f"node{r.node}/gpu{r.gpu}"].append(f"{grp.owner} train r{r.rank}")
+            for e in grp.engines:
+                for g in e.gpus:
+                    roles[f"node{e.node}/gpu{g}"].append(f"{grp.owner} engine {e.index}")
+        return roles
+
+    def to_dict(self) -> dict[str, Any]:
+        """The plan as plain JSON-able values."""
+        return {"cluster": asdict(self.cluster), "groups": [asdict(g) for g in self.groups]}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+    def tables(self) -> list:
+        """Two rich tables: one row per model, one row per GPU."""
+        from rich.table import Table
+
+        models = Table(title="Models")
+        for col in ("model of", "agents", "checkpoint", "backend", "trainer", "engines", "router",
+                    "sync"):  # fmt: skip
+            models.add_column(col)
+        for g in self.groups:
+            trainer = (
+                f"{len(g.trainer)} GPUs = TP {g.tensor_parallel} x PP {g.pipeline_parallel} x "
+                f"DP {g.data_parallel}, master :{g.master_port}"
+                if g.trainer
+                else "frozen"
+            )
+            engines = (
+                f"{len(g.engines)} x TP {g.engine_tensor_parallel}"
+                f"{' colocated' if g.colocate else ''}, mem {g.mem_fraction_static:g}, ports "
+                + ", ".join(f"n{e.node}:{e.port}" for e in g.engines)
+            )
+            models.add_row(
+                g.owner,
+                ", ".join(g.agents),
+                str(g.model),
+                g.backend,
+                trainer,
+                engines,
+                f"n0:{g.router_port} (metrics :{g.metrics_port})",
+                g.sync_transport,
+            )
+        gpus = Table(title=f"GPUs ({self.cluster.nodes} x {self.cluster.gpus_per_node})")
+        gpus.add_column("node/gpu")
+        gpus.add_column("roles")
+        coords = {(g.owner, r.rank): r for g in self.groups for r in g.trainer}
+        for key, roles in self.gpu_roles().items():
+            shown = []
+            for role in roles:
+                owner, kind, idx = role.split(" ")
+                if kind == "train":
+                    r = coords[(owner, int(idx[1:]))]
+                    role += f" (tp {r.tp} dp {r.dp} pp {r.pp})"
+                shown.append(role)
+            gpus.add_row(key, "; ".join(shown) or "[dim]idle[/]")
+        return [models, gpus]
+
+    def table(self) -> str:
+        """The plan as text (the tables rendered without colour)."""
+        from rich.console import Console
+
+        console = Console(width=160, record=True, color_system=None, file=_Null())
+        for t in self.tables():
+            console.print(t)
+        return console.export_text()
+
+
+class _Null:
+    """A file that drops what is written (rich records the text for export)."""
+
+    def write(self, _: str) -> int:
+        return 0
+
+    def flush(self) -> None:
+        pass
+
+
+# ------------------------------------------------------------------------------------ planning
+
+
+@dataclass
+class _Group:
+    owner: str
+    agents: list[str]
+    model: str | None
+    backend: str
+    trainable: bool
+    res: ResourceConfig
+    train: int = 0
+    infer: int = 0
+    where: str = field(default="")
+
+
+def resources_of(spec: AgentSpec) -> ResourceConfig:
+    """The spec's ``resources`` dict as a validated ResourceConfig (errors name the agent)."""
+    where = f"agents[{spec.name!r}].resources"
+    names = {f.name for f in fields(ResourceConfig)}
+    unknown = sorted(set(spec.resources) - names)
+    if unknown:
+        raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(names)}")
+    try:
+        return ResourceConfig(**spec.resources).validate()
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{where}.{e}") from None
+
+
+def make_plan(config, cluster: ClusterConfig) -> Plan:
+    """Place every model of a run (a TrainConfig, or its ``agents`` list) on ``cluster``.
+
+    Raises ValueError naming the agent and field (or the cluster flag) for anything that cannot
+    be placed: too few GPUs, parallel sizes that do not divide, memory fraction, port clashes.
+    """
+    cluster.validate()
+    specs = agent_specs(config) if isinstance(config, list) else config.agent_specs()
+    default_model = None if isinstance(config, list) else config.model
+    groups = []
+    for owner, members in model_groups(specs).items():
+        head = members[0]
+        groups.append(
+            _Group(
+                owner=owner,
+                agents=[s.name for s in members],
+                model=head.model or default_model,
+                backend=head.backend,
+                trainable=any(s.trainable for s in members),
+                res=resources_of(head),
+                where=f"agents[{owner!r}].resources",
+            )
+        )
+    _size(groups, cluster)
+    free = {n: list(range(cluster.gpus_per_node)) for n in range(cluster.nodes)}
+    engine_ports = dict.fromkeys(range(cluster.nodes), cluster.engine_base_port)
+    plans = []
+    for i, g in enumerate(groups):
+        r = g.res
+        _check_heads(g)
+        tp, pp = r.tensor_parallel, r.pipeline_parallel
+        trainer = []
+        for b, (node, gpus) in enumerate(_take(free, g, g.train // tp, tp, "the trainer")):
+            for t, gpu in enumerate(gpus):
+                rank = b * tp + t
+                dp = (rank // tp) % (g.train // (tp * pp))
+                trainer.append(TrainerRank(rank, node, gpu, tp=t, dp=dp, pp=rank // (g.train // pp)))
+        etp = r.engine_tensor_parallel
+        if r.colocate:
+            blocks = _colocated_blocks(g, trainer, etp)
+        else:
+            blocks = _take(free, g, g.infer // etp, etp, "the engines")
+        engines = []
+        for k, (node, gpus) in enumerate(blocks):
+            engines.append(Engine(k, node, gpus, engine_ports[node]))
+            engine_ports[node] += 1
+        plans.append(
+            GroupPlan(
+                owner=g.owner,
+                agents=g.agents,
+                model=g.model,
+                backend=g.backend,
+                colocate=r.colocate,
+                tensor_parallel=tp,
+                pipeline_parallel=pp,
+                data_parallel=g.train // (tp * pp) if g.train else 0,
+                engine_tensor_parallel=etp,
+                mem_fraction_static=r.mem_fraction_static,
+                trainer=trainer,
+                engines=engines,
+                router_port=cluster.router_base_port + i,
+                metrics_port=cluster.metrics_base_port + i,
+                master_port=cluster.master_base_port + i if trainer else None,
+                sync_transport="none" if not trainer else "tensor" if r.colocate else "distributed",
+            )
+        )
+    plan = Plan(cluster, plans)
+    _check_ports(plan)
+    return plan
+
+
+def _size(groups: list[_Group], cluster: ClusterConfig) -> None:
+    """Fill in each group's train/infer GPU counts and check they fit and divide."""
+    explicit = {}
+    for g in groups:
+        r = g.res
+        if not g.trainable:
+            if r.train_gpus:
+                raise ValueError(f"{g.where}.train_gpus={r.train_gpus} but no agent of this model "
+                                 "is trainable: set it to 0 or leave it unset")  # fmt: skip
+            if r.colocate:
+                raise ValueError(f"{g.where}.colocate needs a trainable agent (this model is frozen)")
+            if r.infer_gpus is not None:
+                explicit[g.owner] = r.infer_gpus
+        elif r.colocate and r.train_gpus is not None:
+            explicit[g.owner] = r.train_gpus
+        elif not r.colocate and r.train_gpus is not None and r.infer_gpus is not None:
+            explicit[g.owner] = r.train_gpus + r.infer_gpus
+    auto = [g for g in groups if g.owner not in explicit]
+    spare = cluster.total_gpus - sum(explicit.values())
+    share = spare // len(auto) if auto else 0
+    for g in groups:
+        r = g.res
+        size = explicit.get(g.owner, share)
+        if not g.trainable:
+            g.train, g.infer = 0, size
+        elif r.colocate:
+            g.train = g.infer = size
+        elif r.train_gpus is not None:
+            g.train, g.infer = r.train_gpus, size - r.train_gpus
+        elif r.infer_gpus is not None:
+            g.train, g.infer = size - r.infer_gpus, r.infer_gpus
+        else:
+            g.train, g.infer = size // 2, size - size // 2
+    need = sum(g.train + (0 if g.res.colocate else g.infer) for g in groups)
+    counts = ", ".join(f"{g.owner} {g.train}+{0 if g.res.colocate else g.infer}" for g in groups)
+    if need > cluster.total_gpus or min(g.train for g in groups) < 0 or auto and share < 1:
+        raise ValueError(
+            f"the plan needs {need} GPUs (train+infer per model: {counts}) but the cluster has "
+            f"cluster.nodes x cluster.gpus_per_node = {cluster.nodes} x {cluster.gpus_per_node} = "
+            f"{cluster.total_gpus}"
+        )
+    for g in groups:
+        r = g.res
+        if g.trainable and g.train < 1:
+            raise ValueError(f"{g.where}.train_gpus: a trainable model needs >= 1 training GPU; "
+                             f"its share of the cluster leaves {g.train}")  # fmt: skip
+        if g.infer < 1:
+            raise ValueError(f"{g.where}.infer_gpus: every model needs >= 1 engine GPU; its share "
+                             f"of the cluster leaves {g.infer}")  # fmt: skip
+        if g.backend == "torch" and (r.tensor_parallel > 1 or r.pipeline_parallel > 1):
+            raise ValueError(
+                f"{g.where}.tensor_parallel/pipeline_parallel: the torch backend is data parallel "
+                f"only (got TP {r.tensor_parallel}, PP {r.pipeline_parallel}); use backend megatron"
+            )
+        model_par = r.tensor_parallel * r.pipeline_parallel
+        if g.train % model_par:
+            raise ValueError(
+                f"{g.where}: tensor_parallel x pipeline_parallel = {r.tensor_parallel} x "
+                f"{r.pipeline_parallel} = {model_par} must divide train_gpus = {g.train}"
+            )
+        if g.infer % r.engine_tensor_parallel:
+            what = "train_gpus (colocated)" if r.colocate else "infer_gpus"
+            raise ValueError(
+                f"{g.where}.engine_tensor_parallel = {r.engine_tensor_parallel} must divide "
+                f"{what} = {g.infer}"
+            )
+        for name in ("tensor_parallel", "engine_tensor_parallel"):
+            if getattr(r, name) > cluster.gpus_per_node:
+                raise ValueError(f"{g.where}.{name} = {getattr(r, name)} exceeds "
+                                 f"cluster.gpus_per_node = {cluster.gpus_per_node}: it must fit in "
+                                 "one node")  # fmt: skip
+        bad = [n for n in r.nodes or [] if n >= cluster.nodes]
+        if bad:
+            raise ValueError(f"{g.where}.nodes: {bad} not in 0..{cluster.nodes - 1}")
+
+
+def _take(free: dict[int, list[int]], g: _Group, n: int, size: int, what: str):
+    """``n`` blocks of ``size`` GPUs, each inside one node, first fit; [(node, gpus)]."""
+    out = []
+    for _ in range(n):
+        node = next(
+            (k for k, gpus in free.items() if len(gpus) >= size and k in (g.res.nodes or [k])),
+            None,
+        )
+        if node is None:
+            left = {f"node{k}": len(v) for k, v in free.items() if v}
+            raise ValueError(
+                f"{g.where}: {what} need {n} blocks of {size} GPU(s) on one node each, but after "
+                f"{len(out)} no node{' of nodes=' + str(g.res.nodes) if g.res.nodes else ''} has "
+                f"{size} free GPU(s) (free: {left or 'none'})"
+            )
+        out.append((node, free[node][:size]))
+        del free[node][:size]
+    return out
+
+
+def _colocated_blocks(g: _Group, trainer: list[TrainerRank], etp: int):
+    """Colocated engines: consecutive blocks of ``etp`` trainer GPUs, each inside one node."""
+    blocks = []
+    for k in range(0, len(trainer), etp):
+        ranks = trainer[k : k + etp]
+        nodes = {r.node for r in ranks}
+        if len(nodes) > 1:
+            raise ValueError(
+                f"{g.where}.engine_tensor_parallel = {etp}: colocated engine {k // etp} would span "
+                f"nodes {sorted(nodes)} (the trainer's GPUs there: "
+                f"{[(r.node, r.gpu) for r in ranks]}); an engine must fit in one node"
+            )
+        blocks.append((ranks[0].node, [r.gpu for r in ranks]))
+    return blocks
+
+
+def _check_heads(g: _Group) -> None:
+    """Key/value heads must split evenly over the trainer's TP (Megatron's num_query_groups);
+    an engine's TP may also be a multiple of them (SGLang replicates KV heads). Only checked
+    when the model is a local folder with a config.json."""
+    config = Path(g.model or "") / "config.json"
+    if not g.model or not config.is_file():
+        return
+    cfg = json.loads(config.read_text())
+    heads = cfg.get("num_key_value_heads") or cfg.get("num_attention_heads")
+    if not heads:
+        return
+    tp, etp = g.res.tensor_parallel, g.res.engine_tensor_parallel
+    if heads % tp:
+        raise ValueError(
+            f"{g.where}.tensor_parallel = {tp} must divide the model's {heads} key/value heads "
+            f"({config})"
+        )
+    if heads % etp and etp % heads:
+        raise ValueError(
+            f"{g.where}.engine_tensor_parallel = {etp} must divide, or be a multiple of, the "
+            f"model's {heads} key/value heads ({config})"
+        )
+
+
+def _check_ports(plan: Plan) -> None:
+    """No two services of the plan may bind the same port on the same node."""
+    taken: dict[tuple[int, int], str] = {}
+
+    def claim(node: int, port: int, what: str) -> None:
+        if not 0 < port < 65536:
+            raise ValueError(f"{what}: port {port} is out of 1..65535 (lower the cluster.*_port)")
+        if (node, port) in taken:
+            raise ValueError(
+                f"port clash on node {node}: {what} and {taken[(node, port)]} both want port "
+                f"{port}; move cluster.router_base_port, engine_base_port, metrics_base_port or "
+                "master_base_port apart"
+            )
+        taken[(node, port)] = what
+
+    for g in plan.groups:
+        claim(0, g.router_port, f"the router of {g.owner!r}")
+        claim(0, g.metrics_port, f"the router metrics of {g.owner!r}")
+        if g.master_port is not None:
+            claim(g.trainer[0].node, g.master_port, f"the trainer rendezvous of {g.owner!r}")
+        for e in g.engines:
+            claim(e.node, e.port, f"engine {e.index} of {g.owner!r}")
