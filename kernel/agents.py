@@ -92,6 +92,11 @@ class AgentSpec:
     """HF model path or name of this agent's own model (None: the run's --model)."""
     share_model_with: str | None = None
     """Another agent whose model, trainer and engines this agent uses (None: its own)."""
+    tokenizer: str | None = None
+    """Tokenizer path of this agent's model (None: the model's own)."""
+    chat_template: str | None = None
+    """Chat template (Jinja text, or a path to a .jinja file) that replaces the tokenizer's for
+    this agent's dialogues (None: the tokenizer's own)."""
     trainable: bool = True
     """False freezes the agent: it is served and rolled out, never trained or synced."""
     update_every: int = 1
@@ -123,7 +128,7 @@ class AgentSpec:
         if self.backend not in BACKENDS:
             raise ValueError(f"{where}.backend must be one of {BACKENDS}, got {self.backend!r}")
         if self.share_model_with is not None:
-            own = [k for k in ("model", *OVERRIDABLE) if getattr(self, k)]
+            own = [k for k in ("model", "tokenizer", *OVERRIDABLE) if getattr(self, k)]
             own += [k for k in ("update_every", "backend") if getattr(self, k) != _DEFAULTS[k]]
             # Sampling settings are per agent even on a shared model; the rest belong to the model.
             own = [k for k in own if k != "rollout"]

@@ -139,12 +139,13 @@ async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> li
         agents = {}
         for m in models:
             for spec in m.agents:
+                tokenizer = _with_template(m.tokenizer, spec.chat_template)
                 rollout = cfg.agent_rollout(spec)
                 sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p}
                 agents[spec.name] = AgentHandle(
                     spec.name,
                     m.generators,
-                    m.tokenizer,
+                    tokenizer,
                     sampling,
                     rollout.max_response_len,
                     rollout.max_context_len,
@@ -278,7 +279,8 @@ def _build_models(cfg: TrainConfig, out: Path) -> list[Model]:
         path = materialize_model(settings.model, out / "models")
         logs = out / "logs" / specs[0].name
         pool = EnginePool(settings.engine, path, logs, seed=cfg.seed + 1000 * i)
-        model = Model(specs[0].name, specs, settings, load_tokenizer(path), pool)
+        tokenizer = load_tokenizer(specs[0].tokenizer or path)
+        model = Model(specs[0].name, specs, settings, tokenizer, pool)
         if model.trained:
             temperature = cfg.agent_rollout(specs[0]).temperature
             trainer_cfg = replace(settings.trainer, temperature=temperature)
@@ -289,6 +291,22 @@ def _build_models(cfg: TrainConfig, out: Path) -> list[Model]:
             model.trainer = Trainer(path, settings.optim, settings.loss, trainer_cfg, cfg.num_steps)
         models.append(model)
     return models
+
+
+def _with_template(tokenizer, template: str | None):
+    """``tokenizer``, or a copy of it that renders dialogues with ``template`` (Jinja text or
+    a file path); the ids of its tokens are unchanged, so the engine and trainer agree."""
+    if template is None:
+        return tokenizer
+    import copy
+
+    path = Path(template)
+    text = path.read_text() if "{" not in template and path.is_file() else template
+    if "{" not in text:
+        raise ValueError(f"chat_template {template!r} is neither a Jinja template nor a file")
+    tokenizer = copy.copy(tokenizer)
+    tokenizer.chat_template = text
+    return tokenizer
 
 
 def _model_metrics(models, due, train_metrics, sync_metrics) -> dict[str, float]:
