@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # README command (1): the main job on the embedded CPU default. Sets up .venv, then runs it.
-# Today that is the kernel's toy task through the full path (an embedded engine serves a tiny
-# model built from a config; generate -> reward -> advantages -> train -> weight sync); it
-# becomes a recipe's CPU preset once a recipe lands. Extra arguments go to `kernel train`.
+# Two agents, two models, trained together through the full path: a doctor and a patient, each
+# a tiny model built from a config, each served by its own embedded SGLang-compatible engine
+# and trained by its own trainer (generate -> bilateral reward -> advantages per agent ->
+# train -> weight sync per model). About a minute on 2 cores; extra arguments go to
+# `kernel train` (e.g. --num_steps 80). The recipes' CPU presets (SmolLM2-135M) run with
+# `python -m kernel train --recipe <name> --preset cpu`.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh "${TANDEM_EXTRAS:-dev,math,router,models,logging}"
-exec .venv/bin/python -m kernel train --preset toy \
-  --output_dir "runs/toy-$(date +%Y%m%d-%H%M%S)" "$@"
+bash scripts/setup.sh "${TANDEM_EXTRAS:-dev,math,dialogue,router,models,logging}"
+exec .venv/bin/python -m kernel train --preset toy_duo \
+  --output_dir "runs/toy_duo-$(date +%Y%m%d-%H%M%S)" "$@"
