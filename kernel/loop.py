@@ -7,17 +7,21 @@ Read ``train`` top to bottom. Per step:
    requeued, DAPO refill when dynamic sampling drops constant groups);
 2. rewards (recipe hook + kernel weighting) come back with the episodes;
 3. advantages, grouped per (prompt, agent[, turn]) - never batch-wide unless asked for;
-4. one optimiser step of the shared model on every agent's samples;
-5. push the new weights to the engines (pause -> update -> version -> continue);
+4. one optimiser step per model due this step (``update_every``), on the samples of the
+   trainable agents it plays (agents sharing a model train it together; an agent with its own
+   model trains its own);
+5. push each trained model's weights to its own engines (pause -> update -> version ->
+   continue); engines restarted after a crash get the current weights before they rejoin;
 6. log (metrics.jsonl, optional TensorBoard / W&B) and checkpoint.
 
 In ``async_mode`` the rollout of step k+1 runs while step k trains (one step off-policy): the
 samples carry the weight versions that made them, the staleness is logged and bounded, and
 truncated importance sampling (``loss.tis_cap``) corrects the lag.
 
-A checkpoint (``<output_dir>/checkpoints/step_N``) holds the trainer (weights, optimiser,
-schedule, RNG), the buffer position with every prompt group handed out but not yet trained
-(so a crash mid-step neither skips nor repeats a prompt), the step and the weight version.
+A checkpoint (``<output_dir>/checkpoints/step_N``) holds each model's trainer
+(``trainers/<owner agent>``: weights, optimiser, schedule, RNG), the buffer position with
+every prompt group handed out but not yet trained (so a crash mid-step neither skips nor
+repeats a prompt), the step and each model's weight version.
 """
 
 from __future__ import annotations
