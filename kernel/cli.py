@@ -122,6 +122,10 @@ def cmd_train(cfg) -> None:
                 f"{cfg.output_dir}"
             )
             sys.exit(130)
+        except RuntimeError as e:  # a trainer rank or an engine that cannot come back
+            progress.stop()
+            Console(stderr=True).print(f"[red]run stopped[/]: {e}")
+            sys.exit(1)
     metrics = Path(cfg.output_dir) / "metrics.jsonl"
     png = plot_metrics(metrics)
     rewards = [r["reward"] for r in rows if "reward" in r]
@@ -221,6 +225,8 @@ def build_parser() -> ArgumentParser:
 
 
 def _launch_parser() -> ArgumentParser:
+    from jsonargparse import ActionYesNo
+
     from kernel.cluster.plan import ClusterConfig
     from kernel.config import TrainConfig
 
@@ -233,8 +239,9 @@ def _launch_parser() -> ArgumentParser:
     )
     launch.add_argument("--preset", type=str | None, default=None, help="Preset name (as train).")
     launch.add_class_arguments(ClusterConfig, "cluster")
-    launch.add_argument("--dry-run", type=bool, default=False, help="Print the plan and stop.")
-    launch.add_argument("--json", type=bool, default=False, help="Print the plan as JSON.")
+    flag = ActionYesNo(no_prefix="--no-")
+    launch.add_argument("--dry-run", action=flag, default=False, help="Print the plan and stop.")
+    launch.add_argument("--json", action=flag, default=False, help="Print the plan as JSON.")
     return launch
 
 
@@ -255,7 +262,11 @@ def cmd_launch(cfg, cluster, dry_run: bool, as_json: bool) -> None:
         return
     from kernel.cluster.ray_group import run_plan
 
-    run_plan(cfg, plan)
+    try:
+        run_plan(cfg, plan)
+    except NotImplementedError as e:
+        Console(stderr=True).print(f"[red]not yet[/]: {e}")
+        sys.exit(1)
 
 
 def main(argv: list[str] | None = None) -> None:

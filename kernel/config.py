@@ -18,6 +18,7 @@ from typing import Any
 from kernel.advantages import AdvantageConfig
 from kernel.agents import AgentSpec, EngineConfig, agent_specs, model_groups
 from kernel.buffer import DataConfig
+from kernel.cluster.ray_group import RayConfig
 from kernel.loss import LossConfig
 from kernel.metrics import LogConfig
 from kernel.rewards import RewardConfig
@@ -148,6 +149,8 @@ class TrainConfig:
     """Held-out evaluation."""
     log: LogConfig = field(default_factory=LogConfig)
     """Metrics destinations."""
+    ray: RayConfig = field(default_factory=RayConfig)
+    """Training on Ray actors (a trainer group per model)."""
 
     def validate(self) -> TrainConfig:
         """Every check, before anything starts; raises ValueError naming the flag."""
@@ -171,6 +174,11 @@ class TrainConfig:
                 raise ValueError(
                     f"agents[{specs[0].name!r}]: rollout.temperature must be > 0 for training "
                     "(greedy has no policy); freeze the agent (trainable: false) to sample greedily"
+                )
+            if self.ray.enabled and settings.backend != "torch":
+                raise ValueError(
+                    f"agents[{specs[0].name!r}]: ray.enabled trains with the torch backend "
+                    f"only, got backend {settings.backend!r}"
                 )
             if settings.backend == "megatron" and len(groups) > 1:
                 raise ValueError(

@@ -115,137 +115,143 @@ async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> li
     seed_everything(cfg.seed)
     buffer = DataBuffer(replace(cfg.data, path=resolve_data_path(cfg.data.path)))
 
-    # The models (one per agent that does not share another's), their trainers, and the state
-    # of a resumed run.
-    models = _build_models(cfg, out)
-    start = 0
-    if ckpt is not None:
-        state = json.loads((ckpt / "state.json").read_text())
-        for m in models:
-            if m.trainer is not None:
-                m.trainer.load(ckpt / "trainers" / m.owner)
-            m.version = state["weight_versions"][m.owner]
-        buffer.load_state_dict(state["buffer"])
-        start = state["step"]
-        random.setstate(_tuple_state(state["python_rng"]))
-    (out / "config.json").write_text(json.dumps(_jsonable(cfg), indent=1))
-    logger = MetricsLogger(out, cfg.log, _jsonable(cfg), start)
+    # The models (one per agent that does not share another's), their trainers (in this
+    # process, or Ray actor groups), and the state of a resumed run.
+    with contextlib.ExitStack() as stack:  # Ray, if this run starts it, stops last
+        if cfg.ray.enabled and cfg.ray.start():
+            import ray
 
-    # Engines (started here, or given by URL) per model, agent handles, rollouts, weight sync.
-    with contextlib.ExitStack() as stack:
-        for m in models:  # every model's engines load at once
-            stack.enter_context(m.pool)
-            m.pool.launch()
-        for m in models:
-            m.pool.wait_healthy()
-            m.generators, m.clients = m.pool.clients()
-            m.sync = WeightSync(cfg.sync, m.clients, out / "sync" / m.owner)
-        agents = {}
-        for m in models:
-            for spec in m.agents:
-                tokenizer = _with_template(m.tokenizer, spec.chat_template)
-                rollout = cfg.agent_rollout(spec)
-                sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p}
-                agents[spec.name] = AgentHandle(
-                    spec.name,
-                    m.generators,
-                    tokenizer,
-                    sampling,
-                    rollout.max_response_len,
-                    rollout.max_context_len,
-                    pool=m.pool,
-                )
-        agents = {name: agents[name] for name in (s.name for s in cfg.agent_specs())}
-        ctx = RolloutContext(agents=agents, config=recipe_config, run=cfg, step=start)
-        manager = RolloutManager(
-            generate, reward, cfg.reward, cfg.rollout.concurrency, cfg.rollout.timeout_s
-        )
-        rows: list[dict] = []
-        watchers = [asyncio.ensure_future(m.pool.watch()) for m in models]
-        try:
-            # Engines serve the trainers' weights from the first step on: a resumed run pushes
-            # its checkpoints, a fresh one only labels the base weights with version 0.
+            stack.callback(ray.shutdown)
+        models = _build_models(cfg, out)
+        start = 0
+        if ckpt is not None:
+            state = json.loads((ckpt / "state.json").read_text())
             for m in models:
-                if start > 0 and m.trainer is not None:
-                    await m.sync.push(m.trainer, m.version)
-                else:
-                    await asyncio.gather(
-                        *(c.update_weight_version(str(m.version)) for c in m.clients)
+                if m.trainer is not None:
+                    m.trainer.load(ckpt / "trainers" / m.owner)
+                m.version = state["weight_versions"][m.owner]
+            buffer.load_state_dict(state["buffer"])
+            start = state["step"]
+            random.setstate(_tuple_state(state["python_rng"]))
+        (out / "config.json").write_text(json.dumps(_jsonable(cfg), indent=1))
+        logger = MetricsLogger(out, cfg.log, _jsonable(cfg), start)
+
+        # Engines (started here, or given by URL) per model, agent handles, rollouts, weight sync.
+        with contextlib.ExitStack() as engines:
+            for m in models:  # every model's engines load at once
+                engines.enter_context(m.pool)
+                m.pool.launch()
+            for m in models:
+                m.pool.wait_healthy()
+                m.generators, m.clients = m.pool.clients()
+                m.sync = WeightSync(cfg.sync, m.clients, out / "sync" / m.owner)
+            agents = {}
+            for m in models:
+                for spec in m.agents:
+                    tokenizer = _with_template(m.tokenizer, spec.chat_template)
+                    rollout = cfg.agent_rollout(spec)
+                    sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p}
+                    agents[spec.name] = AgentHandle(
+                        spec.name,
+                        m.generators,
+                        tokenizer,
+                        sampling,
+                        rollout.max_response_len,
+                        rollout.max_context_len,
+                        pool=m.pool,
                     )
-
-            next_batch = None
-            for step in range(start, cfg.num_steps):
-                t_step = time.perf_counter()
-                # 1-2. rollout with rewards (in async mode it was started during the last step)
-                batch = await (next_batch or _collect(cfg, manager, ctx, buffer, step))
-                next_batch = None
-                if cfg.async_mode and step + 1 < cfg.num_steps:
-                    next_batch = asyncio.ensure_future(
-                        _collect(cfg, manager, ctx, buffer, step + 1)
-                    )
-                samples, stale = _drop_stale(batch.samples, models, cfg.max_staleness)
-
-                # 3. advantages, per (prompt, agent[, turn])
-                adv_metrics = compute_advantages(samples, cfg.advantage)
-
-                # 4. train each model due this step on the samples of the agents it plays (off
-                # the event loop, so an async rollout keeps going; models train concurrently)
-                due = [m for m in models if m.trains_at(step)]
-                t0 = time.perf_counter()
-                train_metrics = await asyncio.gather(
-                    *(asyncio.to_thread(m.trainer.train_step, m.own(samples)) for m in due)
-                )
-                train_s = time.perf_counter() - t0
-
-                # 5. weight sync of the models that trained, and of engines restarted after a
-                # crash (which rejoin the rotation only once they serve the current weights)
-                restarted = {m.owner: await m.pool.restart_dead() for m in models}
-                sync_metrics = []
+            agents = {name: agents[name] for name in (s.name for s in cfg.agent_specs())}
+            ctx = RolloutContext(agents=agents, config=recipe_config, run=cfg, step=start)
+            manager = RolloutManager(
+                generate, reward, cfg.reward, cfg.rollout.concurrency, cfg.rollout.timeout_s
+            )
+            rows: list[dict] = []
+            watchers = [asyncio.ensure_future(m.pool.watch()) for m in models]
+            try:
+                # Engines serve the trainers' weights from the first step on: a resumed run pushes
+                # its checkpoints, a fresh one only labels the base weights with version 0.
                 for m in models:
-                    await m.sync.reset(restarted[m.owner])
-                    if m in due:
-                        m.version += 1
-                        sync_metrics.append(await m.sync.push(m.trainer, m.version))
-                    elif restarted[m.owner] and m.trainer is not None:
+                    if start > 0 and m.trainer is not None:
                         await m.sync.push(m.trainer, m.version)
-                    await m.pool.readmit(restarted[m.owner])
+                    else:
+                        await asyncio.gather(
+                            *(c.update_weight_version(str(m.version)) for c in m.clients)
+                        )
 
-                # 6. log and checkpoint
-                row = {"step": step, **batch.metrics}
-                row |= _model_metrics(models, due, train_metrics, sync_metrics)
-                row["data/rows"] = sorted(r.group[0].metadata["row"] for r in batch.results)
-                row |= _agent_metrics(samples, models) | adv_metrics | batch.stats.as_metrics()
-                row |= {"staleness/dropped": float(stale), "time/rollout_s": batch.stats.seconds}
-                row |= {"time/train_s": train_s}
-                row["engines/restarts"] = float(sum(m.pool.restarts for m in models))
-                row["time/sync_s"] = sum(m["sync/time_s"] for m in sync_metrics)
-                if cfg.eval.every and (
-                    (step + 1) % cfg.eval.every == 0 or step + 1 == cfg.num_steps
-                ):
-                    row |= await _evaluate(cfg, manager, ctx)
-                row["time/step_s"] = time.perf_counter() - t_step
-                tokens = sum(m.get("tokens", 0.0) for m in train_metrics)
-                row["tokens_per_s"] = tokens / row["time/step_s"]
-                logger.log(row)
-                rows.append(row)
-                if on_step:
-                    on_step(row)
-                ctx.step = step + 1
-                last = step + 1 == cfg.num_steps
-                if last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
-                    in_flight = [] if next_batch is None else await _handed_out(next_batch)
-                    _checkpoint(cfg, models, buffer, step + 1, in_flight)
-            return rows
-        finally:
-            for w in watchers:
-                w.cancel()
-            for m in models:
-                if m.sync is not None:
-                    await m.sync.aclose()
-                await asyncio.gather(*(c.aclose() for c in {*m.generators, *m.clients}))
-                if m.trainer is not None and hasattr(m.trainer, "close"):
-                    m.trainer.close()
-            logger.close()
+                next_batch = None
+                for step in range(start, cfg.num_steps):
+                    t_step = time.perf_counter()
+                    # 1-2. rollout with rewards (in async mode it was started during the last step)
+                    batch = await (next_batch or _collect(cfg, manager, ctx, buffer, step))
+                    next_batch = None
+                    if cfg.async_mode and step + 1 < cfg.num_steps:
+                        next_batch = asyncio.ensure_future(
+                            _collect(cfg, manager, ctx, buffer, step + 1)
+                        )
+                    samples, stale = _drop_stale(batch.samples, models, cfg.max_staleness)
+
+                    # 3. advantages, per (prompt, agent[, turn])
+                    adv_metrics = compute_advantages(samples, cfg.advantage)
+
+                    # 4. train each model due this step on the samples of the agents it plays (off
+                    # the event loop, so an async rollout keeps going; models train concurrently)
+                    due = [m for m in models if m.trains_at(step)]
+                    t0 = time.perf_counter()
+                    train_metrics = await asyncio.gather(
+                        *(asyncio.to_thread(m.trainer.train_step, m.own(samples)) for m in due)
+                    )
+                    train_s = time.perf_counter() - t0
+
+                    # 5. weight sync of the models that trained, and of engines restarted after a
+                    # crash (which rejoin the rotation only once they serve the current weights)
+                    restarted = {m.owner: await m.pool.restart_dead() for m in models}
+                    sync_metrics = []
+                    for m in models:
+                        await m.sync.reset(restarted[m.owner])
+                        if m in due:
+                            m.version += 1
+                            sync_metrics.append(await m.sync.push(m.trainer, m.version))
+                        elif restarted[m.owner] and m.trainer is not None:
+                            await m.sync.push(m.trainer, m.version)
+                        await m.pool.readmit(restarted[m.owner])
+
+                    # 6. log and checkpoint
+                    row = {"step": step, **batch.metrics}
+                    row |= _model_metrics(models, due, train_metrics, sync_metrics)
+                    row["data/rows"] = sorted(r.group[0].metadata["row"] for r in batch.results)
+                    row |= _agent_metrics(samples, models) | adv_metrics | batch.stats.as_metrics()
+                    row["staleness/dropped"] = float(stale)
+                    row["time/rollout_s"] = batch.stats.seconds
+                    row["time/train_s"] = train_s
+                    row["engines/restarts"] = float(sum(m.pool.restarts for m in models))
+                    row["time/sync_s"] = sum(m["sync/time_s"] for m in sync_metrics)
+                    if cfg.eval.every and (
+                        (step + 1) % cfg.eval.every == 0 or step + 1 == cfg.num_steps
+                    ):
+                        row |= await _evaluate(cfg, manager, ctx)
+                    row["time/step_s"] = time.perf_counter() - t_step
+                    tokens = sum(m.get("tokens", 0.0) for m in train_metrics)
+                    row["tokens_per_s"] = tokens / row["time/step_s"]
+                    logger.log(row)
+                    rows.append(row)
+                    if on_step:
+                        on_step(row)
+                    ctx.step = step + 1
+                    last = step + 1 == cfg.num_steps
+                    if last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
+                        in_flight = [] if next_batch is None else await _handed_out(next_batch)
+                        _checkpoint(cfg, models, buffer, step + 1, in_flight)
+                return rows
+            finally:
+                for w in watchers:
+                    w.cancel()
+                for m in models:
+                    if m.sync is not None:
+                        await m.sync.aclose()
+                    await asyncio.gather(*(c.aclose() for c in {*m.generators, *m.clients}))
+                    if m.trainer is not None and hasattr(m.trainer, "close"):
+                        m.trainer.close()
+                logger.close()
 
 
 @dataclass
@@ -288,11 +294,24 @@ def _build_models(cfg: TrainConfig, out: Path) -> list[Model]:
         if model.trained:
             temperature = cfg.agent_rollout(specs[0]).temperature
             trainer_cfg = replace(settings.trainer, temperature=temperature)
+            args = (path, settings.optim, settings.loss, trainer_cfg, cfg.num_steps)
+            if cfg.ray.enabled:
+                from kernel.cluster.ray_group import RayTrainerGroup
+
+                model.trainer = RayTrainerGroup(
+                    specs[0].name,
+                    *args,
+                    world_size=specs[0].resources.get("train_gpus") or cfg.ray.ranks,
+                    num_cpus=cfg.ray.num_cpus_per_rank,
+                    num_gpus=cfg.ray.num_gpus_per_rank,
+                )
+                models.append(model)
+                continue
             if settings.backend == "megatron":
                 from kernel.train.megatron_backend import MegatronTrainer as Trainer
             else:
                 from kernel.train.torch_backend import TorchTrainer as Trainer
-            model.trainer = Trainer(path, settings.optim, settings.loss, trainer_cfg, cfg.num_steps)
+            model.trainer = Trainer(*args)
         models.append(model)
     return models
 

@@ -2,8 +2,15 @@
 Ray actors (``ray_group``). Ray is imported lazily, inside ``ray_group``'s functions, so planning
 and ``kernel launch --dry-run`` need neither Ray nor a GPU."""
 
-from kernel.cluster.plan import ClusterConfig, Engine, GroupPlan, Plan, ResourceConfig, TrainerRank
-from kernel.cluster.plan import make_plan
+from kernel.cluster.plan import (
+    ClusterConfig,
+    Engine,
+    GroupPlan,
+    Plan,
+    ResourceConfig,
+    TrainerRank,
+    make_plan,
+)
 
 __all__ = [
     "ClusterConfig",

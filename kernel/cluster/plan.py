@@ -47,7 +47,7 @@ class ResourceConfig:
     tensor_parallel: int = 1
     """Trainer tensor-parallel size (megatron backend); a TP group stays inside one node."""
     pipeline_parallel: int = 1
-    """Trainer pipeline-parallel size (megatron backend); data parallel is train_gpus / (TP x PP)."""
+    """Trainer pipeline-parallel size (megatron backend); data parallel = train_gpus / (TP x PP)."""
     engine_tensor_parallel: int = 1
     """GPUs of one SGLang engine (its --tp-size); an engine stays inside one node."""
     mem_fraction_static: float = 0.8
@@ -66,14 +66,18 @@ class ResourceConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 < self.mem_fraction_static < 1.0:
-            raise ValueError(f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}")
+            raise ValueError(
+                f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}"
+            )
         if self.colocate and self.infer_gpus is not None:
             raise ValueError(
                 f"infer_gpus={self.infer_gpus} but colocate is true: colocated engines run on the "
                 "train_gpus; leave infer_gpus unset"
             )
         if self.nodes is not None and (not self.nodes or min(self.nodes) < 0):
-            raise ValueError(f"nodes must be a non-empty list of node indices >= 0, got {self.nodes}")
+            raise ValueError(
+                f"nodes must be a non-empty list of node indices >= 0, got {self.nodes}"
+            )
         return self
 
 
@@ -104,7 +108,9 @@ class ClusterConfig:
             raise ValueError(f"cluster.gpus_per_node must be >= 1, got {self.gpus_per_node}")
         for f in fields(self):
             if f.name.endswith("_port") and not 0 < getattr(self, f.name) < 65536:
-                raise ValueError(f"cluster.{f.name} must be in 1..65535, got {getattr(self, f.name)}")
+                raise ValueError(
+                    f"cluster.{f.name} must be in 1..65535, got {getattr(self, f.name)}"
+                )
         return self
 
     @property
@@ -191,8 +197,16 @@ class Plan:
         from rich.table import Table
 
         models = Table(title="Models")
-        for col in ("model of", "agents", "checkpoint", "backend", "trainer", "engines", "router",
-                    "sync"):  # fmt: skip
+        for col in (
+            "model of",
+            "agents",
+            "checkpoint",
+            "backend",
+            "trainer",
+            "engines",
+            "router",
+            "sync",
+        ):
             models.add_column(col)
         for g in self.groups:
             trainer = (
@@ -316,7 +330,9 @@ def make_plan(config, cluster: ClusterConfig) -> Plan:
             for t, gpu in enumerate(gpus):
                 rank = b * tp + t
                 dp = (rank // tp) % (g.train // (tp * pp))
-                trainer.append(TrainerRank(rank, node, gpu, tp=t, dp=dp, pp=rank // (g.train // pp)))
+                trainer.append(
+                    TrainerRank(rank, node, gpu, tp=t, dp=dp, pp=rank // (g.train // pp))
+                )
         etp = r.engine_tensor_parallel
         if r.colocate:
             blocks = _colocated_blocks(g, trainer, etp)
@@ -358,10 +374,14 @@ def _size(groups: list[_Group], cluster: ClusterConfig) -> None:
         r = g.res
         if not g.trainable:
             if r.train_gpus:
-                raise ValueError(f"{g.where}.train_gpus={r.train_gpus} but no agent of this model "
-                                 "is trainable: set it to 0 or leave it unset")  # fmt: skip
+                raise ValueError(
+                    f"{g.where}.train_gpus={r.train_gpus} but no agent of this model "
+                    "is trainable: set it to 0 or leave it unset"
+                )
             if r.colocate:
-                raise ValueError(f"{g.where}.colocate needs a trainable agent (this model is frozen)")
+                raise ValueError(
+                    f"{g.where}.colocate needs a trainable agent (this model is frozen)"
+                )
             if r.infer_gpus is not None:
                 explicit[g.owner] = r.infer_gpus
         elif r.colocate and r.train_gpus is not None:
@@ -386,7 +406,7 @@ def _size(groups: list[_Group], cluster: ClusterConfig) -> None:
             g.train, g.infer = size // 2, size - size // 2
     need = sum(g.train + (0 if g.res.colocate else g.infer) for g in groups)
     counts = ", ".join(f"{g.owner} {g.train}+{0 if g.res.colocate else g.infer}" for g in groups)
-    if need > cluster.total_gpus or min(g.train for g in groups) < 0 or auto and share < 1:
+    if need > cluster.total_gpus or min(g.train for g in groups) < 0 or (auto and share < 1):
         raise ValueError(
             f"the plan needs {need} GPUs (train+infer per model: {counts}) but the cluster has "
             f"cluster.nodes x cluster.gpus_per_node = {cluster.nodes} x {cluster.gpus_per_node} = "
@@ -395,16 +415,27 @@ def _size(groups: list[_Group], cluster: ClusterConfig) -> None:
     for g in groups:
         r = g.res
         if g.trainable and g.train < 1:
-            raise ValueError(f"{g.where}.train_gpus: a trainable model needs >= 1 training GPU; "
-                             f"its share of the cluster leaves {g.train}")  # fmt: skip
+            raise ValueError(
+                f"{g.where}.train_gpus: a trainable model needs >= 1 training GPU; "
+                f"its share of the cluster leaves {g.train}"
+            )
         if g.infer < 1:
-            raise ValueError(f"{g.where}.infer_gpus: every model needs >= 1 engine GPU; its share "
-                             f"of the cluster leaves {g.infer}")  # fmt: skip
+            raise ValueError(
+                f"{g.where}.infer_gpus: every model needs >= 1 engine GPU; its share "
+                f"of the cluster leaves {g.infer}"
+            )
         if g.backend == "torch" and (r.tensor_parallel > 1 or r.pipeline_parallel > 1):
             raise ValueError(
                 f"{g.where}.tensor_parallel/pipeline_parallel: the torch backend is data parallel "
                 f"only (got TP {r.tensor_parallel}, PP {r.pipeline_parallel}); use backend megatron"
             )
+        for name in ("tensor_parallel", "engine_tensor_parallel"):
+            if getattr(r, name) > cluster.gpus_per_node:
+                raise ValueError(
+                    f"{g.where}.{name} = {getattr(r, name)} exceeds "
+                    f"cluster.gpus_per_node = {cluster.gpus_per_node}: it must fit in "
+                    "one node"
+                )
         model_par = r.tensor_parallel * r.pipeline_parallel
         if g.train % model_par:
             raise ValueError(
@@ -417,11 +448,6 @@ def _size(groups: list[_Group], cluster: ClusterConfig) -> None:
                 f"{g.where}.engine_tensor_parallel = {r.engine_tensor_parallel} must divide "
                 f"{what} = {g.infer}"
             )
-        for name in ("tensor_parallel", "engine_tensor_parallel"):
-            if getattr(r, name) > cluster.gpus_per_node:
-                raise ValueError(f"{g.where}.{name} = {getattr(r, name)} exceeds "
-                                 f"cluster.gpus_per_node = {cluster.gpus_per_node}: it must fit in "
-                                 "one node")  # fmt: skip
         bad = [n for n in r.nodes or [] if n >= cluster.nodes]
         if bad:
             raise ValueError(f"{g.where}.nodes: {bad} not in 0..{cluster.nodes - 1}")

@@ -1,0 +1,325 @@
+"""Placement plans of the three recipes on 1 x 8 and 2 x 8 GPUs, checked GPU by GPU against
+layouts written out here; bad plans fail with errors naming the agent and field; and
+``python -m kernel launch --dry-run`` prints the plan (exit 0) or rejects bad flags (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kernel.agents import AgentSpec
+from kernel.cluster.plan import ClusterConfig, ResourceConfig, make_plan
+from kernel.config import load_train_config
+
+ROOT = Path(__file__).resolve().parents[2]
+ONE = ClusterConfig(nodes=1, gpus_per_node=8)
+TWO = ClusterConfig(nodes=2, gpus_per_node=8)
+
+
+def recipe_config(recipe: str, *flags: str):
+    return load_train_config(list(flags), yaml_path=ROOT / "recipes" / recipe / "presets/cpu.yaml")
+
+
+def gpus(node: int, roles: list[list[str]]) -> dict[str, list[str]]:
+    """``node``'s GPUs 0.. mapped to the given role lists (one per GPU)."""
+    return {f"node{node}/gpu{g}": r for g, r in enumerate(roles)}
+
+
+# ------------------------------------------------------------------ math_solver_verifier
+# One model plays solver, rewriter and selector: the owner "solver" gets the whole cluster,
+# half to train (data parallel) and half to serve, synced by NCCL broadcast.
+
+
+def test_math_solver_verifier_on_one_node():
+    plan = make_plan(recipe_config("math_solver_verifier"), ONE)
+    (g,) = plan.groups
+    assert g.agents == ["solver", "rewriter", "selector"] and g.model == "smollm2"
+    # 8 GPUs / 1 model = 8; half (4) train, half (4) serve
+    assert plan.gpu_roles() == gpus(
+        0,
+        [["solver train r0"], ["solver train r1"], ["solver train r2"], ["solver train r3"],
+         ["solver engine 0"], ["solver engine 1"], ["solver engine 2"], ["solver engine 3"]],
+    )  # fmt: skip
+    assert [r.dp for r in g.trainer] == [0, 1, 2, 3]  # TP 1 x PP 1 x DP 4
+    assert (g.tensor_parallel, g.pipeline_parallel, g.data_parallel) == (1, 1, 4)
+    assert [(e.node, e.port) for e in g.engines] == [(0, 30010), (0, 30011), (0, 30012), (0, 30013)]
+    assert (g.router_port, g.metrics_port, g.master_port) == (30000, 29000, 29500)
+    assert g.sync_transport == "distributed"
+
+
+def test_math_solver_verifier_on_two_nodes():
+    plan = make_plan(recipe_config("math_solver_verifier"), TWO)
+    (g,) = plan.groups
+    # 16 GPUs: the trainer fills node 0, the engines node 1 (engine ports count per node)
+    assert plan.gpu_roles() == {
+        **gpus(0, [[f"solver train r{r}"] for r in range(8)]),
+        **gpus(1, [[f"solver engine {e}"] for e in range(8)]),
+    }
+    assert [(e.node, e.port) for e in g.engines] == [(1, 30010 + e) for e in range(8)]
+    assert g.data_parallel == 8 and g.router_port == 30000
+
+
+# ------------------------------------------------------------------ takes_two
+# Doctor and patient are separate models: each gets its own half of the cluster, its own trainer,
+# engines, router (30000, 30001) and rendezvous port (29500, 29501).
+
+TAKES_TWO = [AgentSpec("doctor", model="doctor-ckpt"), AgentSpec("patient", model="patient-ckpt")]
+
+
+def test_takes_two_on_one_node():
+    plan = make_plan(TAKES_TWO, ONE)
+    doctor, patient = plan.groups
+    # 8 GPUs / 2 models = 4 each: 2 train + 2 serve
+    assert plan.gpu_roles() == gpus(
+        0,
+        [["doctor train r0"], ["doctor train r1"], ["doctor engine 0"], ["doctor engine 1"],
+         ["patient train r0"], ["patient train r1"], ["patient engine 0"], ["patient engine 1"]],
+    )  # fmt: skip
+    assert [e.port for e in doctor.engines] == [30010, 30011]
+    assert [e.port for e in patient.engines] == [30012, 30013]  # same node: next ports
+    assert (doctor.router_port, patient.router_port) == (30000, 30001)
+    assert (doctor.master_port, patient.master_port) == (29500, 29501)
+    assert (doctor.model, patient.model) == ("doctor-ckpt", "patient-ckpt")
+
+
+def test_takes_two_on_two_nodes():
+    plan = make_plan(TAKES_TWO, TWO)
+    doctor, patient = plan.groups
+    # 16 GPUs / 2 models = 8 each: a node per model, 4 train + 4 serve
+    assert plan.gpu_roles() == {
+        **gpus(0, [[f"doctor train r{r}"] for r in range(4)]
+               + [[f"doctor engine {e}"] for e in range(4)]),
+        **gpus(1, [[f"patient train r{r}"] for r in range(4)]
+               + [[f"patient engine {e}"] for e in range(4)]),
+    }  # fmt: skip
+    # engine ports count per node; routers live on node 0, the patient's rendezvous on node 1
+    assert [(e.node, e.port) for e in doctor.engines] == [(0, 30010 + i) for i in range(4)]
+    assert [(e.node, e.port) for e in patient.engines] == [(1, 30010 + i) for i in range(4)]
+    assert (patient.trainer[0].node, patient.master_port, patient.router_port) == (1, 29501, 30001)
+
+
+# ------------------------------------------------------------------ deep_research
+# agent and searcher share one model, colocated: train and serve on the same GPUs, engines of
+# 2 GPUs each, weights synced by tensor.
+
+COLOCATED = json.dumps(
+    [{"name": "agent", "resources": {"colocate": True, "engine_tensor_parallel": 2}}, "searcher"]
+)
+
+
+def test_deep_research_colocated_on_one_node():
+    plan = make_plan(recipe_config("deep_research", f"--agents={COLOCATED}"), ONE)
+    (g,) = plan.groups
+    assert g.agents == ["agent", "searcher"] and g.colocate and g.sync_transport == "tensor"
+    # all 8 GPUs train (DP 8); engine k holds GPUs 2k and 2k+1
+    assert plan.gpu_roles() == gpus(
+        0, [[f"agent train r{r}", f"agent engine {r // 2}"] for r in range(8)]
+    )
+    assert [(e.gpus, e.port) for e in g.engines] == [
+        ([0, 1], 30010), ([2, 3], 30011), ([4, 5], 30012), ([6, 7], 30013)
+    ]  # fmt: skip
+
+
+def test_deep_research_colocated_on_two_nodes():
+    plan = make_plan(recipe_config("deep_research", f"--agents={COLOCATED}"), TWO)
+    (g,) = plan.groups
+    # 16 ranks: r0-7 on node 0, r8-15 on node 1; 8 engines of 2 GPUs, 4 per node
+    assert plan.gpu_roles() == {
+        **gpus(0, [[f"agent train r{r}", f"agent engine {r // 2}"] for r in range(8)]),
+        **gpus(1, [[f"agent train r{8 + r}", f"agent engine {4 + r // 2}"] for r in range(8)]),
+    }
+    assert [(e.node, e.port) for e in g.engines] == [
+        (n, 30010 + i) for n in (0, 1) for i in range(4)
+    ]
+    assert g.data_parallel == 16
+
+
+def test_deep_research_default_preset_shares_one_model():
+    plan = make_plan(recipe_config("deep_research"), ONE)
+    assert [g.agents for g in plan.groups] == [["agent", "searcher"]]
+    assert plan.gpu_roles()["node0/gpu3"] == ["agent train r3"]
+    assert plan.gpu_roles()["node0/gpu4"] == ["agent engine 0"]
+
+
+# ------------------------------------------------------------------ parallel coordinates
+
+
+def test_megatron_tp_pp_dp_coordinates_and_explicit_counts():
+    res = {"train_gpus": 8, "infer_gpus": 4, "tensor_parallel": 2, "pipeline_parallel": 2,
+           "engine_tensor_parallel": 2}  # fmt: skip
+    specs = [AgentSpec("doctor", model="m", backend="megatron", resources=res)]
+    plan = make_plan(specs, ClusterConfig(nodes=2, gpus_per_node=8))
+    (g,) = plan.groups
+    # DP = 8 / (TP 2 x PP 2) = 2; Megatron order: TP fastest, then DP, then PP
+    coords = [(r.rank, r.tp, r.dp, r.pp) for r in g.trainer]
+    assert coords == [
+        (0, 0, 0, 0), (1, 1, 0, 0), (2, 0, 1, 0), (3, 1, 1, 0),
+        (4, 0, 0, 1), (5, 1, 0, 1), (6, 0, 1, 1), (7, 1, 1, 1),
+    ]  # fmt: skip
+    assert g.data_parallel == 2
+    # the trainer fills node 0; two 2-GPU engines on node 1; node 1's GPUs 4-7 stay idle
+    assert [(e.node, e.gpus) for e in g.engines] == [(1, [0, 1]), (1, [2, 3])]
+    assert plan.gpu_roles()["node1/gpu4"] == []
+
+
+def test_nodes_pin_a_model():
+    specs = [
+        AgentSpec("doctor", model="a"),
+        AgentSpec("patient", model="b", resources={"nodes": [1]}),
+    ]
+    plan = make_plan(specs, TWO)
+    doctor, patient = plan.groups
+    assert {r.node for r in patient.trainer} | {e.node for e in patient.engines} == {1}
+    assert {r.node for r in doctor.trainer} == {0}
+
+
+# ------------------------------------------------------------------ errors
+
+
+def spec(**resources):
+    return [AgentSpec("solver", model="m", backend="megatron", resources=resources)]
+
+
+@pytest.mark.parametrize(
+    ("agents", "cluster", "message"),
+    [
+        (
+            [
+                AgentSpec("doctor", model="a", resources={"train_gpus": 4, "infer_gpus": 4}),
+                AgentSpec("patient", model="b", resources={"train_gpus": 4, "infer_gpus": 4}),
+            ],
+            ONE,
+            "needs 16 GPUs .* cluster.nodes x cluster.gpus_per_node = 1 x 8 = 8",
+        ),
+        (
+            spec(train_gpus=6, infer_gpus=2, tensor_parallel=2, pipeline_parallel=2),
+            ONE,
+            r"agents\['solver'\].resources: tensor_parallel x pipeline_parallel = 2 x 2 = 4 must "
+            "divide train_gpus = 6",
+        ),
+        (
+            spec(train_gpus=4, infer_gpus=3, engine_tensor_parallel=2),
+            ONE,
+            r"agents\['solver'\].resources.engine_tensor_parallel = 2 must divide infer_gpus = 3",
+        ),
+        (
+            spec(mem_fraction_static=1.0),
+            ONE,
+            r"agents\['solver'\].resources.mem_fraction_static must be in \(0, 1\), got 1.0",
+        ),
+        (spec(gpus=4), ONE, r"agents\['solver'\].resources: unknown key\(s\) \['gpus'\]"),
+        (
+            [AgentSpec("solver", resources={"tensor_parallel": 2})],
+            ONE,
+            r"agents\['solver'\].resources.tensor_parallel/pipeline_parallel: the torch backend "
+            "is data parallel only",
+        ),
+        (
+            spec(train_gpus=0, infer_gpus=8),
+            ONE,
+            r"agents\['solver'\].resources.train_gpus: a trainable model needs >= 1",
+        ),
+        (
+            spec(colocate=True, train_gpus=8, engine_tensor_parallel=4),
+            ClusterConfig(nodes=2, gpus_per_node=6),
+            # ranks 0-5 on node 0, 6-7 on node 1: engine 1 (ranks 4-7) would span both
+            r"engine_tensor_parallel = 4: colocated engine 1 would span nodes \[0, 1\]",
+        ),
+        (
+            spec(train_gpus=4, infer_gpus=12, engine_tensor_parallel=12),
+            TWO,
+            r"engine_tensor_parallel = 12 exceeds cluster.gpus_per_node = 8",
+        ),
+        (
+            [AgentSpec("solver")],
+            ClusterConfig(router_base_port=30010),
+            "port clash on node 0: engine 0 of 'solver' and the router of 'solver' both want "
+            "port 30010",
+        ),
+        ([AgentSpec("solver")], ClusterConfig(gpus_per_node=0), "cluster.gpus_per_node must be"),
+    ],
+)
+def test_bad_plans_name_the_field(agents, cluster, message):
+    with pytest.raises(ValueError, match=message):
+        make_plan(agents, cluster)
+
+
+def test_key_value_heads_must_split_over_tensor_parallel(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"num_key_value_heads": 2}))
+    bad = [
+        AgentSpec(
+            "solver",
+            model=str(tmp_path),
+            backend="megatron",
+            resources={"train_gpus": 4, "infer_gpus": 4, "tensor_parallel": 4},
+        )
+    ]
+    with pytest.raises(ValueError, match=r"tensor_parallel = 4 must divide the model's 2 key/val"):
+        make_plan(bad, ONE)
+    # an engine may replicate KV heads: TP 4 over 2 heads is fine for SGLang, TP 3 is not
+    ok = [AgentSpec("solver", model=str(tmp_path), resources={"engine_tensor_parallel": 4})]
+    assert make_plan(ok, ONE).groups[0].engines[0].gpus == [4, 5, 6, 7]
+    bad_engine = [
+        AgentSpec(
+            "solver",
+            model=str(tmp_path),
+            resources={"train_gpus": 2, "infer_gpus": 3, "engine_tensor_parallel": 3},
+        )
+    ]
+    with pytest.raises(ValueError, match="engine_tensor_parallel = 3 must divide, or be a multi"):
+        make_plan(bad_engine, ONE)
+
+
+def test_resource_config_validate_names_the_field():
+    with pytest.raises(ValueError, match="infer_gpus=2 but colocate is true"):
+        ResourceConfig(colocate=True, infer_gpus=2).validate()
+    with pytest.raises(ValueError, match="pipeline_parallel must be >= 1"):
+        ResourceConfig(pipeline_parallel=0).validate()
+
+
+def test_plan_to_dict_is_json_and_table_names_every_gpu():
+    plan = make_plan(TAKES_TWO, ONE)
+    data = json.loads(plan.to_json())
+    assert data["cluster"]["gpus_per_node"] == 8
+    assert data["groups"][1]["engines"][0] == {"index": 0, "node": 0, "gpus": [6], "port": 30012}
+    text = plan.table()
+    assert "patient train r1 (tp 0 dp 1 pp 0)" in text and "node0/gpu7" in text
+
+
+# ------------------------------------------------------------------ CLI
+
+
+def launch(*flags: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "kernel", "launch", *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def test_cli_dry_run_prints_the_plan():
+    flags = ["--recipe", "math_solver_verifier", "--preset", "cpu", "--cluster.nodes", "2"]
+    out = launch(*flags, "--dry-run")
+    assert out.returncode == 0, out.stderr
+    assert "node1/gpu7" in out.stdout and "solver engine 7" in out.stdout
+    out = launch(*flags, "--dry-run", "--json")
+    assert out.returncode == 0, out.stderr
+    (g,) = json.loads(out.stdout)["groups"]
+    assert [e["node"] for e in g["engines"]] == [1] * 8
+
+
+def test_cli_bad_flags_exit_2_naming_the_field():
+    base = ["--recipe", "math_solver_verifier", "--preset", "cpu", "--dry-run"]
+    out = launch(*base, "--cluster.gpus_per_node", "0")
+    assert out.returncode == 2 and "cluster.gpus_per_node must be >= 1" in out.stderr
+    out = launch(*base, "--agents", '[{"name": "solver", "resources": {"mem_fraction_static": 2}}]')
+    assert out.returncode == 2
+    assert "agents['solver'].resources.mem_fraction_static must be in (0, 1)" in out.stderr
+    out = launch(*base, "--cluster.nodez", "2")
+    assert out.returncode == 2 and "cluster.nodez" in out.stderr

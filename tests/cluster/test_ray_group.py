@@ -1,0 +1,132 @@
+"""A Ray trainer group of world size 2 (FSDP2 over gloo, CPU actors) and two embedded engines
+behind the real sglang-router run two RL steps with tensor weight sync: the group's first loss
+equals a single process's, and after each push both engines serve the group's weights. Killing
+one actor's process makes the next step raise TrainerDied naming the agent and rank."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import pytest
+
+from kernel.cluster.ray_group import RayTrainerGroup, TrainerDied
+from kernel.engine.client import EngineClient
+from kernel.engine.launch import free_port
+from kernel.engine.router import RouterConfig, launch_router, wait_for_workers
+from kernel.engine.serve import launch_server
+from kernel.engine.server import ServerConfig
+from kernel.loss import LossConfig
+from kernel.sample import Sample, Status
+from kernel.sync.push import SyncConfig, WeightSync
+from kernel.train.optim import OptimConfig
+from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+
+OPTIM = OptimConfig(lr=0.02)
+LOSS = LossConfig()
+CFG = TorchTrainerConfig(max_tokens_per_microbatch=64, device="cpu")
+PROMPT = [1, 90, 88, 74, 87, 3, 45, 78, 5, 2, 3, 1, 70, 88]  # ChatML ids of the char tokenizer
+SAMPLING = {"max_new_tokens": 6, "temperature": 1.0, "ignore_eos": True}
+ADVANTAGES = [1.0, -1.0, 0.5, -0.5]
+
+
+def sample(output_ids, logprobs=None, advantage=None) -> Sample:
+    return Sample(
+        prompt_ids=PROMPT,
+        response_ids=list(output_ids),
+        loss_mask=[1] * len(output_ids),
+        rollout_logprobs=logprobs,
+        advantage=advantage,
+        status=Status.COMPLETED,
+    )
+
+
+@pytest.fixture
+def engines(char_model_dir, tmp_path):
+    """Two embedded engines and the real sglang-router in front of them."""
+    procs = []
+    try:
+        for i in range(2):
+            cfg = ServerConfig(
+                model=char_model_dir, port=free_port(), num_threads=1, max_batch_size=8, seed=i
+            )
+            procs.append(launch_server(cfg, tmp_path / f"engine{i}.log"))
+        for p in procs:
+            p.wait_healthy(120)
+        urls = [p.url for p in procs]
+        router_cfg = RouterConfig(
+            port=free_port(), worker_urls=urls, policy="round_robin", prometheus_port=free_port()
+        )
+        procs.append(launch_router(router_cfg, tmp_path / "router.log"))
+        procs[-1].wait_healthy(60)
+        wait_for_workers(router_cfg.url, 2, 60)
+        yield router_cfg.url, urls
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def test_group_trains_syncs_engines_and_reports_a_dead_rank(
+    local_ray, engines, char_model_dir, tmp_path
+):
+    router_url, urls = engines
+    group = RayTrainerGroup("doctor", char_model_dir, OPTIM, LOSS, CFG, 3, world_size=2)
+    single = TorchTrainer(char_model_dir, OPTIM, LOSS, CFG, 3)
+    assert len(set(group.pids)) == 2 and os.getpid() not in group.pids
+
+    async def check_engines(clients, version: str) -> None:
+        """Each engine's logprobs of its own sample equal the group's for those ids."""
+        for c in clients:
+            res = await c.generate(PROMPT, SAMPLING)
+            assert res.weight_version == version
+            ref = group.compute_logprobs([sample(res.output_ids)])[0]
+            assert max(abs(a - b) for a, b in zip(res.logprobs, ref, strict=True)) < 1e-4
+
+    async def run() -> list[dict]:
+        router = EngineClient(router_url)
+        clients = [EngineClient(u) for u in urls]
+        sync = WeightSync(SyncConfig(transport="tensor"), clients, tmp_path)
+        metrics = []
+        try:
+            await check_engines(clients, "0")
+            for step in (1, 2):
+                results = await asyncio.gather(
+                    *(router.generate(PROMPT, SAMPLING) for _ in ADVANTAGES)
+                )
+                batch = [
+                    sample(r.output_ids, r.logprobs, a)
+                    for r, a in zip(results, ADVANTAGES, strict=True)
+                ]
+                metrics.append(group.train_step(batch))
+                if step == 1:
+                    metrics.append(single.train_step(batch))
+                    # the group's weights moved and the engines' did not, until the push
+                    stale = await clients[0].generate(PROMPT, SAMPLING)
+                    new = group.compute_logprobs([sample(stale.output_ids)])[0]
+                    gap = max(abs(a - b) for a, b in zip(stale.logprobs, new, strict=True))
+                    assert gap > 1e-3, gap
+                await sync.push(group, version=step)
+                await check_engines(clients, str(step))
+        finally:
+            await sync.aclose()
+            await asyncio.gather(router.aclose(), *(c.aclose() for c in clients))
+        return metrics
+
+    try:
+        group_1, single_1, group_2 = asyncio.run(run())
+        assert group_1["n_samples"] == len(ADVANTAGES) == single_1["n_samples"]
+        # the loss (ratio 1 at step 1: normalised over both ranks' tokens), the weights'
+        # logprobs and the gradient norm after FSDP's reduction all match one process
+        for key in ("loss", "logprob_mean", "grad_norm"):
+            assert abs(group_1[key] - single_1[key]) <= 1e-5, (key, group_1, single_1)
+        assert group.step == 2 and group_2["step"] == 2.0
+
+        # a rank's process dies: the next step names the agent and the rank, and stops the group
+        os.kill(group.pids[1], signal.SIGKILL)
+        with pytest.raises(TrainerDied, match="agent 'doctor' lost rank 1") as err:
+            group.train_step([sample([40, 41, 42], advantage=1.0)])
+        assert (err.value.agent, err.value.rank) == ("doctor", 1)
+        assert group.actors == []
+    finally:
+        group.close()
