@@ -1,41 +1,70 @@
 """The Megatron training backend: a Megatron-core GPTModel with the kernel's policy loss.
 
 ``MegatronTrainer`` has the surface the loop uses on ``TorchTrainer`` (``train_step``,
-``compute_logprobs``, ``named_parameters_for_sync``, ``save_hf``) and inherits its whole
-micro-batching and loss path (``forward_backward``: the same ``kernel.loss.policy_loss`` on the
-same per-token logprobs, the same normalisers and metrics). Only what differs is overridden:
+``compute_logprobs``, ``named_parameters_for_sync``, ``save_hf``, ``save``/``load``) and
+inherits its micro-batching and loss path (``forward_backward``: the same
+``kernel.loss.policy_loss`` on the same per-token logprobs, the same normalisers and metrics).
+Only what differs is overridden:
 
 - the model is ``build_gpt_model`` + ``load_hf_weights`` (``kernel.train.megatron_model``) from
-  the HF checkpoint folder, wrapped in Megatron's ``DistributedDataParallel`` (gradients land in
-  its contiguous fp32 ``main_grad`` buffers; overlap off, since overlapping uses CUDA streams);
+  the HF checkpoint folder, this rank's pipeline stage and tensor shard, wrapped in Megatron's
+  ``DistributedDataParallel`` (gradients land in its contiguous fp32 ``main_grad`` buffers;
+  overlap off, since overlapping uses CUDA streams);
 - the forward runs the padded rows through Megatron (causal attention: right padding never
   reaches a real token) and takes the temperature-scaled logprobs of the response tokens with
   ``kernel.train.logprobs.token_logprobs``, exactly as the torch backend does;
-- weights leave in HF names and layouts through ``kernel.sync.convert`` (TP shards gathered).
+- weights leave in HF names and layouts through ``kernel.sync.convert`` (shards gathered).
 
-Optimiser: torch AdamW over the model parameters, fed the DDP ``main_grad`` buffers. This is the
-CPU fallback: Megatron's ``get_megatron_optimizer`` hard-codes ``device="cuda"`` (optimizer.py,
-clip_grads.py) and is not patched here; with the same OptimConfig the update equals the torch
-backend's.
+Parallelism (sizes from Megatron's ``parallel_state``; every rank calls every method):
 
-Scope: tensor parallelism works (every TP rank passes the same samples); pipeline parallelism
-(needs Megatron's schedules) and data parallelism > 1 are refused with a clear error.
+- tensor parallel: every TP rank of a replica passes the same samples;
+- data parallel (world / (TP x PP) replicas): each replica passes its own share
+  (``kernel.train.batching.shard_samples``). The loss normaliser and the metrics are summed over
+  the data-parallel group, and Megatron DDP averages the gradients over it in
+  ``finalize_model_grads``, so one step equals one single-process step on the whole batch;
+- pipeline parallel: ``forward_backward`` and ``compute_logprobs`` run Megatron's 1F1B schedule
+  (``get_forward_backward_func``; activations and their gradients go stage to stage by p2p,
+  gloo on CPU), the policy loss on the last stage, whose metrics then go to every stage; the
+  tied embedding's gradients are summed over its first- and last-stage copies.
+
+Optimiser (``MegatronTrainerConfig.optimizer``): ``torch`` is torch AdamW fed the DDP
+``main_grad`` buffers (the update equals the torch backend's); ``megatron`` is Megatron's
+``get_megatron_optimizer`` (Adam with decoupled weight decay on every parameter, its grad norm
+and clipping); ``distributed`` is its distributed optimizer (gradients reduce-scattered, Adam
+state and fp32 main weights sharded over the data-parallel ranks, weights all-gathered). All
+three apply OptimConfig's schedule and skip an update whose gradient norm is not finite; on CPU
+the Megatron ones run through ``kernel.train.megatron_cpu`` (patches 7 and 8).
+
+Checkpoints (``save``/``load``): one file per (TP, PP) rank with its parameter shards, Adam
+state and schedule, per-rank RNG files, per data-parallel rank Adam shards under the
+distributed optimizer, and a manifest (parallel sizes, optimizer, step) written last; a
+checkpoint loads only into the layout it was saved with (the data-parallel size may change
+unless the optimizer state is sharded over it). ``save_hf`` writes an HF checkpoint.
+
+Not supported: sequence packing (the local attention has no packed-row path), virtual
+(interleaved) pipeline stages, context and expert parallelism.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import shutil
+import time
+from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
-from kernel.loss import LossConfig
+from kernel.loss import LossConfig, policy_loss
 from kernel.models import load_tokenizer
+from kernel.sample import Sample
+from kernel.train.batching import to_rows
 from kernel.train.megatron_model import (
     MegatronModelConfig,
     build_gpt_model,
@@ -43,8 +72,8 @@ from kernel.train.megatron_model import (
     load_hf_weights,
     megatron_parallel,
 )
-from kernel.train.optim import OptimConfig, build_optimizer
-from kernel.train.torch_backend import TorchTrainer
+from kernel.train.optim import SCHEDULES, OptimConfig, build_optimizer
+from kernel.train.torch_backend import TorchTrainer, _trainable
 
 
 @dataclass
@@ -54,6 +83,9 @@ class MegatronTrainerConfig:
 
     tensor_parallel: int = 1
     """Tensor-parallel size (must divide the key/value heads and the ffn size)."""
+    pipeline_parallel: int = 1
+    """Pipeline-parallel size (must divide the number of layers). The data-parallel size is
+    what is left: world size / (tensor_parallel x pipeline_parallel)."""
     max_tokens_per_microbatch: int = 8192
     """Token budget of one micro-batch of right-padded rows (rows x padded length)."""
     temperature: float = 1.0
@@ -62,6 +94,10 @@ class MegatronTrainerConfig:
     """Pad the vocab to a multiple of this times tensor_parallel (stripped on export)."""
     seed: int = 1234
     """Seed of Megatron's tensor-/data-parallel RNG streams."""
+    optimizer: str = "torch"
+    """torch: torch AdamW fed Megatron DDP's gradient buffers; megatron: Megatron's own
+    optimizer (get_megatron_optimizer, Adam); distributed: Megatron's distributed optimizer
+    (Adam state and gradient reduction sharded over the data-parallel ranks)."""
 
     @property
     def pack_sequences(self) -> bool:
@@ -71,12 +107,18 @@ class MegatronTrainerConfig:
 
     def validate(self) -> MegatronTrainerConfig:
         """Raise ValueError naming the first field with a bad value."""
-        for name in ("tensor_parallel", "max_tokens_per_microbatch", "vocab_multiple"):
+        names = ("tensor_parallel", "pipeline_parallel", "max_tokens_per_microbatch")
+        for name in (*names, "vocab_multiple"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 < self.temperature < math.inf:
             raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")
+        if self.optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         return self
+
+
+OPTIMIZERS = ("torch", "megatron", "distributed")
 
 
 class MegatronTrainer(TorchTrainer):
@@ -99,7 +141,9 @@ class MegatronTrainer(TorchTrainer):
         self._set_config(model_path, optim, loss, cfg, total_steps)
         self._stack = contextlib.ExitStack()
         if not ps.model_parallel_is_initialized():
-            self._stack.enter_context(megatron_parallel(cfg.tensor_parallel, 1, cfg.seed))
+            self._stack.enter_context(
+                megatron_parallel(cfg.tensor_parallel, cfg.pipeline_parallel, cfg.seed)
+            )
         try:
             self._setup(total_steps)
         except BaseException:
@@ -111,17 +155,18 @@ class MegatronTrainer(TorchTrainer):
         from transformers import AutoConfig
 
         cfg, optim, loss = self.cfg, self.optim_cfg, self.loss_cfg
-        if ps.get_tensor_model_parallel_world_size() != cfg.tensor_parallel:
-            raise ValueError(
-                f"tensor_parallel is {cfg.tensor_parallel} but parallel_state was initialised "
-                f"with {ps.get_tensor_model_parallel_world_size()}"
-            )
-        if ps.get_pipeline_model_parallel_world_size() > 1:
-            raise ValueError("pipeline parallelism is not supported by MegatronTrainer yet")
-        if ps.get_data_parallel_world_size() > 1:
-            raise ValueError("data parallelism > 1 is not supported by MegatronTrainer yet")
-        # Every TP rank holds the same samples: the inherited loss path needs no all-reduce.
-        self.rank, self.world_size = 0, 1
+        sizes = {
+            "tensor_parallel": ps.get_tensor_model_parallel_world_size(),
+            "pipeline_parallel": ps.get_pipeline_model_parallel_world_size(),
+        }
+        for name, size in sizes.items():
+            if getattr(cfg, name) != size:
+                raise ValueError(
+                    f"{name} is {getattr(cfg, name)} but parallel_state was initialised with {size}"
+                )
+        # The inherited loss path sees the data-parallel replicas as its ranks (every TP / PP
+        # rank of one replica holds the same samples); _all_reduce reduces over their group.
+        self.rank, self.world_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.autocast_dtype = torch.bfloat16 if optim.dtype == "bfloat16" else None
         self.step = 0
@@ -129,6 +174,7 @@ class MegatronTrainer(TorchTrainer):
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
         self.mcfg = MegatronModelConfig(
             tensor_parallel=cfg.tensor_parallel,
+            pipeline_parallel=cfg.pipeline_parallel,
             vocab_multiple=cfg.vocab_multiple,
             seed=cfg.seed,
         )
@@ -139,11 +185,52 @@ class MegatronTrainer(TorchTrainer):
         if loss.kl_coef > 0:
             self.ref_model = self._build()[0].eval().requires_grad_(False)
 
-        self.optimizer, self.scheduler = build_optimizer(
-            self.module.parameters(), optim, total_steps
-        )
+        if cfg.optimizer == "torch":
+            self.optimizer, self.scheduler = build_optimizer(
+                self.module.parameters(), optim, total_steps
+            )
+        else:
+            self.optimizer, self.scheduler = self._megatron_optimizer(total_steps)
 
     # ---------------------------------------------------------------- set-up
+
+    def _megatron_optimizer(self, total_steps: int):
+        """Megatron's optimizer (plain or distributed) with OptimConfig's AdamW settings, and
+        OptimConfig's schedule on the torch optimizer inside it (the one that holds the lr)."""
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from transformers import get_scheduler
+
+        optim = self.optim_cfg
+        ocfg = OptimizerConfig(
+            optimizer="adam",  # decoupled_weight_decay (the default): torch AdamW's update
+            lr=optim.lr,
+            weight_decay=optim.weight_decay,
+            adam_beta1=optim.betas[0],
+            adam_beta2=optim.betas[1],
+            adam_eps=1e-8,  # torch AdamW's
+            clip_grad=optim.grad_clip,
+            use_distributed_optimizer=self.cfg.optimizer == "distributed",
+            params_dtype=torch.float32,
+        )
+        # config_overrides={}: every parameter decays, as under torch AdamW (Megatron's default
+        # overrides exempt biases and norms).
+        optimizer = get_megatron_optimizer(ocfg, [self.model], config_overrides={})
+        (inner,) = self._torch_optimizers(optimizer)  # dense models: one chained optimizer
+        scheduler = get_scheduler(
+            SCHEDULES[optim.decay],
+            inner,
+            num_warmup_steps=optim.warmup_steps,
+            num_training_steps=total_steps,
+        )
+        return optimizer, scheduler
+
+    def _torch_optimizers(self, optimizer=None) -> list:
+        """The torch optimizers that hold the Adam state: ours, or those inside Megatron's
+        (over this rank's shard of the main parameters, for the distributed optimizer)."""
+        optimizer = optimizer or self.optimizer
+        if isinstance(optimizer, torch.optim.Optimizer):
+            return [optimizer]
+        return [o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer])]
 
     def _build(self):
         from safetensors.torch import load_file
@@ -159,14 +246,36 @@ class MegatronTrainer(TorchTrainer):
     def _wrap_ddp(self, module):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
+        class DDP(DistributedDataParallel):
+            def set_requires_gradient_sync(self, requires_gradient_sync: bool) -> None:
+                """TorchTrainer.forward_backward's FSDP switch, called per micro-batch. With
+                overlap off, Megatron's DDP reduces only in ``finish_grad_sync`` (optim_step):
+                there is nothing to switch."""
+
+        # Averages the gradients over the data-parallel group (like FSDP; forward_backward
+        # multiplies the loss by the DP size to turn the average back into the global sum).
         ddp_cfg = DistributedDataParallelConfig(
-            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=False
+            grad_reduce_in_fp32=True,
+            overlap_grad_reduce=False,
+            use_distributed_optimizer=self.cfg.optimizer == "distributed",
         )
-        return DistributedDataParallel(module.config, ddp_cfg, module)
+        return DDP(module.config, ddp_cfg, module)
 
     def close(self) -> None:
         """Tear down the parallel state this trainer initialised (if it did)."""
         self._stack.close()
+
+    def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
+        """Sum (or max) of each value over the data-parallel ranks: the TP / PP ranks of one
+        replica hold the same samples, so reducing over every rank would count them again."""
+        from megatron.core import parallel_state as ps
+
+        if self.world_size == 1:
+            return [float(v) for v in values]
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        op_ = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM
+        dist.all_reduce(t, op=op_, group=ps.get_data_parallel_group())
+        return t.tolist()
 
     # ---------------------------------------------------------------- forward
 
@@ -188,9 +297,16 @@ class MegatronTrainer(TorchTrainer):
     def optim_step(self) -> dict[str, float]:
         """Reduce the DDP gradient buffers, clip, step AdamW and the schedule, zero the buffers.
 
+        ``finalize_model_grads`` is Megatron's end of a step: DDP's ``finish_grad_sync`` (the
+        data-parallel average) and, under pipeline parallelism with tied embeddings, the sum of
+        the embedding's gradients on the first stage and of its copy on the last.
         A non-finite gradient norm skips the update (the gradients are dropped).
         """
-        self.model.finish_grad_sync()
+        from megatron.core.distributed import finalize_model_grads
+
+        finalize_model_grads([self.model])
+        if self.cfg.optimizer != "torch":
+            return self._megatron_optim_step()
         params = [p for p in self.module.parameters() if p.requires_grad]
         for p in params:  # DDP accumulated into main_grad (fp32); AdamW reads .grad
             p.grad = p.main_grad.to(p.dtype)
@@ -207,24 +323,204 @@ class MegatronTrainer(TorchTrainer):
         self.model.zero_grad_buffer()
         return {"grad_norm": grad_norm, "lr": lr, "step": float(self.step)}
 
+    def _megatron_optim_step(self) -> dict[str, float]:
+        """Megatron's optimizer step (its grad norm, clipping and Adam), skipped like the
+        torch path when the gradient norm is not finite (Megatron's fp32 optimizer would step
+        on it: only a loss scaler checks for inf/nan there)."""
+        self.optimizer.prepare_grads()  # main_grad -> the gradients the optimizer reads
+        grad_norm = float(self.optimizer.get_grad_norm())
+        lr = self.scheduler.get_last_lr()[0]
+        if math.isfinite(grad_norm):
+            ok, _, _ = self.optimizer.step()  # prepares again (idempotent), clips, steps
+            assert ok, "Megatron's fp32 optimizer always steps"
+            self.scheduler.step()
+            self.step += 1
+        self.optimizer.zero_grad(set_to_none=True)
+        self.model.zero_grad_buffer()
+        return {"grad_norm": grad_norm, "lr": lr, "step": float(self.step)}
+
     def _grad_norm(self, params: list) -> float:
-        """Global L2 norm of the gradients: TP-sharded parameters' squares are summed over
-        the tensor-parallel group, replicated ones (norms) counted once."""
-        import torch.distributed as dist
+        """Global L2 norm of the gradients, counted as Megatron's clip_grads does: every
+        parameter once (TP-replicated ones, like norms, on TP rank 0 only; the last stage's
+        copy of tied embeddings not at all), squares summed over the model-parallel group."""
+        from megatron.core import parallel_state as ps
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+        from megatron.core.transformer.module import param_is_not_shared
+
+        total = torch.zeros((), dtype=torch.float64, device=self.device)  # ()
+        for p in params:
+            if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p):
+                total += p.grad.double().pow(2).sum()
+        if dist.get_world_size(ps.get_model_parallel_group()) > 1:
+            dist.all_reduce(total, group=ps.get_model_parallel_group())
+        return float(total.sqrt())
+
+    # ---------------------------------------------------------------- pipeline parallel
+
+    def _pipelined(self) -> bool:
         from megatron.core import parallel_state as ps
 
-        sharded = [p.grad for p in params if getattr(p, "tensor_model_parallel", False)]
-        replicated = [p.grad for p in params if not getattr(p, "tensor_model_parallel", False)]
+        return ps.get_pipeline_model_parallel_world_size() > 1
 
-        def sq(grads: list) -> Tensor:  # () float64
-            return sum(
-                (g.double().pow(2).sum() for g in grads), torch.zeros((), dtype=torch.float64)
+    def _schedule(self, model, plan: list, on_logits, forward_only: bool) -> None:
+        """Run the micro-batches of ``plan`` through Megatron's pipeline schedule (1F1B): the
+        first stage embeds, each stage sends its hidden states (L, B, H) on, and the last stage
+        calls ``on_logits(mb, logits)`` with its logits (B, L, V_pad / TP) for a scalar loss,
+        backpropagated through every stage unless ``forward_only``. Every stage passes the same
+        ``plan`` (every rank of a replica holds the same samples)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        dev, n = self.device, len(plan)
+
+        def forward_step(data_iterator, stage_model):
+            mb = next(data_iterator)
+            out = stage_model(mb.input_ids.to(dev), mb.position_ids.to(dev), attention_mask=None)
+            # The schedule divides the loss by the number of micro-batches (a mean); ours is
+            # already a share of the global normaliser, so multiply that back.
+            return out, lambda logits: (on_logits(mb, logits) * n, {})
+
+        shape = max((mb.input_ids.shape for mb in plan), default=(1, 1))  # sent with the tensors
+        with torch.no_grad() if forward_only else contextlib.nullcontext():
+            get_forward_backward_func()(
+                forward_step_func=forward_step,
+                data_iterator=iter(plan),
+                model=[model],
+                num_microbatches=n,
+                seq_length=shape[1],
+                micro_batch_size=shape[0],
+                forward_only=forward_only,
             )
 
-        total = sq(sharded)
-        if ps.get_tensor_model_parallel_world_size() > 1:
-            dist.all_reduce(total, group=ps.get_tensor_model_parallel_group())
-        return float((total + sq(replicated)).sqrt())
+    def _from_last_stage(self, obj):
+        """``obj`` as the last pipeline stage has it, on every stage."""
+        from megatron.core import parallel_state as ps
+
+        box = [obj]
+        dist.broadcast_object_list(
+            box,
+            src=ps.get_pipeline_model_parallel_last_rank(),
+            group=ps.get_pipeline_model_parallel_group(),
+        )
+        return box[0]
+
+    def _pipeline_logprobs(self, model, plan: list) -> list[Tensor]:
+        """Per micro-batch of ``plan``, the logprobs (S, R) of its response tokens, on the last
+        stage (an empty list elsewhere)."""
+        out: list[Tensor] = []
+
+        def keep(mb, logits):
+            lp, _ = self._forward(lambda *_, **__: logits, mb)  # (S, R)
+            out.append(lp.detach())
+            return lp.sum()
+
+        if plan:
+            self._schedule(model, plan, keep, forward_only=True)
+        return out
+
+    @torch.no_grad()
+    def compute_logprobs(self, samples: list[Sample]) -> list[list[float]]:
+        """The policy's logprob of every response token of each sample (same order as given).
+        Every rank must call it (data-parallel ranks with their own samples)."""
+        if not self._pipelined():
+            return super().compute_logprobs(samples)
+        todo = [i for i, s in enumerate(samples) if s.response_length > 0]
+        plan = self._plan([samples[i] for i in todo])
+        rows = [lp.float().cpu().tolist() for lp in self._pipeline_logprobs(self.model, plan)]
+        rows = self._from_last_stage(rows)
+        out: list[list[float]] = [[] for _ in samples]
+        for mb, lp in zip(plan, rows, strict=True):
+            for row, j in enumerate(mb.indices):
+                out[todo[j]] = lp[row][: samples[todo[j]].response_length]
+        return out
+
+    def forward_backward(self, samples: list[Sample]) -> dict[str, float]:
+        """TorchTrainer.forward_backward (the same loss, normaliser and metrics); under
+        pipeline parallelism through Megatron's schedule, see ``_pipeline_forward_backward``."""
+        if not self._pipelined():
+            return super().forward_backward(samples)
+        return self._pipeline_forward_backward(samples)
+
+    def _pipeline_forward_backward(self, samples: list[Sample]) -> dict[str, float]:
+        """TorchTrainer.forward_backward's per-micro-batch loss (keep the two in step), run on
+        the last pipeline stage inside Megatron's schedule; its metric sums then go to every
+        stage and are summed over the data-parallel ranks as usual."""
+        t0 = time.perf_counter()
+        lcfg = self.loss_cfg
+        kept = [s.validate() for s in samples if _trainable(s)]
+        if lcfg.tis_cap is not None:
+            for s in kept:
+                if s.rollout_logprobs is None:
+                    raise ValueError(f"sample {s.key}: tis_cap is set but rollout_logprobs is None")
+        plan = self._plan(kept)
+        n_tok, n_seq = self._all_reduce([sum(sum(s.loss_mask) for s in kept), sum(1 for _ in kept)])
+        denom = {"token_mean": n_tok, "seq_sum": 1.0}.get(lcfg.agg, n_seq)
+        if n_tok == 0:  # nothing to train on anywhere: no forward, no update
+            plan = []
+        refs = iter(self._pipeline_logprobs(self.ref_model, plan) if self.ref_model else [])
+        sums: dict[str, float] = defaultdict(float)  # additive over micro-batches and ranks
+        token_means: set[str] = {"logprob_mean"}  # of these, sums over masked tokens
+
+        def loss_of(mb, logits) -> Tensor:
+            lp, ent = self._forward(
+                lambda *_, **__: logits, mb, entropy=True, entropy_grad=lcfg.entropy_coef > 0
+            )  # (S, R) each
+            mb_samples = [kept[j] for j in mb.indices] or [None]  # None: a dummy row
+            mask = mb.loss_mask.to(self.device)  # (S, R)
+            adv = torch.tensor([s.advantage if s else 0.0 for s in mb_samples])  # (S,)
+            rollout = to_rows(
+                [s.rollout_logprobs if s and s.rollout_logprobs else [] for s in mb_samples],
+                mb.max_response,
+            ).to(self.device)  # (S, R)
+            has_rollout = torch.tensor([bool(s and s.rollout_logprobs) for s in mb_samples])
+            loss, m = policy_loss(
+                lp,
+                lp.detach(),
+                adv.to(self.device),
+                mask,
+                lcfg,
+                ref_logprobs=next(refs) if self.ref_model is not None else None,
+                entropy=ent,
+                rollout_logprobs=rollout if lcfg.tis_cap is not None else None,
+            )
+            count = {"token_mean": mask.sum(), "seq_sum": 1.0}.get(
+                lcfg.agg, (mask.sum(-1) > 0).sum()
+            )
+            weight = float(count) / denom
+            with torch.no_grad():
+                n_mask = float(mask.sum())
+                sums["loss"] += float(loss) * weight
+                sums["pg_loss"] += m.pop("pg_loss") * weight
+                for k, v in m.items():  # masked-token means, turned back into sums
+                    sums[k] += v * n_mask
+                    token_means.add(k)
+                sums["logprob_mean"] += float((lp.detach() * mask).sum())
+                rmask = mask * has_rollout.to(self.device)[:, None]  # (S, R)
+                sums["diff_sum"] += float(((rollout - lp.detach()).abs() * rmask).sum())
+                sums["diff_tokens"] += float(rmask.sum())
+            # x world size: Megatron's DDP averages the gradients over the data-parallel ranks
+            return loss * (weight * self.world_size)
+
+        if plan:
+            self._schedule(self.model, plan, loss_of, forward_only=False)
+        sums, token_means = self._from_last_stage((dict(sums), token_means))
+        sums = defaultdict(float, sums)
+        sums["n_samples"], sums["n_skipped"] = len(kept), len(samples) - len(kept)
+        sums["tokens"] = sum(mb.n_tokens for mb in plan)
+        sums["slots"] = sum(mb.n_slots for mb in plan)
+
+        keys = sorted(sums)
+        total = dict(zip(keys, self._all_reduce([sums[k] for k in keys]), strict=True))
+        diff_sum, diff_tokens = total.pop("diff_sum", 0.0), total.pop("diff_tokens", 0.0)
+        slots = total.pop("slots", 0.0)
+        out = {k: v / n_tok if k in token_means else v for k, v in total.items()}
+        if diff_tokens > 0:
+            out["logprob_diff"] = diff_sum / diff_tokens
+        if slots > 0:
+            out["nonpad_frac"] = out["tokens"] / slots
+        out["loss_tokens"] = n_tok
+        out["n_microbatches"] = float(len(plan))
+        out["time_s"] = time.perf_counter() - t0
+        return out
 
     # ---------------------------------------------------------------- weights
 
@@ -240,14 +536,12 @@ class MegatronTrainer(TorchTrainer):
 
     def save_hf(self, out_dir: str | Path) -> Path:
         """Save an HF checkpoint (config, safetensors, tokenizer) that any engine can load;
-        every TP rank must call it (the shards are gathered), TP rank 0 writes."""
-        from megatron.core import parallel_state as ps
+        every rank must call it (the shards are gathered), global rank 0 writes."""
         from safetensors.torch import save_file
 
         out = Path(out_dir)
         state = {k: v.contiguous() for k, v in self.hf_state_dict().items()}
-
-        if ps.get_tensor_model_parallel_rank() == 0:
+        if _global_rank() == 0:
             out.mkdir(parents=True, exist_ok=True)
             save_file(state, out / "model.safetensors", metadata={"format": "pt"})
             self.hf_config.save_pretrained(out)
@@ -255,10 +549,135 @@ class MegatronTrainer(TorchTrainer):
             if gen.exists():
                 shutil.copy(gen, out / gen.name)
             load_tokenizer(self.model_path).save_pretrained(out)
+        _barrier()
         return out
 
+    # ---------------------------------------------------------------- checkpoints
+
+    def _parallel_sizes(self) -> dict[str, int]:
+        from megatron.core import parallel_state as ps
+
+        return {
+            "tensor_parallel": ps.get_tensor_model_parallel_world_size(),
+            "pipeline_parallel": ps.get_pipeline_model_parallel_world_size(),
+            "data_parallel": ps.get_data_parallel_world_size(),
+        }
+
+    def _shard_file(self, ckpt: Path, dp: bool = False) -> Path:
+        from megatron.core import parallel_state as ps
+
+        tp, pp = ps.get_tensor_model_parallel_rank(), ps.get_pipeline_model_parallel_rank()
+        if dp:
+            return ckpt / f"optimizer_tp{tp}_pp{pp}_dp{self.rank}.pt"
+        return ckpt / f"shard_tp{tp}_pp{pp}.pt"
+
     def save(self, out_dir: str | Path) -> Path:
-        raise NotImplementedError("MegatronTrainer has no training checkpoints yet (save_hf)")
+        """A training checkpoint; every rank must call it.
+
+        One file per (TP rank, PP rank), written by data-parallel rank 0 (the replicas hold
+        the same): this rank's parameter shards, Adam state and schedule; under the distributed
+        optimizer the Adam state goes to one file per data-parallel rank instead (each holds a
+        shard). One RNG file per global rank. ``MANIFEST`` (the parallel sizes, the optimizer
+        and the step) is written last, by global rank 0, so a checkpoint with one is complete.
+        """
+        from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        optimizers = [o.state_dict() for o in self._torch_optimizers()]
+        sharded_optimizer = self.cfg.optimizer == "distributed"
+        if self.rank == 0:
+            state = {
+                "model": {k: p.detach().cpu() for k, p in self.module.named_parameters()},
+                "optimizer": None if sharded_optimizer else optimizers,
+                "scheduler": self.scheduler.state_dict(),
+            }
+            torch.save(state, self._shard_file(out))
+        if sharded_optimizer:  # each data-parallel rank holds its own shard of the Adam state
+            torch.save(optimizers, self._shard_file(out, dp=True))
+        rng = {"torch": torch.get_rng_state(), "tracker": get_cuda_rng_tracker().get_states()}
+        torch.save(rng, out / f"rng_rank{_global_rank()}.pt")
+        _barrier()
+        if _global_rank() == 0:
+            manifest = {
+                "format": MANIFEST_FORMAT,
+                "step": self.step,
+                "optimizer": self.cfg.optimizer,
+                **self._parallel_sizes(),
+            }
+            (out / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        _barrier()
+        return out
 
     def load(self, ckpt_dir: str | Path) -> None:
-        raise NotImplementedError("MegatronTrainer has no training checkpoints yet")
+        """Restore a checkpoint written by ``save``; every rank must call it.
+
+        The tensor- and pipeline-parallel sizes and the optimizer must be the ones it was saved
+        with (the files hold shards of that layout); the data-parallel size may differ (the
+        replicas are equal), except under the distributed optimizer (its state is sharded).
+        """
+        from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+        ckpt = Path(ckpt_dir)
+        if not (ckpt / MANIFEST).exists():
+            raise FileNotFoundError(
+                f"{ckpt}: not a MegatronTrainer checkpoint (no {MANIFEST}; an unfinished save "
+                "has none)"
+            )
+        manifest = json.loads((ckpt / MANIFEST).read_text())
+        if manifest.get("format") != MANIFEST_FORMAT:
+            raise ValueError(f"{ckpt / MANIFEST}: format is not {MANIFEST_FORMAT!r}")
+        if manifest["optimizer"] != self.cfg.optimizer:
+            raise ValueError(
+                f"{ckpt}: saved with optimizer={manifest['optimizer']!r}, this trainer uses "
+                f"optimizer={self.cfg.optimizer!r}"
+            )
+        sharded_optimizer = self.cfg.optimizer == "distributed"
+        for name, size in self._parallel_sizes().items():
+            if (name != "data_parallel" or sharded_optimizer) and manifest[name] != size:
+                raise ValueError(
+                    f"{ckpt}: saved with {name}={manifest[name]}, this trainer runs "
+                    f"{name}={size}; load it with the parallel sizes it was saved with (or "
+                    "start from its weights through save_hf)"
+                )
+        state = torch.load(self._shard_file(ckpt), map_location="cpu", weights_only=True)
+        params = dict(self.module.named_parameters())
+        if set(params) != set(state["model"]):
+            raise ValueError(
+                f"{self._shard_file(ckpt)}: parameters differ from the model: missing "
+                f"{sorted(set(params) - set(state['model']))}, unexpected "
+                f"{sorted(set(state['model']) - set(params))}"
+            )
+        with torch.no_grad():
+            for name, p in params.items():
+                if p.shape != state["model"][name].shape:
+                    raise ValueError(
+                        f"{self._shard_file(ckpt)}: {name} has shape "
+                        f"{tuple(state['model'][name].shape)}, the model {tuple(p.shape)}"
+                    )
+                p.copy_(state["model"][name])
+        optimizers = state["optimizer"]
+        if sharded_optimizer:
+            optimizers = torch.load(self._shard_file(ckpt, dp=True), weights_only=True)
+        for o, o_state in zip(self._torch_optimizers(), optimizers, strict=True):
+            o.load_state_dict(o_state)
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = manifest["step"]
+        rng_file = ckpt / f"rng_rank{_global_rank()}.pt"
+        if rng_file.exists():  # absent when the data-parallel size changed
+            rng = torch.load(rng_file, weights_only=True)
+            torch.set_rng_state(rng["torch"])
+            get_cuda_rng_tracker().set_states(rng["tracker"])
+        _barrier()
+
+
+MANIFEST, MANIFEST_FORMAT = "megatron_checkpoint.json", "tandem-megatron-v1"
+
+
+def _global_rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.barrier()

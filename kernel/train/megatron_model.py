@@ -112,6 +112,10 @@ def transformer_config_from_hf(hf_config, cfg: MegatronModelConfig):
         attention_dropout=0.0,
         tensor_model_parallel_size=cfg.tensor_parallel,
         pipeline_model_parallel_size=cfg.pipeline_parallel,
+        # micro-batches of padded rows differ in shape: the pipeline schedule sends each
+        # tensor's shape before the tensor
+        variable_seq_lengths=cfg.pipeline_parallel > 1,
+        moe_token_dispatcher_type="alltoall",  # no MoE here; the default one refuses the above
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=dtype == torch.bfloat16,

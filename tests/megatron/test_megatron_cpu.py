@@ -28,9 +28,15 @@ def test_patches_give_cpu_meaning_and_are_idempotent():
     assert apply_cpu_patches() is True
     assert apply_cpu_patches() is True and cpu_patches_applied()
     from megatron.core.fusions import fused_softmax
+    from megatron.core.pipeline_parallel import schedules
     from megatron.core.tensor_parallel import random
 
     assert torch.cuda.current_device() == torch.device("cpu")
+    # the schedules' token counter, allocated with device="cuda" there, lands on the CPU;
+    # everything else the module reads from torch is torch's own
+    counter = schedules.torch.zeros([], dtype=torch.int, device="cuda")
+    assert counter.device == torch.device("cpu") and counter.dtype == torch.int
+    assert schedules.torch.Tensor is torch.Tensor and torch.zeros is not schedules.torch.zeros
     torch.cuda.synchronize()  # would raise "Torch not compiled with CUDA enabled" unpatched
     # Tensor.cuda is redirected only inside Megatron's tied-embedding set-up, not here
     with pytest.raises((AssertionError, RuntimeError)):
@@ -53,6 +59,19 @@ def test_patches_give_cpu_meaning_and_are_idempotent():
     assert torch.equal(torch.get_rng_state(), before)
     assert torch.equal(drawn, torch.rand(3, generator=torch.Generator().manual_seed(7)))
     random.initialize_rng_tracker(force_reset=True)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the patches apply only without CUDA")
+def test_megatron_clipping_runs_on_cpu_tensors():
+    apply_cpu_patches()
+    from megatron.core.optimizer import clip_grads
+
+    p = torch.nn.Parameter(torch.zeros(2))
+    p.grad = torch.tensor([2.0, 4.0])  # a CPU "torch.FloatTensor": Megatron asserts CUDA's
+    clip_grads.clip_grad_by_total_norm_fp32([p], max_norm=1.0, total_norm=2.0)
+    # scaled by max_norm / (total_norm + 1e-6) = 1 / 2.000001
+    assert torch.allclose(p.grad, torch.tensor([2.0, 4.0]) / 2.000001)
+    assert p.type() == "torch.FloatTensor"  # Tensor.type is itself again after the call
 
 
 @pytest.mark.gpu

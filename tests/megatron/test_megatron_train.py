@@ -146,6 +146,10 @@ def test_config_validate_names_the_field():
         MegatronTrainerConfig(tensor_parallel=0).validate()
     with pytest.raises(ValueError, match="temperature"):
         MegatronTrainerConfig(temperature=0.0).validate()
+    with pytest.raises(ValueError, match="pipeline_parallel"):
+        MegatronTrainerConfig(pipeline_parallel=0).validate()
+    with pytest.raises(ValueError, match="optimizer"):
+        MegatronTrainerConfig(optimizer="sgd").validate()
     assert MegatronTrainerConfig().pack_sequences is False
 
 
