@@ -9,8 +9,12 @@ awaits. A free worker takes every request waiting in the queue (up to ``max_batc
 queries) and embeds them as one batch: under concurrent load the model sees large batches,
 which on CPU costs far less per query than one forward pass per request.
 
-Every bad request -- a missing field, too many queries, an empty or over-long query, a topk
-out of range -- gets HTTP 422 with ``{"error": {"message": ...}}`` naming the field.
+``POST /documents {"ids": [...]}`` answers the documents with those ids, in request order, as
+``{id, title, text}`` (a research agent's "read" tool); an id the index does not hold is HTTP
+404 naming it, so a caller can tell a wrong id from a bad request.
+
+Every bad request -- a missing field, too many queries or ids, an empty or over-long query or
+id, a topk out of range -- gets HTTP 422 with ``{"error": {"message": ...}}`` naming the field.
 """
 
 from __future__ import annotations
@@ -55,6 +59,8 @@ class RetrieverSettings:
     """Most queries in one request."""
     max_query_chars: int = 2048
     """Longest query, in characters."""
+    max_documents: int = 64
+    """Most ids in one /documents request."""
     max_concurrent_batches: int = 1
     """Batches embedded and searched at once (worker threads); more requests wait their turn."""
     max_batch_queries: int = 256
@@ -74,7 +80,7 @@ class RetrieverSettings:
             raise ValueError("index: an index folder is required")
         if not 0 < self.port < 65536:
             raise ValueError(f"port must be in 1..65535, got {self.port}")
-        for name in ("default_topk", "max_topk", "max_queries", "max_query_chars"):
+        for name in ("default_topk", "max_topk", "max_queries", "max_query_chars", "max_documents"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.default_topk > self.max_topk:
@@ -101,6 +107,24 @@ class Passage(BaseModel):
 
 class RetrieveResponse(BaseModel):
     results: list[list[Passage]] = Field(description="Per query, best first.")
+
+
+class DocumentsRequest(BaseModel):
+    ids: list[str] = Field(description="Document ids, as in the corpus.")
+
+
+class Document(BaseModel):
+    id: str
+    title: str
+    text: str
+
+
+class DocumentsResponse(BaseModel):
+    documents: list[Document] = Field(description="The documents, in the order of the ids.")
+
+
+class NotFound(LookupError):
+    """A document id the index does not hold: HTTP 404 with this message."""
 
 
 class BadRequest(ValueError):
@@ -142,6 +166,23 @@ class Retriever:
         self.model = load_model(settings.model, settings.device)
         prefix = settings.query_prefix
         self.query_prefix = default_prefixes(settings.model)[0] if prefix is None else prefix
+        self.by_id = {d["id"]: d for d in self.index.docs}
+
+    def documents(self, req: DocumentsRequest) -> list[dict]:
+        """The documents of ``req.ids``; BadRequest / NotFound naming the id otherwise."""
+        if not req.ids:
+            raise BadRequest("ids: the list is empty")
+        if len(req.ids) > self.settings.max_documents:
+            n, most = len(req.ids), self.settings.max_documents
+            raise BadRequest(f"ids: {n} ids exceed max_documents {most}")
+        for i, doc_id in enumerate(req.ids):
+            if not doc_id.strip():
+                raise BadRequest(f"ids[{i}] is empty")
+            if len(doc_id) > self.settings.max_query_chars:
+                raise BadRequest(f"ids[{i}] is longer than max_query_chars")
+            if doc_id not in self.by_id:
+                raise NotFound(f"ids[{i}]: no document with id {doc_id!r}")
+        return [self.by_id[doc_id] for doc_id in req.ids]
 
     def check(self, req: RetrieveRequest) -> int:
         """Raise BadRequest naming the field for a request outside the limits; the topk."""
@@ -259,12 +300,21 @@ def create_app(settings: RetrieverSettings) -> FastAPI:
     async def _bad(_: Request, exc: BadRequest):
         return _error(422, str(exc))
 
+    @app.exception_handler(NotFound)
+    async def _missing(_: Request, exc: NotFound):
+        return _error(404, str(exc.args[0]))
+
     @app.post("/retrieve", response_model=RetrieveResponse)
     async def retrieve(body: RetrieveRequest) -> RetrieveResponse:
         r: Retriever = app.state.retriever
         topk = r.check(body)
         results = await asyncio.wrap_future(app.state.batcher.submit(body.queries, topk))
         return RetrieveResponse(results=results)
+
+    @app.post("/documents", response_model=DocumentsResponse)
+    async def documents(body: DocumentsRequest) -> DocumentsResponse:
+        # a dict lookup: cheap enough to answer on the event loop
+        return DocumentsResponse(documents=app.state.retriever.documents(body))
 
     @app.get("/health")
     async def health():

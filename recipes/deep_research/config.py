@@ -1,0 +1,98 @@
+"""The recipe's settings (``recipe_args`` in a preset, ``--recipe_args.KEY VALUE`` on the
+command line): the retriever to call, the turn budgets of both agents, how much retrieved text
+enters a context, and the reward weights. See README.md for the protocol they shape."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+AGENT, SEARCHER = "agent", "searcher"
+"""The two agents' names: ``agents: [agent, searcher]`` in a preset."""
+
+SEARCHER_REWARDS = ("outcome", "outcome_format", "answer_in_summary", "none")
+
+
+@dataclass
+class RecipeConfig:
+    """deep_research settings."""
+
+    retriever_url: str = "http://127.0.0.1:8000"
+    """Base URL of the retriever service (python -m retriever serve)."""
+    topk: int = 3
+    """Documents per searcher query."""
+    max_turns: int = 4
+    """Main agent turns at most (each one <search>, <read> or <answer>)."""
+    searcher_max_turns: int = 2
+    """Searcher turns at most per sub-question (each one round of <query> or the <summary>)."""
+    max_queries_per_turn: int = 3
+    """Searcher queries used from one turn (later ones are ignored)."""
+    max_passage_chars: int = 300
+    """Each retrieved passage shown to the searcher is cut to this many characters."""
+    max_read_chars: int = 1200
+    """A document returned by <read> is cut to this many characters."""
+    max_summary_chars: int = 600
+    """The searcher's summary handed to the main agent is cut to this many characters."""
+    tool_role: str = "user"
+    """Chat role of tool responses (masked out of the loss); 'tool' for templates that know it."""
+    stop_at_tags: bool = True
+    """End a turn at its closing action tag (</search>, </read>, </answer>, </summary>), so the
+    model does not go on to invent the tool's answer."""
+    request_timeout_s: float = 10.0
+    """Timeout of one retriever HTTP request."""
+    retries: int = 2
+    """Retries of a retriever request after a connection error, timeout or HTTP 5xx."""
+    em_weight: float = 1.0
+    """Weight of exact match (0/1) of the final answer in the answer score."""
+    f1_weight: float = 0.0
+    """Weight of token F1 of the final answer in the answer score."""
+    format_weight: float = 0.1
+    """Weight of the format term (1 if the agent answered with no malformed turn, else 0)."""
+    searcher_reward: str = "outcome"
+    """outcome (the main agent's answer score), outcome_format (plus format_weight x its own
+    format term), answer_in_summary (1 if a gold answer is in its summary), or none (the
+    searcher is not rewarded: its samples carry None)."""
+
+    def validate(self) -> RecipeConfig:
+        if not self.retriever_url.startswith(("http://", "https://")):
+            raise ValueError(
+                f"recipe_args.retriever_url must be an http(s) URL, got {self.retriever_url!r}"
+            )
+        for name in (
+            "topk",
+            "max_turns",
+            "searcher_max_turns",
+            "max_queries_per_turn",
+            "max_passage_chars",
+            "max_read_chars",
+            "max_summary_chars",
+        ):
+            if getattr(self, name) < 1:
+                raise ValueError(f"recipe_args.{name} must be >= 1, got {getattr(self, name)}")
+        if not self.tool_role or self.tool_role == "assistant":
+            raise ValueError(
+                f"recipe_args.tool_role must be a non-assistant role, got {self.tool_role!r}"
+            )
+        if not self.request_timeout_s > 0:
+            raise ValueError(
+                f"recipe_args.request_timeout_s must be > 0, got {self.request_timeout_s}"
+            )
+        if self.retries < 0:
+            raise ValueError(f"recipe_args.retries must be >= 0, got {self.retries}")
+        for name in ("em_weight", "f1_weight", "format_weight"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"recipe_args.{name} must be finite, got {getattr(self, name)}")
+        if self.searcher_reward not in SEARCHER_REWARDS:
+            raise ValueError(
+                f"recipe_args.searcher_reward must be one of {SEARCHER_REWARDS}, "
+                f"got {self.searcher_reward!r}"
+            )
+        return self
+
+
+def resolve(config) -> RecipeConfig:
+    """``ctx.config`` as a RecipeConfig: the kernel builds one from recipe_args, but a run with
+    no config class hands the hooks the plain recipe_args dict."""
+    if isinstance(config, RecipeConfig):
+        return config
+    return RecipeConfig(**(config or {})).validate()

@@ -1,0 +1,233 @@
+"""One deep_research episode: the main agent researches a question with its searcher.
+
+The main agent (``ctx.agents["agent"]``) takes up to ``max_turns`` turns; each turn is parsed
+by ``tools.parse_action``:
+
+- ``<search>sub-question</search>``: the searcher (``ctx.agents["searcher"]``) gets the
+  sub-question in a dialogue of its own, takes up to ``searcher_max_turns`` turns of
+  ``<query>...</query>`` (each round goes to the retriever's ``/retrieve``; the passages come
+  back as its tool response) and ends with ``<summary>...</summary>``, which becomes the main
+  agent's tool response. A searcher that writes no summary hands back the ids and titles of
+  the documents it found.
+- ``<read>doc id</read>``: the document from the retriever's ``/documents``.
+- ``<answer>...</answer>``: the episode ends.
+
+A malformed turn is counted and answered with what was wrong; a retriever failure (after the
+client's retries) is counted and answered with the error; neither ends the episode. Tool
+responses enter each dialogue as ``tool_role`` messages, so they are in the context but masked
+out of the loss: each agent trains only on the tokens it sampled, in its own Conversation with
+its own tokenizer (the two agents may be different models).
+
+Returns the main agent's sample (turn 0) and one sample per searcher call (agent "searcher",
+turn = the call's number). Every sample carries ``final_answer`` and ``correct`` (exact match)
+for reward.py and the kernel's outcome weighting; the main agent's sample carries the episode
+metrics in ``metadata["metrics"]``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kernel.hooks import RolloutContext
+from kernel.sample import Sample, Status
+from recipes.deep_research import prompts
+from recipes.deep_research.config import AGENT, SEARCHER, RecipeConfig, resolve
+from recipes.deep_research.reward import exact_match, f1_score, gold_answers
+from recipes.deep_research.tools import (
+    ACTION_TAGS,
+    AGENT_STOP,
+    SEARCHER_STOP,
+    SEARCHER_TAGS,
+    DocumentNotFound,
+    FormatError,
+    RetrieverClient,
+    RetrieverError,
+    parse_action,
+    parse_searcher_turn,
+)
+
+
+@dataclass
+class Counts:
+    """What happened in one episode, turned into ``metadata["metrics"]``."""
+
+    turns: int = 0
+    searches: int = 0
+    reads: int = 0
+    read_misses: int = 0
+    format_errors: int = 0
+    retriever_errors: int = 0
+    searcher_turns: int = 0
+    searcher_queries: int = 0
+    searcher_format_errors: int = 0
+    summaries: int = 0
+    notes: list[str] = field(default_factory=list)  # tool errors, for debugging a run
+
+
+def episode_metrics(c: Counts, answered: bool, em: float, f1: float) -> dict[str, float | None]:
+    """Episode metrics (None: not applicable, left out of the averages)."""
+    return {
+        "turns": float(c.turns),
+        "searches": float(c.searches),
+        "reads": float(c.reads),
+        "read_misses": float(c.read_misses),
+        "answered": float(answered),
+        "format_errors": float(c.format_errors),
+        "retriever_errors": float(c.retriever_errors),
+        "searcher_turns": float(c.searcher_turns),
+        "searcher_queries": float(c.searcher_queries),
+        "searcher_format_errors": float(c.searcher_format_errors),
+        "summary_rate": c.summaries / c.searches if c.searches else None,
+        "em": em,
+        "f1": f1,
+    }
+
+
+def _sampling(cfg: RecipeConfig, stop: list[str]) -> dict | None:
+    # no_stop_trim: the closing tag stays in the reply text; the ids are kept either way
+    return {"stop": stop, "no_stop_trim": True} if cfg.stop_at_tags else None
+
+
+@dataclass
+class _Dialogue:
+    """One agent's Conversation, and how its last turn ended."""
+
+    ctx: RolloutContext
+    name: str
+    system: str
+    first: str
+
+    def __post_init__(self) -> None:
+        self.agent = self.ctx.agents[self.name]
+        self.conv = self.agent.conversation(system=self.system)
+        self.conv.add_message("user", self.first)
+        self.finish: str | None = None  # None until a turn was sampled
+
+    async def speak(self, sampling: dict | None) -> str | None:
+        """The agent's next turn as text; None when the context budget is spent."""
+        result = await self.agent.generate_turn(self.conv, sampling)
+        if result is None:
+            return None
+        self.finish = result.finish_type
+        return self.agent.tokenizer.decode(result.output_ids, skip_special_tokens=True)
+
+    def tool(self, text: str, role: str) -> bool:
+        """A tool response (mask 0); False when it does not fit (the dialogue is truncated)."""
+        return self.conv.add_message(role, prompts.information(text))
+
+    def sample(self, seed: Sample, turn: int, **metadata) -> Sample | None:
+        if self.finish is None:  # nothing sampled: nothing to train on
+            return None
+        status = Status.COMPLETED if self.finish == "stop" else Status.TRUNCATED
+        fields = seed.seed_fields()
+        fields["metadata"].update(role=self.name, **metadata)
+        return self.conv.to_sample(agent=self.name, turn=turn, status=status, **fields)
+
+
+async def run_searcher(
+    ctx: RolloutContext, retriever: RetrieverClient, sub_question: str, counts: Counts
+) -> tuple[str, _Dialogue, dict]:
+    """One searcher call: (the text handed back to the main agent, its dialogue, metadata)."""
+    cfg = resolve(ctx.config)
+    d = _Dialogue(ctx, SEARCHER, prompts.SEARCHER_SYSTEM, prompts.research(sub_question))
+    summary, queries, errors = None, [], 0
+    seen: dict[str, str] = {}  # id -> title of every document retrieved
+    for _ in range(cfg.searcher_max_turns):
+        text = await d.speak(_sampling(cfg, SEARCHER_STOP))
+        if text is None:
+            break
+        counts.searcher_turns += 1
+        turn = parse_searcher_turn(text, cfg.max_queries_per_turn)
+        if isinstance(turn, FormatError):
+            errors += 1
+            reply = prompts.format_error(turn.why, SEARCHER_TAGS)
+        elif turn.summary is not None:
+            summary = turn.summary
+            break
+        else:
+            queries += turn.queries
+            try:
+                hits = await retriever.retrieve(list(turn.queries), cfg.topk)
+            except RetrieverError as e:
+                counts.retriever_errors += 1
+                counts.notes.append(str(e))
+                reply = prompts.tool_error(str(e))
+            else:
+                seen |= {doc["id"]: doc["title"] for docs in hits for doc in docs}
+                reply = prompts.results(list(turn.queries), hits, cfg.max_passage_chars)
+        if not d.tool(reply, cfg.tool_role):
+            break
+    counts.searcher_queries += len(queries)
+    counts.searcher_format_errors += errors
+    counts.summaries += summary is not None
+    handed = summary[: cfg.max_summary_chars] if summary else prompts.no_summary(seen)
+    meta = {
+        "sub_question": sub_question,
+        "queries": queries,
+        "summary": summary,
+        "format_ok": summary is not None and errors == 0,
+    }
+    return handed, d, meta
+
+
+async def read_document(
+    retriever: RetrieverClient, doc_id: str, cfg: RecipeConfig, counts: Counts
+) -> str:
+    try:
+        doc = await retriever.document(doc_id)
+    except DocumentNotFound:
+        counts.read_misses += 1
+        return f"No document has the id {doc_id!r}."
+    except RetrieverError as e:
+        counts.retriever_errors += 1
+        counts.notes.append(str(e))
+        return prompts.tool_error(str(e))
+    return prompts.passage(doc, cfg.max_read_chars)
+
+
+async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
+    """The recipe's generate hook: one research episode (see the module docstring)."""
+    cfg = resolve(ctx.config)
+    main = _Dialogue(ctx, AGENT, prompts.AGENT_SYSTEM, prompts.question(str(sample.prompt)))
+    counts = Counts()
+    answer: str | None = None
+    searchers: list[tuple[_Dialogue, dict]] = []
+    async with RetrieverClient(cfg.retriever_url, cfg.request_timeout_s, cfg.retries) as retriever:
+        for _ in range(cfg.max_turns):
+            text = await main.speak(_sampling(cfg, AGENT_STOP))
+            if text is None:
+                break
+            counts.turns += 1
+            action = parse_action(text)
+            if isinstance(action, FormatError):
+                counts.format_errors += 1
+                reply = prompts.format_error(action.why, ACTION_TAGS)
+            elif action.kind == "answer":
+                answer = action.arg
+                break
+            elif action.kind == "search":
+                counts.searches += 1
+                reply, dialogue, meta = await run_searcher(ctx, retriever, action.arg, counts)
+                searchers.append((dialogue, meta))
+            else:  # read
+                counts.reads += 1
+                reply = await read_document(retriever, action.arg, cfg, counts)
+            if not main.tool(reply, cfg.tool_role):
+                break
+
+    golds = gold_answers(sample.label)
+    em, f1 = exact_match(answer, golds), f1_score(answer, golds)
+    outcome = {"final_answer": answer, "correct": em == 1.0}
+    metrics = episode_metrics(counts, answer is not None, em, f1)
+    samples = [
+        main.sample(
+            sample,
+            0,
+            **outcome,
+            format_ok=answer is not None and counts.format_errors == 0,
+            metrics=metrics,
+            tool_errors=counts.notes,
+        )
+    ]
+    samples += [d.sample(sample, i, **outcome, **meta) for i, (d, meta) in enumerate(searchers)]
+    return [s for s in samples if s is not None]

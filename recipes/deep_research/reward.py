@@ -1,0 +1,111 @@
+"""deep_research reward: exact match and token F1 of the final answer (SQuAD normalisation,
+several gold answers), a format term, and the searcher rewarded by the main agent's outcome.
+
+With gold answers G and the agent's final answer a (None when it never answered):
+
+    EM(a)     = max over g in G of [normalize(a) == normalize(g)]
+    F1(a)     = max over g in G of token F1(normalize(a), normalize(g))
+    score(a)  = em_weight * EM(a) + f1_weight * F1(a)            (0 when a is None)
+    agent     = score(a) + format_weight * format_ok               format_ok = answered and no
+                                                                   malformed turn
+    searcher  = outcome:           score(a)
+                outcome_format:    score(a) + format_weight * its own format_ok (it wrote a
+                                   <summary> and no malformed turn)
+                answer_in_summary: 1 if some normalize(g) occurs, token-aligned, in
+                                   normalize(summary), else 0
+                none:              None (not trained on)
+
+``normalize`` is SQuAD's: lower case, punctuation removed, the articles a/an/the removed,
+whitespace collapsed. Token F1 = 2PR/(P+R) with P = common/len(pred), R = common/len(gold),
+common counted with multiplicity.
+"""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+
+from kernel.hooks import RewardResult, RolloutContext
+from kernel.sample import Sample
+from recipes.deep_research.config import AGENT, SEARCHER, RecipeConfig, resolve
+
+_ARTICLES = re.compile(r"\b(a|an|the)\b")
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def normalize(text: str) -> str:
+    """SQuAD answer normalisation."""
+    text = str(text).lower().translate(_PUNCTUATION)
+    return " ".join(_ARTICLES.sub(" ", text).split())
+
+
+def gold_answers(label) -> list[str]:
+    """The label as a list of gold answers (a string is one answer)."""
+    if label is None:
+        return []
+    if isinstance(label, str):
+        return [label]
+    return [str(g) for g in label]
+
+
+def exact_match(answer: str | None, golds: Sequence[str]) -> float:
+    if answer is None:
+        return 0.0
+    a = normalize(answer)
+    return float(any(a == normalize(g) for g in golds))
+
+
+def _f1(pred: list[str], gold: list[str]) -> float:
+    if not pred or not gold:
+        return float(pred == gold)
+    same = sum((Counter(pred) & Counter(gold)).values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred), same / len(gold)
+    return 2 * precision * recall / (precision + recall)
+
+
+def f1_score(answer: str | None, golds: Sequence[str]) -> float:
+    if answer is None or not golds:
+        return 0.0
+    pred = normalize(answer).split()
+    return max(_f1(pred, normalize(g).split()) for g in golds)
+
+
+def answer_in(text: str | None, golds: Sequence[str]) -> float:
+    """1.0 if some gold answer occurs in ``text`` as whole normalised tokens."""
+    if not text:
+        return 0.0
+    padded = f" {normalize(text)} "
+    return float(any(n and f" {n} " in padded for n in map(normalize, golds)))
+
+
+def answer_score(answer: str | None, label, cfg: RecipeConfig) -> float:
+    golds = gold_answers(label)
+    return cfg.em_weight * exact_match(answer, golds) + cfg.f1_weight * f1_score(answer, golds)
+
+
+def score_sample(sample: Sample, cfg: RecipeConfig) -> float | None:
+    """The reward of one sample of an episode (formulas in the module docstring)."""
+    meta = sample.metadata
+    outcome = answer_score(meta.get("final_answer"), sample.label, cfg)
+    if sample.agent == AGENT:
+        return outcome + cfg.format_weight * float(meta["format_ok"])
+    if sample.agent != SEARCHER:
+        raise ValueError(f"sample {sample.key}: unknown agent {sample.agent!r}")
+    mode = cfg.searcher_reward
+    if mode == "none":
+        return None
+    if mode == "outcome":
+        return outcome
+    if mode == "outcome_format":
+        return outcome + cfg.format_weight * float(meta["format_ok"])
+    return answer_in(meta.get("summary"), gold_answers(sample.label))
+
+
+def reward(ctx: RolloutContext, samples: list[Sample]) -> RewardResult:
+    """One reward per sample, in order (the main agent's, then one per searcher call)."""
+    cfg = resolve(ctx.config)
+    return [score_sample(s, cfg) for s in samples]

@@ -1,0 +1,319 @@
+"""deep_research's generate against the REAL retriever (uvicorn on 127.0.0.1 over a corpus
+built with the real MiniLM model) and a real embedded engine serving a tiny model.
+
+A tiny random model almost never writes a valid tag, so the tool loop is also driven
+deterministically: ``ScriptedAgent`` is a real AgentHandle (real tokenizer, Conversation,
+generate_turn) whose engine call is replaced by a fixed list of replies, returned as the token
+ids the tokenizer gives for them, ended like the engine ends a turn at a stop string. Only the
+sampling is scripted: the retriever, the tool dispatch and the loss masks are the real ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kernel.agents import AgentHandle, EngineConfig, EnginePool
+from kernel.engine.client import GenerateResult
+from kernel.engine.launch import free_port
+from kernel.hooks import RolloutContext
+from kernel.sample import Sample, Status
+from recipes.deep_research.config import RecipeConfig
+from recipes.deep_research.generate import generate
+from recipes.deep_research.make_data import make_world
+from recipes.deep_research.reward import reward
+from retriever import BuildConfig, RetrieverSettings, build_index, create_app
+
+
+@pytest.fixture(scope="module")
+def world():
+    """12 documents of the shipped fictional world: a company, its founder and their towns,
+    and 8 other people as distractors."""
+    corpus, _ = make_world(seed=0)
+    by_id = {d["id"]: d for d in corpus}
+    company = by_id["c000"]
+    founder = next(d for d in corpus if d["id"].startswith("p") and d["title"] in company["text"])
+    town_of = {d["id"]: d for d in corpus if d["id"].startswith("t")}
+    towns = [t for t in town_of.values() if t["title"] in company["text"] + founder["text"]]
+    people = [d for d in corpus if d["id"].startswith("p") and d is not founder][:8]
+    return {"company": company, "founder": founder, "docs": [company, founder, *towns, *people]}
+
+
+@pytest.fixture(scope="module")
+def retriever_url(world, tmp_path_factory):
+    import json
+
+    import uvicorn
+
+    root = tmp_path_factory.mktemp("dr_retriever")
+    corpus = root / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in world["docs"]))
+    index = build_index(BuildConfig(corpus=str(corpus), out=str(root / "index")), progress=False)
+    port = free_port()
+    app = create_app(RetrieverSettings(index=str(index), port=port))
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert thread.is_alive() and time.monotonic() < deadline, "retriever did not start"
+        time.sleep(0.05)
+    url = f"http://127.0.0.1:{port}"
+    assert httpx.get(url + "/health").json()["documents"] == len(world["docs"])
+    yield url
+    server.should_exit = True
+    thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    from kernel.models import load_tokenizer, materialize_model
+
+    work = tmp_path_factory.mktemp("dr_engine")
+    model = materialize_model("tiny-smollm2", work)
+    with EnginePool(EngineConfig(num_threads=1), model, work / "logs") as pool:
+        yield pool.urls[0], load_tokenizer(model)
+
+
+class ScriptedAgent(AgentHandle):
+    """An AgentHandle whose replies are scripted (see the module docstring)."""
+
+    def __init__(self, name: str, tokenizer, replies: list[str], max_context_len: int = 2048):
+        super().__init__(name, ["scripted"], tokenizer, {}, 64, max_context_len)
+        self.replies = list(replies)
+        self.prompts: list[list[int]] = []
+
+    async def generate(self, input_ids, sampling=None):
+        self.prompts.append(list(input_ids))
+        text = self.replies.pop(0)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return GenerateResult(
+            output_ids=ids,
+            logprobs=[-0.25] * len(ids),
+            finish_reason={"type": "stop", "matched": text[text.rfind("</") :]},
+            weight_version="0",
+        )
+
+
+def _real(name: str, engine) -> AgentHandle:
+    from kernel.engine.client import EngineClient
+
+    url, tok = engine
+    return AgentHandle(name, [EngineClient(url)], tok, {"temperature": 1.0}, 24, 768)
+
+
+def _ctx(agents: dict, url: str, **cfg) -> RolloutContext:
+    config = RecipeConfig(retriever_url=url, em_weight=1.0, f1_weight=0.5, **cfg).validate()
+    return RolloutContext(agents=agents, config=config)
+
+
+def _seed(question: str, label) -> Sample:
+    return Sample(prompt=question, label=label, group_id=4, index=1, metadata={"row": 7})
+
+
+async def _run(ctx: RolloutContext, seed: Sample) -> list[Sample]:
+    try:
+        return await generate(ctx, seed)
+    finally:
+        for agent in ctx.agents.values():
+            for c in agent.clients:
+                if hasattr(c, "aclose"):
+                    await c.aclose()
+
+
+def _split(sample: Sample, tok) -> tuple[str, str]:
+    """(text of the tokens it trains on, text of the whole response)."""
+    own = [t for t, m in zip(sample.response_ids, sample.loss_mask, strict=True) if m]
+    return tok.decode(own), tok.decode(sample.response_ids)
+
+
+def _dead_url() -> str:
+    return f"http://127.0.0.1:{free_port()}"  # nothing listens there
+
+
+def test_full_tool_loop_with_the_real_retriever(world, retriever_url, smollm2_tokenizer):
+    tok, company, founder = smollm2_tokenizer, world["company"], world["founder"]
+    agent_replies = [
+        f"<think>I need the founder.</think><search>Who founded {company['title']}?</search>",
+        f"<think>Read the founder's page.</think><read>[{founder['id']}]</read>",
+        f"<answer>{founder['title']}</answer>",
+    ]
+    searcher_replies = [
+        f"<query>{company['title']} founder</query>",
+        f"<summary>{company['title']} was founded by {founder['title']} "
+        f"[{company['id']}].</summary>",
+    ]
+    agents = {
+        "agent": ScriptedAgent("agent", tok, agent_replies),
+        "searcher": ScriptedAgent("searcher", tok, searcher_replies),
+    }
+    ctx = _ctx(agents, retriever_url, topk=3)
+    seed = _seed(f"Who founded {company['title']}?", [founder["title"]])
+    samples = asyncio.run(_run(ctx, seed))
+
+    assert [(s.agent, s.turn) for s in samples] == [("agent", 0), ("searcher", 0)]
+    main, searcher = samples
+    for s in samples:
+        s.validate()
+        assert s.status is Status.COMPLETED
+        assert (s.group_id, s.index, s.metadata["row"]) == (4, 1, 7)
+        assert s.metadata["final_answer"] == founder["title"] and s.metadata["correct"] is True
+
+    # each agent trains on exactly what it sampled, nothing of the tools
+    own, whole = _split(main, tok)
+    assert own == "".join(agent_replies)
+    summary = searcher_replies[1][len("<summary>") : -len("</summary>")]
+    assert summary in whole and founder["text"] in whole  # the tool responses are in context
+    assert summary not in own and founder["text"] not in own and "<information>" not in own
+    own, whole = _split(searcher, tok)
+    assert own == "".join(searcher_replies)
+    assert f"[{company['id']}] {company['title']}: {company['text']}" in whole  # real retrieval
+    assert company["text"] not in own and "<information>" not in own
+    # the main agent's prompt ends with the question: everything after it is the response
+    prompt = tok.decode(main.prompt_ids)
+    assert prompt.endswith(f"Question: {seed.prompt}<|im_end|>\n<|im_start|>assistant\n")
+
+    assert main.metadata["metrics"] == {
+        "turns": 3.0,
+        "searches": 1.0,
+        "reads": 1.0,
+        "read_misses": 0.0,
+        "answered": 1.0,
+        "format_errors": 0.0,
+        "retriever_errors": 0.0,
+        "searcher_turns": 2.0,
+        "searcher_queries": 1.0,
+        "searcher_format_errors": 0.0,
+        "summary_rate": 1.0,
+        "em": 1.0,
+        "f1": 1.0,
+    }
+    assert searcher.metadata["queries"] == [f"{company['title']} founder"]
+    # agent: 1.0 * EM 1 + 0.5 * F1 1 + 0.1 * format 1 = 1.6; searcher (outcome): 1 + 0.5 = 1.5
+    assert reward(ctx, samples) == [pytest.approx(1.6), pytest.approx(1.5)]
+
+
+def test_dead_retriever_is_counted_not_crashed(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    agents = {
+        "agent": ScriptedAgent(
+            "agent",
+            tok,
+            ["<search>who?</search>", "<read>p001</read>", "<answer>nobody</answer>"],
+        ),
+        "searcher": ScriptedAgent("searcher", tok, ["<query>who</query>"]),
+    }
+    ctx = _ctx(agents, _dead_url(), retries=1, request_timeout_s=2.0, searcher_max_turns=1)
+    main, searcher = asyncio.run(_run(ctx, _seed("Who?", ["Mibek Brier"])))
+    m = main.metadata["metrics"]
+    # the searcher's query and the main agent's read both failed, after one retry each
+    assert (m["retriever_errors"], m["searches"], m["reads"], m["turns"]) == (2.0, 1.0, 1.0, 3.0)
+    assert m["summary_rate"] == 0.0 and m["answered"] == 1.0 and m["em"] == 0.0
+    assert len(main.metadata["tool_errors"]) == 2
+    assert all("ConnectError" in e for e in main.metadata["tool_errors"])
+    _, whole = _split(main, tok)
+    assert "The assistant found nothing." in whole  # no summary and no documents
+    _, whole = _split(searcher, tok)
+    assert "The search engine failed: /retrieve: ConnectError" in whole
+    assert searcher.metadata["summary"] is None and searcher.metadata["format_ok"] is False
+
+
+def test_malformed_turns_and_unknown_ids_are_counted(retriever_url, smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    replies = ["It is Ostmark.", "<read>zzz9</read>", "<answer>Ostmark</answer>"]
+    agents = {"agent": ScriptedAgent("agent", tok, replies)}
+    ctx = _ctx(agents, retriever_url)
+    (main,) = asyncio.run(_run(ctx, _seed("Where?", ["Ostmark"])))
+    m = main.metadata["metrics"]
+    assert (m["format_errors"], m["read_misses"], m["retriever_errors"]) == (1.0, 1.0, 0.0)
+    assert m["summary_rate"] is None  # no search: not applicable
+    assert main.metadata["format_ok"] is False and main.metadata["correct"] is True
+    own, whole = _split(main, tok)
+    assert own == "".join(replies)
+    assert "Invalid turn: no complete action tag." in whole
+    assert "No document has the id 'zzz9'." in whole
+    # 1.0 * EM 1 + 0.5 * F1 1 + 0.1 * format 0 = 1.5
+    assert reward(ctx, [main]) == [pytest.approx(1.5)]
+
+
+def test_turn_budget_ends_the_episode_unanswered(retriever_url, smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    agents = {"agent": ScriptedAgent("agent", tok, ["<read>p001</read>"] * 2)}
+    ctx = _ctx(agents, retriever_url, max_turns=2)
+    (main,) = asyncio.run(_run(ctx, _seed("Who?", ["x"])))
+    m = main.metadata["metrics"]
+    assert (m["turns"], m["reads"], m["answered"]) == (2.0, 2.0, 0.0)
+    assert main.metadata["final_answer"] is None and agents["agent"].replies == []
+
+
+def test_real_engine_episode(engine, retriever_url):
+    """Both agents on the embedded engine (random tiny model): samples are well formed and
+    tool responses (here: the format errors it is told about) never enter the loss."""
+    agents = {"agent": _real("agent", engine), "searcher": _real("searcher", engine)}
+    ctx = _ctx(agents, retriever_url, max_turns=2, searcher_max_turns=1)
+    samples = asyncio.run(_run(ctx, _seed("In which town was Mibek Brier born?", ["Torhaven"])))
+    tok = engine[1]
+    main = samples[0]
+    assert main.agent == "agent" and all(s.agent == "searcher" for s in samples[1:])
+    m = main.metadata["metrics"]
+    assert len(samples) - 1 == m["searches"]
+    assert m["turns"] >= 1
+    for s in samples:
+        s.validate()
+        assert s.status in (Status.COMPLETED, Status.TRUNCATED)
+        assert len(s.rollout_logprobs) == s.response_length
+        own, _ = _split(s, tok)
+        assert "<information>" not in own and "Invalid turn" not in own
+        assert sum(s.loss_mask) > 0
+    if m["turns"] == 2:  # the first turn got a tool response before the second
+        assert "<information>" in _split(main, tok)[1]
+
+
+def test_real_searcher_and_dead_retriever(engine, smollm2_tokenizer):
+    """The main agent is scripted to search and read; the searcher is the real engine. Its
+    samples exist with agent='searcher'; the dead retriever is counted on read."""
+    agents = {
+        "agent": ScriptedAgent(
+            "agent", smollm2_tokenizer, ["<search>a</search>", "<read>p1</read>", "<answer>b"]
+        ),
+        "searcher": _real("searcher", engine),
+    }
+    ctx = _ctx(agents, _dead_url(), retries=0, max_turns=3, searcher_max_turns=1)
+    samples = asyncio.run(_run(ctx, _seed("Q?", ["b"])))
+    assert [s.agent for s in samples] == ["agent", "searcher"]
+    m = samples[0].metadata["metrics"]
+    # the read always fails; the searcher's random turn may or may not hold a <query>
+    assert m["retriever_errors"] == 1.0 + m["searcher_queries"] and m["reads"] == 1.0
+    # "<answer>b" is never closed: a malformed last turn, so not answered
+    assert m["format_errors"] == 1.0 and m["answered"] == 0.0
+    samples[1].validate()
+
+
+@pytest.mark.slow
+def test_short_cpu_training_run_logs_every_metric(tmp_path, retriever_url):
+    from kernel.config import load_train_config
+    from kernel.loop import train
+
+    tiny = Path(__file__).resolve().parents[2] / "recipes/deep_research/presets/tiny.yaml"
+    cfg = load_train_config(
+        [
+            f"--output_dir={tmp_path}",
+            f"--recipe_args.retriever_url={retriever_url}",
+            "--eval.every=2",
+        ],
+        yaml_path=tiny,
+    )
+    rows = train(cfg)
+    assert [r["step"] for r in rows] == [0, 1]
+    for row in rows:
+        for key in ("reward", "response_length", "mask_share", "samples"):
+            assert f"agent/{key}" in row, key
+        for key in ("turns", "answered", "format_errors", "retriever_errors", "em", "f1"):
+            assert f"episode/{key}" in row, key
+        assert row["train/n_samples"] > 0
+    assert "eval/agent/pass@2" in rows[-1]
