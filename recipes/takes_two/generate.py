@@ -1,0 +1,120 @@
+"""One consultation: the doctor questions the patient, then diagnoses.
+
+The doctor (``ctx.agents["doctor"]``) hears the chief complaint and asks one question per turn;
+the patient (``ctx.agents["patient"]``), who alone sees the hidden case (complaint and
+self-report facts, never the diagnosis), answers each question; the doctor ends with
+``Diagnosis: ... Recommendation: ...`` or runs out of turns (``max_turns`` doctor turns).
+
+Each agent keeps its OWN token-exact dialogue, built with its own handle (so its own tokenizer
+and chat template: the two agents may be different model families). The other party's words
+enter a dialogue as text in a user message, masked out of the loss; each agent trains only on
+the tokens it sampled. When a dialogue runs out of context budget (``conv.truncated``) the
+episode ends there, and the samples report it (status TRUNCATED, ``context_exhausted``).
+
+Returns one sample per agent: the doctor's, and the patient's if it answered at least once.
+Both carry the dialogue in ``metadata`` (``doctor_turns``, ``answers``) for reward.py; the
+doctor's carries the episode metrics in ``metadata["metrics"]``.
+"""
+
+from __future__ import annotations
+
+from kernel.conversation import Conversation
+from kernel.hooks import RolloutContext
+from kernel.sample import Sample, Status
+from recipes.takes_two import prompts
+from recipes.takes_two.config import DOCTOR, PATIENT, as_config
+from recipes.takes_two.data import Case
+from recipes.takes_two.reward import asks_several, parse_final
+
+
+class _Speaker:
+    """One agent's side of the episode: its dialogue and how its last turn finished."""
+
+    def __init__(self, ctx: RolloutContext, name: str, system: str):
+        self.name, self.agent = name, ctx.agents[name]
+        self.conv: Conversation = self.agent.conversation(system=system)
+        self.finish: str | None = None  # None until it has spoken
+        self.turns = 0
+
+    async def speak(self) -> str | None:
+        """Its next turn as text, or None when its context budget is spent."""
+        result = await self.agent.generate_turn(self.conv)
+        if result is None:
+            return None
+        self.finish, self.turns = result.finish_type, self.turns + 1
+        return self.agent.tokenizer.decode(result.output_ids, skip_special_tokens=True)
+
+    def sample(self, seed: Sample, **metadata) -> Sample | None:
+        if self.finish is None:  # never spoke: nothing to train on
+            return None
+        status = Status.COMPLETED if self.finish == "stop" else Status.TRUNCATED
+        fields = seed.seed_fields()
+        fields["metadata"].update(role=self.name, **metadata)
+        return self.conv.to_sample(agent=self.name, turn=0, status=status, **fields)
+
+
+def episode_metrics(
+    doctor_turns: list[str], answers: list[str], max_turns: int, context_exhausted: bool
+) -> dict[str, float]:
+    """What one consultation looked like (the reward adds its terms later)."""
+    final = parse_final(doctor_turns[-1]) if doctor_turns else None
+    questions = doctor_turns if final is None else doctor_turns[:-1]
+    return {
+        "turns": float(len(doctor_turns)),
+        "questions": float(len(questions)),
+        "answered": float(len(answers)),
+        "ended_with_diagnosis": float(final is not None),
+        "final_well_formed": float(final is not None and final.well_formed),
+        "multi_question_turns": float(sum(asks_several(q) for q in questions)),
+        "hit_max_turns": float(final is None and len(doctor_turns) >= max_turns),
+        "context_exhausted": float(context_exhausted),
+    }
+
+
+async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
+    """The recipe's generate hook: one consultation seeded by ``sample`` (a case row)."""
+    cfg = as_config(ctx.config)
+    case = Case.from_sample(sample)
+    doctor = _Speaker(ctx, DOCTOR, prompts.doctor_system(cfg.max_turns))
+    patient = _Speaker(
+        ctx, PATIENT, prompts.patient_system(case.chief_complaint, case.facts, cfg.unknown_reply)
+    )
+    if not doctor.conv.add_message("user", prompts.doctor_opening(case.chief_complaint)):
+        raise ValueError(
+            f"sample {sample.key}: the doctor's system prompt and chief complaint do not fit "
+            f"max_context_len={doctor.conv.max_context_len}"
+        )
+
+    doctor_turns: list[str] = []
+    answers: list[str] = []
+    for turn in range(cfg.max_turns):
+        text = await doctor.speak()
+        if text is None:
+            break
+        doctor_turns.append(text)
+        if parse_final(text) is not None or turn == cfg.max_turns - 1:
+            break  # diagnosed, or out of turns: a last question goes unanswered
+        if not patient.conv.add_message("user", prompts.to_patient(text, cfg.max_quote_chars)):
+            break
+        answer = await patient.speak()
+        if answer is None:
+            break
+        answers.append(answer)
+        last = turn + 1 == cfg.max_turns - 1
+        message = prompts.to_doctor(answer, cfg.max_quote_chars, cfg.last_turn_notice and last)
+        if not doctor.conv.add_message("user", message):
+            break
+
+    if not doctor_turns:
+        raise ValueError(
+            f"sample {sample.key}: the doctor could not speak within "
+            f"max_context_len={doctor.conv.max_context_len}"
+        )
+    exhausted = doctor.conv.truncated or patient.conv.truncated
+    dialogue = {"doctor_turns": doctor_turns, "answers": answers}
+    metrics = episode_metrics(doctor_turns, answers, cfg.max_turns, exhausted)
+    samples = [
+        doctor.sample(sample, text=doctor_turns[-1], metrics=metrics, **dialogue),
+        patient.sample(sample, text=answers[-1] if answers else "", **dialogue),
+    ]
+    return [s for s in samples if s is not None]

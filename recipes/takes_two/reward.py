@@ -1,0 +1,406 @@
+"""Bilateral rewards of takes_two: one for the doctor, one for the patient, per episode.
+
+Every term is its own small function, golden-tested in tests/recipes/test_takes_two_reward.py.
+Text is compared on its *content words* (``content_words``: rapidfuzz's ``default_process``
+lower-casing and punctuation stripping, minus a short stop-word list), and two words match when
+rapidfuzz's ``fuzz.ratio`` of them reaches ``word_cutoff`` (so "day" matches "days").
+
+Doctor (``doctor_reward``)::
+
+    R_doctor = diagnosis_weight      * sim(diagnosis, true diagnosis)
+             + recommendation_weight * sim(recommendation, true recommendation)
+             + information_weight    * mean_k gain_k
+             - multi_question_penalty * (# question turns with 2+ '?')
+             - no_diagnosis_penalty   * [no 'Diagnosis:' turn]
+             - malformed_penalty      * [final turn lacks a non-empty Diagnosis or Recommendation]
+
+``sim`` is the configured rapidfuzz scorer / 100. ``gain_k`` is the share of the self-report's
+facts that answer k reveals for the first time (a fact is revealed when ``reveal_threshold`` of
+its content words occur in the answer; facts the chief complaint already states are known from
+the start); the mean runs over the answered questions (0 when none), so a question that
+reveals nothing new costs the doctor.
+
+Patient (``patient_rule_score``, plus the optional judge)::
+
+    R_patient = faithfulness_weight * (share of the patient's content words found in the case)
+              - leak_penalty        * [some answer leaks the diagnosis]
+              + judge.weight        * judge score (0..1, only when TANDEM_JUDGE_URL is set)
+
+The case is the chief complaint, the self-report facts and the ``unknown_reply`` phrase; a word
+found nowhere in it is an invented detail. An answer leaks when it holds ``leak_threshold`` of
+the diagnosis words that the case itself does not contain. A judge call that fails (after its
+retries) masks the patient's reward (None) and is counted in ``episode/judge_failed``; it never
+fails the step.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import httpx
+from rapidfuzz import fuzz, process, utils
+from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from kernel.hooks import RolloutContext
+from kernel.sample import Sample
+from recipes.takes_two import prompts
+from recipes.takes_two.config import DOCTOR, PATIENT, JudgeConfig, RecipeConfig, as_config
+from recipes.takes_two.data import Case
+
+log = logging.getLogger(__name__)
+
+JUDGE_URL_ENV = "TANDEM_JUDGE_URL"
+JUDGE_MODEL_ENV = "TANDEM_JUDGE_MODEL"
+JUDGE_KEY_ENV = "TANDEM_JUDGE_API_KEY"
+
+# Function words and conversational fillers: they say nothing about symptoms, so they neither
+# reveal a fact nor count as invented. Contractions arrive split ("i've" -> "i", "ve").
+STOPWORDS = frozenset(
+    """
+    a about after all also am an and any are as at be been before but by can could did didn do
+    does doesn don doctor during feel feels felt for from get got had has hasn have haven having
+    he her here him his how i if in into is isn it its just ll me my no not now of off ok okay on
+    or our out over re really she should since so some sure than that the their them then there
+    these they this those to too um up us ve very was wasn we well were what when where which
+    while who why will with would yeah yes you your
+    """.split()  # noqa: SIM905 (a word list reads better as text)
+)
+
+_DIAGNOSIS = re.compile(r"diagnosis\s*[:：]", re.IGNORECASE)
+_RECOMMENDATION = re.compile(r"recommendation\s*[:：]", re.IGNORECASE)
+_SCORE = re.compile(r"score\s*[:=]\s*\**\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
+
+
+# ---- text ------------------------------------------------------------------------------------
+
+
+def content_words(text: str) -> list[str]:
+    """Lower-cased words of ``text`` without punctuation, stop words and one-letter tokens."""
+    return [w for w in utils.default_process(text).split() if len(w) > 1 and w not in STOPWORDS]
+
+
+def _clean(text: str) -> str:
+    return " ".join(content_words(text))
+
+
+def similarity(a: str, b: str, metric: str = "token_set_ratio") -> float:
+    """rapidfuzz's ``metric`` of the content words of ``a`` and ``b``, scaled to 0..1 (0 when
+    either has no content words)."""
+    return getattr(fuzz, metric)(a, b, processor=_clean) / 100.0
+
+
+def word_found(word: str, vocab: Sequence[str], cutoff: float) -> bool:
+    """Whether some word of ``vocab`` matches ``word`` with fuzz.ratio >= ``cutoff``."""
+    return process.extractOne(word, vocab, scorer=fuzz.ratio, score_cutoff=cutoff) is not None
+
+
+def coverage(words: Sequence[str], vocab: Sequence[str], cutoff: float) -> float | None:
+    """Share of ``words`` found in ``vocab``; None when there are no words."""
+    if not words:
+        return None
+    return sum(word_found(w, vocab, cutoff) for w in words) / len(words)
+
+
+# ---- the doctor's final turn -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Final:
+    """The doctor's closing turn: what follows 'Diagnosis:' and 'Recommendation:'."""
+
+    diagnosis: str
+    recommendation: str
+
+    @property
+    def well_formed(self) -> bool:
+        return bool(self.diagnosis) and bool(self.recommendation)
+
+
+def parse_final(text: str) -> Final | None:
+    """The closing turn's parts (from the LAST 'Diagnosis:'), or None if ``text`` has no
+    'Diagnosis:' (it is a question). A missing or misplaced 'Recommendation:' gives an empty
+    recommendation, i.e. a malformed final turn."""
+    found = list(_DIAGNOSIS.finditer(text))
+    if not found:
+        return None
+    after = text[found[-1].end() :]
+    rec = _RECOMMENDATION.search(after)
+    if rec is None:
+        return Final(after.strip(), "")
+    return Final(after[: rec.start()].strip(), after[rec.end() :].strip())
+
+
+# ---- doctor terms ----------------------------------------------------------------------------
+
+
+def diagnosis_score(final: Final | None, truth: str, metric: str) -> float:
+    """Similarity (0..1) of the stated diagnosis to the true one; 0 without a final turn."""
+    return similarity(final.diagnosis, truth, metric) if final and final.diagnosis else 0.0
+
+
+def recommendation_score(final: Final | None, truth: str, metric: str) -> float:
+    """Similarity (0..1) of the stated recommendation to the true one; 0 if none."""
+    return (
+        similarity(final.recommendation, truth, metric) if final and final.recommendation else 0.0
+    )
+
+
+def revealed(facts: Sequence[str], text: str, cutoff: float, threshold: float) -> set[int]:
+    """Indices of the facts whose content words occur in ``text`` for at least ``threshold``."""
+    vocab = content_words(text)
+    out = set()
+    for i, fact in enumerate(facts):
+        share = coverage(content_words(fact), vocab, cutoff)
+        if share is not None and share >= threshold:
+            out.add(i)
+    return out
+
+
+def information_gains(
+    facts: Sequence[str],
+    chief_complaint: str,
+    answers: Sequence[str],
+    cutoff: float,
+    threshold: float,
+) -> list[float]:
+    """Per answered question: the share of all facts it reveals for the first time (facts the
+    chief complaint states are known before the first question)."""
+    if not facts:
+        return [0.0] * len(answers)
+    known = revealed(facts, chief_complaint, cutoff, threshold)
+    gains = []
+    for answer in answers:
+        new = revealed(facts, answer, cutoff, threshold) - known
+        known |= new
+        gains.append(len(new) / len(facts))
+    return gains
+
+
+def information_score(gains: Sequence[float]) -> float:
+    """Mean information gained per answered question; 0 when no question was answered."""
+    return sum(gains) / len(gains) if gains else 0.0
+
+
+def asks_several(turn: str) -> bool:
+    """A question turn that asks more than one question (two or more '?')."""
+    return turn.count("?") >= 2
+
+
+def compliance_penalty(doctor_turns: Sequence[str], cfg: RecipeConfig) -> float:
+    """Minus the penalties for the DOCTOR's own turns: several questions in one turn (each),
+    no final diagnosis, a malformed final turn. A well-formed episode scores exactly 0."""
+    final = parse_final(doctor_turns[-1]) if doctor_turns else None
+    questions = doctor_turns if final is None else doctor_turns[:-1]
+    penalty = cfg.multi_question_penalty * sum(asks_several(q) for q in questions)
+    if final is None:
+        penalty += cfg.no_diagnosis_penalty
+    elif not final.well_formed:
+        penalty += cfg.malformed_penalty
+    return -penalty
+
+
+def doctor_reward(
+    case: Case, doctor_turns: Sequence[str], answers: Sequence[str], cfg: RecipeConfig
+) -> tuple[float, dict[str, float]]:
+    """The doctor's reward and its terms (unweighted, for the metrics)."""
+    final = parse_final(doctor_turns[-1]) if doctor_turns else None
+    gains = information_gains(
+        case.facts, case.chief_complaint, answers, cfg.word_cutoff, cfg.reveal_threshold
+    )
+    terms = {
+        "diagnosis_similarity": diagnosis_score(final, case.diagnosis, cfg.similarity),
+        "recommendation_similarity": recommendation_score(
+            final, case.recommendation, cfg.similarity
+        ),
+        "information_gain": information_score(gains),
+        "facts_revealed": sum(gains),
+        "compliance": compliance_penalty(doctor_turns, cfg),
+    }
+    total = (
+        cfg.diagnosis_weight * terms["diagnosis_similarity"]
+        + cfg.recommendation_weight * terms["recommendation_similarity"]
+        + cfg.information_weight * terms["information_gain"]
+        + terms["compliance"]
+    )
+    return total, terms
+
+
+# ---- patient terms ---------------------------------------------------------------------------
+
+
+def case_vocab(case: Case, unknown_reply: str) -> list[str]:
+    """Every content word the patient may use: chief complaint, facts, the 'not sure' reply."""
+    text = " ".join([case.chief_complaint, *case.facts, unknown_reply])
+    return sorted(set(content_words(text)))
+
+
+def faithfulness(answers: Sequence[str], vocab: Sequence[str], cutoff: float) -> float:
+    """Share of the patient's content words found in the case (0 when it said nothing
+    checkable: an empty or all-filler answer earns nothing)."""
+    words = [w for a in answers for w in content_words(a)]
+    share = coverage(words, vocab, cutoff)
+    return 0.0 if share is None else share
+
+
+def leaks(
+    answer: str, diagnosis: str, vocab: Sequence[str], cutoff: float, threshold: float
+) -> bool:
+    """Whether ``answer`` names the diagnosis: it holds at least ``threshold`` of the diagnosis
+    words the case does not already contain (a patient may repeat its own complaint)."""
+    secret = [w for w in content_words(diagnosis) if not word_found(w, vocab, cutoff)]
+    share = coverage(secret, content_words(answer), cutoff)
+    return share is not None and share >= threshold
+
+
+def patient_rule_score(
+    case: Case, answers: Sequence[str], cfg: RecipeConfig
+) -> tuple[float, dict[str, float]]:
+    """The patient's rule-based reward and its terms."""
+    vocab = case_vocab(case, cfg.unknown_reply)
+    terms = {
+        "faithfulness": faithfulness(answers, vocab, cfg.word_cutoff),
+        "leaked": float(
+            any(
+                leaks(a, case.diagnosis, vocab, cfg.word_cutoff, cfg.leak_threshold)
+                for a in answers
+            )
+        ),
+    }
+    total = cfg.faithfulness_weight * terms["faithfulness"] - cfg.leak_penalty * terms["leaked"]
+    return total, terms
+
+
+# ---- the optional judge ----------------------------------------------------------------------
+
+
+class JudgeError(RuntimeError):
+    """The judge's reply could not be used (HTTP errors are httpx.HTTPError)."""
+
+
+@dataclass(frozen=True)
+class JudgeEndpoint:
+    """An OpenAI-compatible chat endpoint: ``{url}/chat/completions``."""
+
+    url: str
+    model: str = "judge"
+    api_key: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> JudgeEndpoint | None:
+        """From TANDEM_JUDGE_URL / TANDEM_JUDGE_MODEL / TANDEM_JUDGE_API_KEY; None if no URL."""
+        env = os.environ if env is None else env
+        url = env.get(JUDGE_URL_ENV, "").strip()
+        if not url:
+            return None
+        return cls(url.rstrip("/"), env.get(JUDGE_MODEL_ENV) or "judge", env.get(JUDGE_KEY_ENV))
+
+
+def parse_judge_score(text: str) -> float:
+    """The last 'Score: N' (0 <= N <= 10) of the judge's reply, scaled to 0..1."""
+    found = _SCORE.findall(text or "")
+    if not found or not 0 <= float(found[-1]) <= 10:
+        raise JudgeError(f"no 'Score: N' with 0 <= N <= 10 in the judge's reply {text!r:.120}")
+    return float(found[-1]) / 10.0
+
+
+async def judge_patient(
+    endpoint: JudgeEndpoint, cfg: JudgeConfig, messages: list[dict[str, str]]
+) -> float:
+    """Ask the judge; retry (exponential backoff) on HTTP errors and unusable replies; raise
+    the last error after ``1 + retries`` attempts."""
+    headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+    body = {
+        "model": endpoint.model,
+        "messages": messages,
+        "temperature": cfg.temperature,
+        "max_tokens": cfg.max_tokens,
+    }
+    retrying = AsyncRetrying(
+        stop=stop_after_attempt(1 + cfg.retries),
+        wait=wait_exponential(multiplier=cfg.backoff_s, min=0, max=8),
+        retry=retry_if_exception_type((httpx.HTTPError, JudgeError)),
+        reraise=True,
+    )
+    async with httpx.AsyncClient(timeout=cfg.timeout_s, headers=headers) as client:
+        async for attempt in retrying:
+            with attempt:
+                r = await client.post(f"{endpoint.url}/chat/completions", json=body)
+                r.raise_for_status()
+                try:
+                    content = r.json()["choices"][0]["message"]["content"]
+                except (ValueError, KeyError, IndexError, TypeError) as e:
+                    raise JudgeError(f"not a chat completion: {r.text[:120]!r}") from e
+                return parse_judge_score(content)
+    raise AssertionError("unreachable: tenacity reraises the last error")
+
+
+# ---- the recipe's reward hook ----------------------------------------------------------------
+
+
+async def reward(ctx: RolloutContext, samples: list[Sample]) -> dict[str, float | None]:
+    """``{doctor: R_doctor, patient: R_patient}`` for one episode (see the module docstring).
+
+    Reads the dialogue the generate function stored in ``metadata`` (``doctor_turns``,
+    ``answers``); adds the reward terms to the episode metrics and sets ``metadata["correct"]``
+    (diagnosis similarity >= ``correct_threshold``) on every sample. The patient's reward is
+    None when it never answered, or when the judge is configured and failed.
+    """
+    cfg = as_config(ctx.config)
+    by_agent = {s.agent: s for s in samples}
+    first = by_agent.get(DOCTOR, samples[0])
+    case = Case.from_sample(first)
+    doctor_turns = list(first.metadata.get("doctor_turns", []))
+    answers = list(first.metadata.get("answers", []))
+    metrics = first.metadata.setdefault("metrics", {})
+
+    r_doctor, terms = doctor_reward(case, doctor_turns, answers, cfg)
+    metrics.update(terms)
+    r_patient: float | None = None
+    if answers:
+        r_patient, p_terms = patient_rule_score(case, answers, cfg)
+        metrics.update(p_terms)
+        endpoint = JudgeEndpoint.from_env()
+        if endpoint is not None:
+            r_patient = await _with_judge(
+                endpoint, cfg, case, doctor_turns, answers, r_patient, first
+            )
+    correct = terms["diagnosis_similarity"] >= cfg.correct_threshold
+    for s in samples:
+        s.metadata["correct"] = correct
+    return {DOCTOR: r_doctor, PATIENT: r_patient}
+
+
+async def _with_judge(
+    endpoint: JudgeEndpoint,
+    cfg: RecipeConfig,
+    case: Case,
+    doctor_turns: list[str],
+    answers: list[str],
+    rule: float,
+    carrier: Sample,
+) -> float | None:
+    """``rule`` plus the weighted judge score, or None (and judge_failed=1) if the judge fails."""
+    metrics = carrier.metadata["metrics"]
+    messages = [
+        {"role": "system", "content": prompts.JUDGE_SYSTEM},
+        {
+            "role": "user",
+            "content": prompts.judge_user(
+                case.chief_complaint, case.facts, case.diagnosis, doctor_turns, answers
+            ),
+        },
+    ]
+    try:
+        score = await judge_patient(endpoint, cfg.judge, messages)
+    except Exception as e:  # any failure masks the patient sample; the step goes on
+        log.warning("judge at %s failed for episode %s: %r", endpoint.url, carrier.key, e)
+        metrics["judge_failed"] = 1.0
+        carrier.metadata["judge_error"] = repr(e)
+        return None
+    metrics["judge_failed"] = 0.0
+    metrics["judge_score"] = score
+    return rule + cfg.judge.weight * score

@@ -1,0 +1,250 @@
+"""takes_two's generate against TWO real embedded servers serving two DIFFERENT tiny models
+(Qwen2 doctor, Llama patient): each agent's sample holds only its own sampled tokens in its
+loss mask, the hidden case stays hidden from the doctor, episodes end at a diagnosis or at
+max_turns, an exhausted context ends the episode cleanly; and the judge failing against the
+embedded engine's /v1/chat/completions (a tiny model's reply never parses) masks the patient."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+
+import pytest
+
+from kernel.agents import AgentHandle
+from kernel.engine.client import EngineClient, GenerateResult
+from kernel.engine.launch import free_port
+from kernel.engine.serve import launch_server
+from kernel.engine.server import ServerConfig
+from kernel.hooks import RolloutContext
+from kernel.models import load_tokenizer
+from kernel.sample import Sample, Status
+from recipes.takes_two import prompts
+from recipes.takes_two.config import RecipeConfig
+from recipes.takes_two.generate import episode_metrics, generate
+from recipes.takes_two.reward import reward
+
+FACTS = ["The headache is on one side of my head.", "Bright light makes it worse."]
+LABEL = {"diagnosis": "migraine", "recommendation": "Rest in a dark quiet room."}
+COMPLAINT = "I am a 40-year-old woman. I keep getting bad headaches."
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir, tiny_llama_dir, tmp_path_factory):
+    """(doctor URL, patient URL, doctor tokenizer, patient tokenizer): two servers, started
+    together."""
+    logs = tmp_path_factory.mktemp("takes_two_logs")
+    procs = []
+    try:
+        for name, model in (("doctor", tiny_model_dir), ("patient", tiny_llama_dir)):
+            config = ServerConfig(model=str(model), port=free_port(), num_threads=1)
+            procs.append(launch_server(config, logs / f"{name}.log"))
+        for p in procs:
+            p.wait_healthy(deadline_s=180)
+        yield (
+            procs[0].url,
+            procs[1].url,
+            load_tokenizer(str(tiny_model_dir)),
+            load_tokenizer(str(tiny_llama_dir)),
+        )
+    finally:
+        for p in procs:
+            p.stop()
+
+
+def _handle(name, url, tok, max_context_len=768, max_response_len=16) -> AgentHandle:
+    return AgentHandle(
+        name, [EngineClient(url)], tok, {"temperature": 1.0}, max_response_len, max_context_len
+    )
+
+
+def _seed() -> Sample:
+    meta = {"row": 2, "facts": FACTS}
+    return Sample(prompt=COMPLAINT, label=dict(LABEL), group_id=5, index=1, metadata=meta)
+
+
+def _run(ctx: RolloutContext, seed: Sample | None = None) -> list[Sample]:
+    async def go():
+        try:
+            return await generate(ctx, seed or _seed())
+        finally:
+            for agent in ctx.agents.values():
+                for c in agent.clients:
+                    if isinstance(c, EngineClient):  # a scripted doctor has none
+                        await c.aclose()
+
+    return asyncio.run(go())
+
+
+def _spans(sample: Sample) -> list[list[int]]:
+    """The runs of loss-mask-1 tokens: one per turn the agent sampled."""
+    spans, current = [], []
+    for t, m in zip(sample.response_ids, sample.loss_mask, strict=True):
+        if m:
+            current.append(t)
+        elif current:
+            spans.append(current)
+            current = []
+    return spans + ([current] if current else [])
+
+
+def test_episode_metrics_golden():
+    turns = ["Where? When?", "Any fever?", "Diagnosis: flu"]
+    m = episode_metrics(turns, ["Here.", "No."], 4, False)
+    assert m == {
+        "turns": 3.0,
+        "questions": 2.0,
+        "answered": 2.0,
+        "ended_with_diagnosis": 1.0,
+        "final_well_formed": 0.0,  # no recommendation
+        "multi_question_turns": 1.0,
+        "hit_max_turns": 0.0,
+        "context_exhausted": 0.0,
+    }
+    assert episode_metrics(["A?", "B?"], ["a"], 2, True)["hit_max_turns"] == 1.0
+
+
+def test_two_models_each_train_only_on_their_own_tokens(engines):
+    d_url, p_url, d_tok, p_tok = engines
+    ctx = RolloutContext(
+        agents={
+            "doctor": _handle("doctor", d_url, d_tok),
+            "patient": _handle("patient", p_url, p_tok),
+        },
+        config=RecipeConfig(max_turns=3).validate(),
+    )
+    samples = _run(ctx)
+    assert [s.agent for s in samples] == ["doctor", "patient"]
+    doctor, patient = samples
+    turns, answers = doctor.metadata["doctor_turns"], doctor.metadata["answers"]
+    # random tiny models never write "Diagnosis:": the episode runs to max_turns; the doctor's
+    # last question goes unanswered
+    assert len(turns) == 3 and len(answers) == 2
+    assert doctor.metadata["metrics"] == episode_metrics(turns, answers, 3, False)
+    assert doctor.metadata["metrics"]["hit_max_turns"] == 1.0
+    for s, tok, own in ((doctor, d_tok, turns), (patient, p_tok, answers)):
+        s.validate()
+        assert s.status in (Status.COMPLETED, Status.TRUNCATED)
+        assert (s.group_id, s.index, s.metadata["row"], s.metadata["role"]) == (5, 1, 2, s.agent)
+        # one run of mask-1 tokens per own turn, decoding to exactly that turn's text
+        spans = _spans(s)
+        assert [tok.decode(span, skip_special_tokens=True) for span in spans] == own
+        assert sum(s.loss_mask) == sum(map(len, spans))
+        assert len(s.rollout_logprobs) == s.response_length
+        assert all(lp < 0 for lp, m in zip(s.rollout_logprobs, s.loss_mask, strict=True) if m)
+        assert all(lp == 0 for lp, m in zip(s.rollout_logprobs, s.loss_mask, strict=True) if not m)
+    # the partner's words are in each dialogue, masked out
+    doctor_dialogue = d_tok.decode(doctor.prompt_ids + doctor.response_ids)
+    patient_dialogue = p_tok.decode(patient.prompt_ids + patient.response_ids)
+    assert all(prompts.to_patient(q, 400) in patient_dialogue for q in turns[:2])
+    assert all(a.strip() in doctor_dialogue for a in answers if a.strip())
+    # the hidden case: the patient sees its facts, the doctor only the complaint
+    assert all(f in patient_dialogue for f in FACTS) and COMPLAINT in doctor_dialogue
+    assert not any(f in doctor_dialogue for f in FACTS)
+    assert LABEL["diagnosis"] not in patient_dialogue + doctor_dialogue
+    # the last-turn notice reached the doctor with the patient's second answer
+    assert "This is your last turn" in doctor_dialogue
+
+
+class _ScriptedDoctor(AgentHandle):
+    """A doctor whose turns are scripted text (tokenized with its real tokenizer, ending with
+    the chat template's stop token) instead of sampled: random tiny models never diagnose,
+    and the diagnosis ending must be exercised. The patient stays a real engine."""
+
+    def __init__(self, tok, script: list[str], max_context_len: int = 768):
+        super().__init__("doctor", [object()], tok, {}, 32, max_context_len)
+        self.script = list(script)
+
+    async def generate(self, input_ids, sampling=None) -> GenerateResult:
+        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        ids = [*self.tokenizer.encode(self.script.pop(0), add_special_tokens=False), end]
+        return GenerateResult(ids, [-0.5] * len(ids), {"type": "stop", "matched": end}, "3")
+
+
+def test_episode_ends_at_the_diagnosis_and_is_rewarded(engines):
+    _, p_url, d_tok, p_tok = engines
+    final = "Diagnosis: migraine\nRecommendation: rest in a dark quiet room"
+    doctor = _ScriptedDoctor(d_tok, ["Which side of your head hurts?", final, "never asked"])
+    ctx = RolloutContext(
+        agents={"doctor": doctor, "patient": _handle("patient", p_url, p_tok)},
+        config=RecipeConfig(max_turns=4).validate(),
+    )
+    samples = _run(ctx)
+    d, p = samples
+    assert d.metadata["doctor_turns"] == ["Which side of your head hurts?", final]
+    assert len(d.metadata["answers"]) == 1 and doctor.script == ["never asked"]
+    m = d.metadata["metrics"]
+    assert (m["turns"], m["questions"], m["answered"]) == (2.0, 1.0, 1.0)
+    assert m["ended_with_diagnosis"] == 1.0 and m["final_well_formed"] == 1.0
+    assert m["hit_max_turns"] == 0.0 and d.status is Status.COMPLETED
+    assert [d_tok.decode(s, skip_special_tokens=True) for s in _spans(d)] == d.metadata[
+        "doctor_turns"
+    ]
+    assert d.weight_versions == [3, 3]
+    result = asyncio.run(reward(ctx, samples))
+    # diagnosis and recommendation match exactly: 1.0 + 0.5*1.0; whatever the random patient
+    # said, information is >= 0 and compliance 0
+    assert result["doctor"] >= 1.5 and m["compliance"] == 0.0
+    assert result["patient"] is not None and d.metadata["correct"] is True
+    assert p.metadata["correct"] is True
+
+
+def test_exhausted_context_ends_the_episode_cleanly(engines):
+    d_url, p_url, d_tok, p_tok = engines
+    system = prompts.patient_system(COMPLAINT, FACTS, RecipeConfig().unknown_reply)
+    patient = _handle("patient", p_url, p_tok)
+    budget = len(patient.conversation(system=system).ids) + 40  # about one exchange
+    ctx = RolloutContext(
+        agents={
+            "doctor": _handle("doctor", d_url, d_tok),
+            "patient": replace(patient, max_context_len=budget),
+        },
+        config=RecipeConfig(max_turns=6, max_quote_chars=60).validate(),
+    )
+    samples = _run(ctx)
+    d = samples[0]
+    assert d.metadata["metrics"]["context_exhausted"] == 1.0
+    assert len(d.metadata["doctor_turns"]) < 6  # stopped early, not at max_turns
+    for s in samples:
+        s.validate()
+    if len(samples) == 2:  # the patient answered before its budget ran out
+        assert samples[1].status is Status.TRUNCATED
+        assert len(samples[1].prompt_ids) + samples[1].response_length <= budget
+
+
+def test_a_doctor_prompt_that_does_not_fit_fails_naming_the_sample(engines):
+    d_url, p_url, d_tok, p_tok = engines
+    ctx = RolloutContext(
+        agents={
+            "doctor": _handle("doctor", d_url, d_tok, max_context_len=20),
+            "patient": _handle("patient", p_url, p_tok),
+        },
+        config=RecipeConfig().validate(),
+    )
+    with pytest.raises(ValueError, match=r"g5/e1/default/t0.*max_context_len=20"):
+        _run(ctx)
+
+
+def test_judge_reply_that_does_not_parse_masks_the_patient(engines, monkeypatch):
+    d_url, _, _, _ = engines
+    # the embedded engine's OpenAI endpoint is real; its tiny model answers noise, no "Score: N"
+    monkeypatch.setenv("TANDEM_JUDGE_URL", f"{d_url}/v1")
+    cfg = RecipeConfig(judge={"retries": 1, "backoff_s": 0.0, "max_tokens": 8}).validate()
+    samples = [
+        Sample(
+            prompt=COMPLAINT,
+            label=dict(LABEL),
+            agent=agent,
+            metadata={
+                "facts": FACTS,
+                "doctor_turns": ["Which side?", "Diagnosis: migraine\nRecommendation: rest"],
+                "answers": ["One side of my head."],
+                **({"metrics": {}} if agent == "doctor" else {}),
+            },
+        )
+        for agent in ("doctor", "patient")
+    ]
+    result = asyncio.run(reward(RolloutContext(config=cfg), samples))
+    assert result["patient"] is None and result["doctor"] is not None
+    assert samples[0].metadata["metrics"]["judge_failed"] == 1.0
+    assert "JudgeError" in samples[0].metadata["judge_error"]
