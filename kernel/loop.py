@@ -144,7 +144,8 @@ async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> li
             for m in models:
                 m.pool.wait_healthy()
                 m.generators, m.clients = m.pool.clients()
-                m.sync = WeightSync(cfg.sync, m.clients, out / "sync" / m.owner)
+                temperature = cfg.agent_rollout(m.agents[0]).temperature  # the trainer's
+                m.sync = WeightSync(cfg.sync, m.clients, out / "sync" / m.owner, temperature)
             agents = {}
             for m in models:
                 for spec in m.agents:
@@ -210,7 +211,9 @@ async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> li
                         await m.sync.reset(restarted[m.owner])
                         if m in due:
                             m.version += 1
-                            sync_metrics.append(await m.sync.push(m.trainer, m.version))
+                            # checked on the first prompt it trained on (SyncConfig.check_tokens)
+                            probe = next((s.prompt_ids for s in m.own(samples)), None)
+                            sync_metrics.append(await m.sync.push(m.trainer, m.version, probe))
                         elif restarted[m.owner] and m.trainer is not None:
                             await m.sync.push(m.trainer, m.version)
                         await m.pool.readmit(restarted[m.owner])

@@ -34,6 +34,8 @@ def test_yaml_then_flags_override(tmp_path):
         (["--optim.lr=0"], "optim.lr must be > 0"),
         (["--rollout.max_context_len=8", "--rollout.max_response_len=16"], "max_context_len"),
         (["--num_steps=0"], "num_steps must be >= 1"),
+        (["--sync.check_tokens=-1"], "sync.check_tokens must be >= 0"),
+        (["--sync.check_tolerance=0"], "sync.check_tolerance must be > 0"),
     ],
 )
 def test_validation_names_the_flag(flags, needle):

@@ -99,19 +99,63 @@ def test_after_a_push_engine_logprobs_equal_the_trainers(tmp_path, transport):
             trainer.train_step([as_sample(res.output_ids, advantage=1.0)])
             stale = await client.generate(prompt, {"max_new_tokens": 4})
             stale_ref = trainer_logprobs(stale.output_ids)
-            await sync.push(trainer, version=1)
+            metrics = await sync.push(trainer, version=1, probe=prompt)
             fresh = await client.generate(prompt, {"max_new_tokens": 4})
-            return stale, stale_ref, fresh, trainer_logprobs(fresh.output_ids)
+            return stale, stale_ref, fresh, trainer_logprobs(fresh.output_ids), metrics
         finally:
             await sync.aclose()
             await client.aclose()
 
     with EnginePool(cfg.engine, model, tmp_path / "logs") as pool:
-        stale, stale_ref, fresh, ref = asyncio.run(run(pool.clients()[1][0]))
+        stale, stale_ref, fresh, ref, metrics = asyncio.run(run(pool.clients()[1][0]))
     # before the push the engine is measurably behind; after it, it serves the trainer's weights
     assert max(abs(a - b) for a, b in zip(stale.logprobs, stale_ref, strict=True)) > 1e-3
     assert fresh.weight_version == "1"
     assert max(abs(a - b) for a, b in zip(fresh.logprobs, ref, strict=True)) < 1e-4
+    # ... and the post-sync check saw the same, on its own probe
+    assert 0.0 <= metrics["sync/check_logprob_diff"] < 1e-4
+
+
+@pytest.mark.parametrize("transport", ["tensor", "distributed"])
+def test_post_sync_check_catches_a_wrong_conversion(tmp_path, transport):
+    """A converter that splits a fused gate/up projection in the wrong order (Megatron's
+    linear_fc1) loads without an error; the post-sync check names the engine instead of letting
+    the run train on bad rollouts. A random tiny model's outputs are nearly flat, so the bug
+    moves its logprobs by ~5e-3 per token: the fp32 tolerance (1e-3) is used, against a noise
+    floor of ~1e-5."""
+    from kernel.agents import EnginePool
+    from kernel.models import materialize_model
+    from kernel.sync.push import SyncCheckError, WeightSync
+    from kernel.train.torch_backend import TorchTrainer
+
+    class SwapsGateAndUp(TorchTrainer):
+        def named_parameters_for_sync(self, dtype=None):
+            params = dict(super().named_parameters_for_sync(dtype))
+            for name in [n for n in params if n.endswith("mlp.gate_proj.weight")]:
+                up = name.replace("gate_proj", "up_proj")
+                params[name], params[up] = params[up], params[name]
+            yield from params.items()
+
+    cfg = toy_config(tmp_path, f"--sync.transport={transport}", "--sync.check_tolerance=1e-3")
+    model = materialize_model(cfg.model, tmp_path / "models")
+    prompt = [1, 90, 88, 74, 87, 3, 45, 78, 5, 2, 3, 1, 70, 88]
+
+    async def run(client):
+        sync = WeightSync(cfg.sync, [client], tmp_path)
+        try:
+            good = TorchTrainer(model, cfg.optim, cfg.loss, cfg.trainer, total_steps=1)
+            assert (await sync.push(good, 1, probe=prompt))["sync/check_logprob_diff"] < 1e-4
+            bad = SwapsGateAndUp(model, cfg.optim, cfg.loss, cfg.trainer, total_steps=1)
+            with pytest.raises(SyncCheckError, match=f"engine {client.base_url} gives logprobs"):
+                await sync.push(bad, 2, probe=prompt)
+            # the engine answers again afterwards (generation was continued)
+            assert (await client.generate(prompt, {"max_new_tokens": 2})).weight_version == "2"
+        finally:
+            await sync.aclose()
+            await client.aclose()
+
+    with EnginePool(cfg.engine, model, tmp_path / "logs") as pool:
+        asyncio.run(run(pool.clients()[1][0]))
 
 
 def _engines_of(run_dir: Path) -> list[int]:

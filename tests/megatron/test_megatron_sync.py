@@ -1,7 +1,7 @@
 """Weight sync from a Megatron trainer into a running embedded server: after one training step
 the engine is measurably behind; after ``WeightSync.push`` (tensor and distributed/gloo
 transports) its logprobs for the sampled ids equal the Megatron model's own (forward_logits ->
-log_softmax) within 1e-4."""
+log_softmax) within 1e-4, and the push's own post-sync check agrees."""
 
 from __future__ import annotations
 
@@ -55,18 +55,20 @@ def test_push_makes_engine_logprobs_equal_megatrons(tmp_path, transport):
             trainer.train_step([sample])  # the trainer moves; the engine does not, yet
             stale = await client.generate(PROMPT, {"max_new_tokens": 4})
             stale_ref = megatron_logprobs(trainer, stale.output_ids)
-            await sync.push(trainer, version=1)
+            metrics = await sync.push(trainer, version=1, probe=PROMPT)
             fresh = await client.generate(PROMPT, {"max_new_tokens": 4})
-            return stale, stale_ref, fresh, megatron_logprobs(trainer, fresh.output_ids)
+            ref = megatron_logprobs(trainer, fresh.output_ids)
+            return stale, stale_ref, fresh, ref, metrics
         finally:
             await sync.aclose()
             await client.aclose()
 
     try:
         with EnginePool(EngineConfig(num_threads=1), model, tmp_path / "logs") as pool:
-            stale, stale_ref, fresh, ref = asyncio.run(run(pool.clients()[1][0]))
+            stale, stale_ref, fresh, ref, metrics = asyncio.run(run(pool.clients()[1][0]))
     finally:
         trainer.close()
     assert max(abs(a - b) for a, b in zip(stale.logprobs, stale_ref, strict=True)) > 1e-3
     assert fresh.weight_version == "1"
     assert max(abs(a - b) for a, b in zip(fresh.logprobs, ref, strict=True)) < 1e-4
+    assert metrics["sync/check_logprob_diff"] < 1e-4  # the post-sync check (trainer's logprobs)
