@@ -5,7 +5,7 @@ Commands:
   train  run a training job: a recipe (or the toy task) on engines, with a preset or flags
   config validate a training config (YAML file and flags) and print it resolved
   plot   learning curves of a run's metrics.jsonl to PNG
-  launch place a training job on a (Ray) cluster: --dry-run prints and validates the plan
+  launch place a training job on a Ray cluster and run it there (--dry-run: only print the plan)
 
 Every command validates its flags before it starts work and exits with status 2 and a message
 naming the flag on bad input.
@@ -220,7 +220,7 @@ def build_parser() -> ArgumentParser:
     plot.add_argument("--out", type=str | None, default=None, help="PNG path (default beside).")
     plot.add_argument("--keys", type=list[str] | None, default=None, help="Metrics to plot.")
     sub.add_subcommand("plot", plot, help="Learning curves of a run to PNG.")
-    sub.add_subcommand("launch", _launch_parser(), help="Place a run on a cluster (--dry-run).")
+    sub.add_subcommand("launch", _launch_parser(), help="Place a run on a Ray cluster and run it.")
     return parser
 
 
@@ -235,7 +235,12 @@ def _launch_parser() -> ArgumentParser:
         "Place a training job on a cluster: which GPU of which node trains or serves which agent, "
         "engine and router ports, parallel sizes. Per model, placement comes from the agent "
         "spec's resources (kernel.cluster.plan.ResourceConfig). --dry-run prints and validates "
-        "the plan without Ray or a GPU.",
+        "the plan without Ray or a GPU. Without it the plan runs on Ray (cluster.address, or a "
+        "local Ray): per model, engines start on the planned node, GPUs and ports "
+        "(cluster.engine_server: real SGLang, or the embedded server on CPU) behind the model's "
+        "sglang-router, and a trainer of Ray actors (one torch.distributed rank per planned GPU) "
+        "trains; colocated models release and resume their engines' memory around each step. "
+        "Everything it started is stopped at the end, on error or Ctrl-C.",
     )
     launch.add_argument("--preset", type=str | None, default=None, help="Preset name (as train).")
     launch.add_class_arguments(ClusterConfig, "cluster")
@@ -260,13 +265,20 @@ def cmd_launch(cfg, cluster, dry_run: bool, as_json: bool) -> None:
     if dry_run:
         print("# valid: the plan fits the cluster", file=sys.stderr)
         return
-    from kernel.cluster.ray_group import run_plan
+    from kernel.cluster.run import run_plan
 
     try:
-        run_plan(cfg, plan)
-    except NotImplementedError as e:
-        Console(stderr=True).print(f"[red]not yet[/]: {e}")
+        rows = run_plan(cfg, plan)
+    except KeyboardInterrupt:
+        Console(stderr=True).print(
+            "[red]interrupted[/]: every engine, router and trainer actor this launch started has "
+            f"been stopped; continue with --resume true --output_dir {cfg.output_dir}"
+        )
+        sys.exit(130)
+    except RuntimeError as e:  # a trainer rank, engine or router that died or never came up
+        Console(stderr=True).print(f"[red]run stopped[/]: {e}")
         sys.exit(1)
+    print(f"{len(rows)} steps done; metrics: {Path(cfg.output_dir) / 'metrics.jsonl'}")
 
 
 def main(argv: list[str] | None = None) -> None:

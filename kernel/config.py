@@ -175,15 +175,19 @@ class TrainConfig:
                     f"agents[{specs[0].name!r}]: rollout.temperature must be > 0 for training "
                     "(greedy has no policy); freeze the agent (trainable: false) to sample greedily"
                 )
-            if self.ray.enabled and settings.backend != "torch":
-                raise ValueError(
-                    f"agents[{specs[0].name!r}]: ray.enabled trains with the torch backend "
-                    f"only, got backend {settings.backend!r}"
-                )
-            if settings.backend == "megatron" and len(groups) > 1:
+            if self.ray.enabled and settings.backend == "megatron":
+                ranks = specs[0].resources.get("train_gpus") or self.ray.ranks
+                tp, pp = settings.trainer.tensor_parallel, settings.trainer.pipeline_parallel
+                if ranks % (tp * pp):
+                    raise ValueError(
+                        f"agents[{specs[0].name!r}]: {ranks} trainer ranks are not divisible by "
+                        f"trainer.tensor_parallel x trainer.pipeline_parallel = {tp} x {pp}"
+                    )
+            if settings.backend == "megatron" and len(groups) > 1 and not self.ray.enabled:
                 raise ValueError(
                     "agents: the megatron backend trains one model per process; give the other "
-                    "agents backend torch or share_model_with, or launch on a cluster"
+                    "agents backend torch or share_model_with, or train on Ray (ray.enabled, "
+                    "or kernel launch): each model's ranks are processes of their own there"
                 )
         if self.max_staleness < 0 or self.save_every < 0 or self.max_refill_rounds < 0:
             raise ValueError("max_staleness, save_every and max_refill_rounds must be >= 0")

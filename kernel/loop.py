@@ -54,7 +54,7 @@ from kernel.metrics import MetricsLogger, mean
 from kernel.models import load_tokenizer, materialize_model
 from kernel.rollout import GroupResult, RolloutManager, RolloutStats
 from kernel.sample import Sample, Status
-from kernel.sync.push import WeightSync
+from kernel.sync.push import SyncConfig, WeightSync
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -91,13 +91,19 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
-def train(cfg: TrainConfig, on_step: Callable[[dict], None] | None = None) -> list[dict]:
-    """Run ``cfg``; returns the metrics rows of the steps it ran."""
+def train(
+    cfg: TrainConfig,
+    on_step: Callable[[dict], None] | None = None,
+    placement: dict[str, Any] | None = None,
+) -> list[dict]:
+    """Run ``cfg``; returns the metrics rows of the steps it ran. ``placement`` (from
+    ``kernel launch``, kernel.cluster.run.ModelPlacement per owner agent) puts each model's
+    Ray trainer ranks on planned nodes and GPUs, and says which models are colocated."""
     cfg.validate()
-    return asyncio.run(_train(cfg, on_step))
+    return asyncio.run(_train(cfg, on_step, placement or {}))
 
 
-async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> list[dict]:
+async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[dict]:
     # Everything that can fail cheaply fails first: hooks, recipe config, data rows.
     generate = load_generate(cfg.generate_fn or f"recipes.{cfg.recipe}.generate.generate")
     reward = load_reward(cfg.reward_fn or f"recipes.{cfg.recipe}.reward.reward")
@@ -122,7 +128,7 @@ async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> li
             import ray
 
             stack.callback(ray.shutdown)
-        models = _build_models(cfg, out)
+        models = _build_models(cfg, out, placement)
         start = 0
         if ckpt is not None:
             state = json.loads((ckpt / "state.json").read_text())
@@ -145,7 +151,7 @@ async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> li
                 m.pool.wait_healthy()
                 m.generators, m.clients = m.pool.clients()
                 temperature = cfg.agent_rollout(m.agents[0]).temperature  # the trainer's
-                m.sync = WeightSync(cfg.sync, m.clients, out / "sync" / m.owner, temperature)
+                m.sync = WeightSync(m.sync_config, m.clients, out / "sync" / m.owner, temperature)
             agents = {}
             for m in models:
                 for spec in m.agents:
@@ -195,12 +201,11 @@ async def _train(cfg: TrainConfig, on_step: Callable[[dict], None] | None) -> li
                     adv_metrics = compute_advantages(samples, cfg.advantage)
 
                     # 4. train each model due this step on the samples of the agents it plays (off
-                    # the event loop, so an async rollout keeps going; models train concurrently)
+                    # the event loop, so an async rollout keeps going; models train concurrently;
+                    # colocated engines give their GPU memory up meanwhile)
                     due = [m for m in models if m.trains_at(step)]
                     t0 = time.perf_counter()
-                    train_metrics = await asyncio.gather(
-                        *(asyncio.to_thread(m.trainer.train_step, m.own(samples)) for m in due)
-                    )
+                    train_metrics = await asyncio.gather(*(m.train_step(samples) for m in due))
                     train_s = time.perf_counter() - t0
 
                     # 5. weight sync of the models that trained, and of engines restarted after a
@@ -271,6 +276,8 @@ class Model:
     version: int = 0
     generators: list = field(default_factory=list)
     clients: list = field(default_factory=list)
+    sync_config: SyncConfig = field(default_factory=SyncConfig)  # transport, buckets, check
+    colocate: bool = False  # engines on the trainer's GPUs (kernel launch)
 
     @property
     def trained(self) -> set[str]:
@@ -283,9 +290,22 @@ class Model:
     def own(self, samples: list[Sample]) -> list[Sample]:
         return [s for s in samples if s.agent in self.trained]
 
+    async def train_step(self, samples: list[Sample]) -> dict[str, float]:
+        """One optimiser step on this model's samples, off the event loop. Colocated engines
+        release their memory (weights and KV cache) for it and resume it after; the weight sync
+        that follows gives them the new weights before they generate again."""
+        if not self.colocate:
+            return await asyncio.to_thread(self.trainer.train_step, self.own(samples))
+        await asyncio.gather(*(c.release_memory_occupation() for c in self.clients))
+        try:
+            return await asyncio.to_thread(self.trainer.train_step, self.own(samples))
+        finally:
+            await asyncio.gather(*(c.resume_memory_occupation() for c in self.clients))
 
-def _build_models(cfg: TrainConfig, out: Path) -> list[Model]:
-    """A tokenizer, engine pool and (if any agent of it trains) trainer per model."""
+
+def _build_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> list[Model]:
+    """A tokenizer, engine pool and (if any agent of it trains) trainer per model, placed as
+    ``placement`` says for the owners it names."""
     models = []
     for i, specs in enumerate(model_groups(cfg.agent_specs()).values()):
         settings = cfg.model_settings(specs[0])
@@ -293,7 +313,11 @@ def _build_models(cfg: TrainConfig, out: Path) -> list[Model]:
         logs = out / "logs" / specs[0].name
         pool = EnginePool(settings.engine, path, logs, seed=cfg.seed + 1000 * i)
         tokenizer = load_tokenizer(specs[0].tokenizer or path)
-        model = Model(specs[0].name, specs, settings, tokenizer, pool)
+        model = Model(specs[0].name, specs, settings, tokenizer, pool, sync_config=cfg.sync)
+        where = placement.get(model.owner)
+        if where is not None:
+            model.colocate = where.colocate
+            model.sync_config = replace(cfg.sync, transport=where.sync_transport)
         if model.trained:
             temperature = cfg.agent_rollout(specs[0]).temperature
             trainer_cfg = replace(settings.trainer, temperature=temperature)
@@ -301,13 +325,16 @@ def _build_models(cfg: TrainConfig, out: Path) -> list[Model]:
             if cfg.ray.enabled:
                 from kernel.cluster.ray_group import RayTrainerGroup
 
-                model.trainer = RayTrainerGroup(
-                    specs[0].name,
-                    *args,
-                    world_size=specs[0].resources.get("train_gpus") or cfg.ray.ranks,
-                    num_cpus=cfg.ray.num_cpus_per_rank,
-                    num_gpus=cfg.ray.num_gpus_per_rank,
+                options = (
+                    where.trainer_options
+                    if where
+                    else {
+                        "world_size": specs[0].resources.get("train_gpus") or cfg.ray.ranks,
+                        "num_cpus": cfg.ray.num_cpus_per_rank,
+                        "num_gpus": cfg.ray.num_gpus_per_rank,
+                    }
                 )
+                model.trainer = RayTrainerGroup(specs[0].name, *args, **options)
                 models.append(model)
                 continue
             if settings.backend == "megatron":

@@ -17,7 +17,9 @@ left empty, every group takes an even share of the GPUs, half to train and half 
 
 ``make_plan`` validates everything a launch would trip on later, with errors naming the agent and
 field; ``Plan.table()`` renders it for ``kernel launch --dry-run`` and ``Plan.to_dict()`` as JSON.
-Nothing here imports Ray, SGLang or touches a GPU.
+Nothing here imports Ray, SGLang or touches a GPU; ``kernel.cluster.run.run_plan`` runs a plan on
+Ray (``kernel launch`` without --dry-run), with ``ClusterConfig.engine_server`` choosing what the
+engines run.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ from pathlib import Path
 from typing import Any
 
 from kernel.agents import AgentSpec, agent_specs, model_groups
+
+ENGINE_SERVERS = ("auto", "sglang", "embedded")
 
 
 @dataclass
@@ -99,6 +103,14 @@ class ClusterConfig:
     """Port of the first router's Prometheus exporter (node 0); one more per model."""
     master_base_port: int = 29500
     """torch.distributed rendezvous port of the first trainer (on its rank 0's node)."""
+    engine_server: str = "auto"
+    """What each planned engine runs: sglang (python -m sglang.launch_server, GPU nodes),
+    embedded (python -m kernel.engine.serve, the kernel's own server: CPU, tests) or auto
+    (sglang when the Ray cluster has GPUs, embedded without)."""
+    sglang_args: list[str] = field(default_factory=list)
+    """More flags for every sglang.launch_server, passed verbatim (e.g. --dtype bfloat16)."""
+    startup_timeout_s: float = 600.0
+    """How long an engine or router may take to answer /health after it is started."""
 
     def validate(self) -> ClusterConfig:
         """Raise ValueError naming the first field with a bad value."""
@@ -106,6 +118,12 @@ class ClusterConfig:
             raise ValueError(f"cluster.nodes must be >= 1, got {self.nodes}")
         if self.gpus_per_node < 1:
             raise ValueError(f"cluster.gpus_per_node must be >= 1, got {self.gpus_per_node}")
+        if self.engine_server not in ENGINE_SERVERS:
+            raise ValueError(
+                f"cluster.engine_server must be one of {ENGINE_SERVERS}, got {self.engine_server!r}"
+            )
+        if self.startup_timeout_s <= 0:
+            raise ValueError(f"cluster.startup_timeout_s must be > 0, got {self.startup_timeout_s}")
         for f in fields(self):
             if f.name.endswith("_port") and not 0 < getattr(self, f.name) < 65536:
                 raise ValueError(

@@ -1,11 +1,14 @@
-"""A trainer group on Ray: N actors, each one torch.distributed rank holding a TorchTrainer.
+"""A trainer group on Ray: N actors, each one torch.distributed rank holding a trainer.
 
 ``RayTrainerGroup`` has the surface of ``TorchTrainer`` that the training loop and WeightSync
 use -- ``train_step``, ``compute_logprobs``, ``named_parameters_for_sync``, ``save``, ``load``,
 ``save_hf``, ``close`` -- so it can stand in for one. Rank 0 picks the rendezvous address (its
-node's IP and a free port); the ranks form one process group (gloo on CPU, NCCL on GPUs) and,
-with more than one rank, the TorchTrainer shards the model with FSDP2. A global batch is split
-with ``kernel.train.batching.shard_samples`` here, so each actor receives only its own share.
+node's IP and a free port); the ranks form one process group (gloo on CPU, NCCL on GPUs). The
+trainer config's type picks the backend: a ``TorchTrainerConfig`` gives each rank a TorchTrainer
+(FSDP2 shards the model over the ranks), a ``MegatronTrainerConfig`` a MegatronTrainer (tensor x
+pipeline x data parallel over the ranks, from its sizes). A global batch is split over the
+data-parallel replicas with ``kernel.train.batching.shard_samples`` here, so each actor receives
+only its replica's share (every TP/PP rank of a Megatron replica the same one).
 
 Faults: every call waits on the ranks as they finish, so a rank whose process died is seen at
 once (Ray reports ``RayActorError``) instead of waiting on the survivors, which would block in a
@@ -87,9 +90,11 @@ class TrainerDied(RuntimeError):
 class TrainerRankActor:
     """The body of one Ray actor: one rank of the group (wrapped by ``ray.remote`` at use)."""
 
-    def __init__(self, rank: int, world_size: int):
+    def __init__(self, rank: int, world_size: int, gpu: int | None = None):
         self.rank, self.world_size = rank, world_size
         self.trainer = None
+        if gpu is not None:  # the planned GPU, before CUDA starts (Ray's own pick is ignored)
+            os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
 
     def address(self) -> tuple[str, int]:
         """This node's IP and a port free on it: the group's rendezvous (asked of rank 0)."""
@@ -100,10 +105,14 @@ class TrainerRankActor:
         ip = ray.util.get_node_ip_address()
         return ip, free_port(ip)
 
-    def setup(self, master: tuple[str, int], backend: str, timeout_s: float, *trainer_args) -> int:
-        """Join the process group and build the TorchTrainer; returns this process's PID."""
+    def setup(
+        self, master: tuple[str, int], backend: str | None, timeout_s: float, *trainer_args
+    ) -> tuple[int, int, int]:
+        """Join the process group and build the trainer (TorchTrainer, or MegatronTrainer for a
+        MegatronTrainerConfig); returns this process's PID and its data-parallel rank and size."""
         import torch.distributed as dist
 
+        from kernel.train.megatron_backend import MegatronTrainer, MegatronTrainerConfig
         from kernel.train.torch_backend import TorchTrainer
 
         os.environ.update(
@@ -114,14 +123,17 @@ class TrainerRankActor:
             LOCAL_RANK="0",  # Ray gives each GPU actor its own CUDA_VISIBLE_DEVICES: one device
         )
         if self.world_size > 1:
+            import torch
+
             dist.init_process_group(
-                backend,
+                backend or ("nccl" if torch.cuda.is_available() else "gloo"),
                 rank=self.rank,
                 world_size=self.world_size,
                 timeout=timedelta(seconds=timeout_s),
             )
-        self.trainer = TorchTrainer(*trainer_args)
-        return os.getpid()
+        megatron = isinstance(trainer_args[3], MegatronTrainerConfig)
+        self.trainer = (MegatronTrainer if megatron else TorchTrainer)(*trainer_args)
+        return os.getpid(), self.trainer.rank, self.trainer.world_size
 
     def train_step(self, samples: list[Sample]) -> dict[str, float]:
         return self.trainer.train_step(samples)
@@ -148,10 +160,13 @@ class TrainerRankActor:
 class RayTrainerGroup:
     """``world_size`` Ray actors training one model together; see the module docstring.
 
-    ``optim``, ``loss``, ``cfg`` and ``total_steps`` are those of ``TorchTrainer``.
-    ``num_cpus`` / ``num_gpus`` are each actor's Ray resource request (a GPU actor gets its own
-    GPU and NCCL; CPU actors use gloo); ``scheduling`` is an optional list of one Ray
-    scheduling strategy per rank (e.g. NodeAffinitySchedulingStrategy from a Plan's ranks).
+    ``optim``, ``loss``, ``cfg`` and ``total_steps`` are those of ``TorchTrainer`` (or of
+    ``MegatronTrainer``, when ``cfg`` is a MegatronTrainerConfig).
+    ``num_cpus`` / ``num_gpus`` are each actor's Ray resource request; ``backend`` is the
+    process group's (None: NCCL where a rank sees CUDA, gloo elsewhere); ``scheduling`` is an
+    optional list of one Ray
+    scheduling strategy per rank (e.g. NodeAffinitySchedulingStrategy from a Plan's ranks) and
+    ``gpus`` the GPU index on its node each rank must use (its CUDA_VISIBLE_DEVICES).
     """
 
     def __init__(
@@ -168,6 +183,7 @@ class RayTrainerGroup:
         backend: str | None = None,
         scheduling: list | None = None,
         timeout_s: float = 1800.0,
+        gpus: list[int] | None = None,
     ):
         import ray
 
@@ -175,11 +191,12 @@ class RayTrainerGroup:
             raise ValueError(f"world_size must be >= 1, got {world_size}")
         if scheduling is not None and len(scheduling) != world_size:
             raise ValueError(f"scheduling has {len(scheduling)} entries, world_size {world_size}")
+        if gpus is not None and len(gpus) != world_size:
+            raise ValueError(f"gpus has {len(gpus)} entries, world_size {world_size}")
         if not ray.is_initialized():
             raise RuntimeError("RayTrainerGroup needs Ray: call ray.init(...) first")
         self.agent, self.world_size, self.rank = agent, world_size, 0
         self.step = 0
-        backend = backend or ("nccl" if num_gpus > 0 else "gloo")
         remote = ray.remote(TrainerRankActor)
         self.actors = [
             remote.options(
@@ -187,18 +204,20 @@ class RayTrainerGroup:
                 num_gpus=num_gpus,
                 max_restarts=0,  # a dead rank breaks the process group: fail, do not restart
                 **({"scheduling_strategy": scheduling[r]} if scheduling else {}),
-            ).remote(r, world_size)
+            ).remote(r, world_size, gpus[r] if gpus else None)
             for r in range(world_size)
         ]
         try:
             (master,) = self._gather([self.actors[0].address.remote()], ranks=[0])
             args = (model_path, optim, loss, cfg, total_steps)
-            self.pids = self._gather(
+            ranks = self._gather(
                 [a.setup.remote(master, backend, timeout_s, *args) for a in self.actors]
             )
         except BaseException:
             self.close()
             raise
+        self.pids = [pid for pid, _, _ in ranks]
+        self.replicas = [(dp_rank, dp_size) for _, dp_rank, dp_size in ranks]
 
     # ---------------------------------------------------------------- calls to every rank
 
@@ -220,10 +239,31 @@ class RayTrainerGroup:
             except RayActorError as e:
                 self.close()
                 raise TrainerDied(self.agent, rank, type(e).__name__) from e
-            except BaseException:
+            except BaseException as e:
+                # A rank whose peer died mid-collective fails first ("connection reset"): name
+                # the dead peer if Ray reports one within a few seconds, not the survivor.
+                dead = self._dead_rank(pending, rank_of)
                 self.close()  # the other ranks may be stuck in a collective with this one
+                if dead is not None:
+                    raise TrainerDied(self.agent, dead, "a collective with it failed") from e
                 raise
         return [results[r] for r in ranks]
+
+    @staticmethod
+    def _dead_rank(pending: list, rank_of: dict, wait_s: float = 5.0) -> int | None:
+        """The rank of a call in ``pending`` whose actor is dead, if Ray says so in ``wait_s``."""
+        import ray
+        from ray.exceptions import RayActorError
+
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=wait_s)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except RayActorError:
+                return rank_of[ref]
+            except BaseException:  # a survivor's own collective error
+                continue
+        return None
 
     def _all(self, method: str, *args) -> list:
         if not self.actors:
@@ -233,13 +273,13 @@ class RayTrainerGroup:
     # ---------------------------------------------------------------- TorchTrainer's surface
 
     def train_step(self, samples: list[Sample]) -> dict[str, float]:
-        """One optimiser update on a global batch: each rank trains on its shard (balanced by
-        tokens); returns rank 0's metrics, which are global."""
+        """One optimiser update on a global batch: each data-parallel replica trains on its
+        shard (balanced by tokens); returns rank 0's metrics, which are global."""
         if not self.actors:
             raise RuntimeError(f"the trainer group of agent {self.agent!r} is closed")
         refs = [
-            a.train_step.remote(shard_samples(samples, r, self.world_size))
-            for r, a in enumerate(self.actors)
+            a.train_step.remote(shard_samples(samples, dp_rank, dp_size))
+            for a, (dp_rank, dp_size) in zip(self.actors, self.replicas, strict=True)
         ]
         metrics = self._gather(refs)[0]
         self.step = int(metrics.get("step", self.step))
@@ -275,29 +315,3 @@ class RayTrainerGroup:
         self.actors = []
 
     shutdown = close
-
-
-def run_plan(cfg, plan) -> None:
-    """Run a placed plan on Ray (``kernel launch`` without --dry-run).
-
-    Joins (``cluster.address``) or starts Ray and checks that it has the nodes and GPUs the plan
-    needs. Starting SGLang engines and routers on the planned GPUs and handing RayTrainerGroups
-    to the training loop is not wired yet: that stops here with NotImplementedError.
-    """
-    import ray
-
-    if not ray.is_initialized():
-        ray.init(address=plan.cluster.address or "local", include_dashboard=False)
-    nodes = [n for n in ray.nodes() if n.get("Alive")]
-    gpus = sorted((int(n["Resources"].get("GPU", 0)) for n in nodes), reverse=True)
-    need = plan.cluster.gpus_per_node
-    if len(nodes) < plan.cluster.nodes or any(g < need for g in gpus[: plan.cluster.nodes]):
-        raise ValueError(
-            f"the Ray cluster has {len(nodes)} node(s) with GPUs {gpus}, but the plan needs "
-            f"cluster.nodes={plan.cluster.nodes} with cluster.gpus_per_node={need} each"
-        )
-    raise NotImplementedError(
-        "kernel launch without --dry-run: the plan fits this Ray cluster, but starting SGLang "
-        "engines on the planned GPUs and training with RayTrainerGroups is not wired into the "
-        "training loop yet (issue 9); run `kernel train` per node meanwhile"
-    )

@@ -314,6 +314,21 @@ class EngineClient:
     async def flush_cache(self) -> None:
         await self.request("POST", "/flush_cache")
 
+    # ---- memory occupation (colocated training) --------------------------------------------
+
+    async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Make the engine give up its GPU memory -- ``tags`` ``weights`` and/or ``kv_cache``,
+        None: all -- while its GPUs train (SGLang needs ``--enable-memory-saver``). Generation
+        fails until ``resume_memory_occupation``. Not retried: a second release is an error."""
+        body = {} if tags is None else {"tags": list(tags)}
+        await self._json("POST", "/release_memory_occupation", body, retry=False)
+
+    async def resume_memory_occupation(self, tags: list[str] | None = None) -> None:
+        """Take the released memory back (None: all of it). Resumed weights are not the old
+        ones (SGLang keeps them only with ``--enable-weights-cpu-backup``): update them next."""
+        body = {} if tags is None else {"tags": list(tags)}
+        await self._json("POST", "/resume_memory_occupation", body, retry=False)
+
     # ---- health and info -------------------------------------------------------------------
 
     async def health(self) -> bool:

@@ -8,6 +8,7 @@ name. Used by tests, benchmarks and local launch scripts.
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -47,12 +48,24 @@ class LaunchedProcess:
     _log_file: object = field(default=None, repr=False)
 
     @classmethod
-    def start(cls, name: str, url: str, command: list[str], log_path: str | Path):
+    def start(
+        cls,
+        name: str,
+        url: str,
+        command: list[str],
+        log_path: str | Path,
+        env: dict[str, str] | None = None,
+    ):
+        """Start ``command`` (with ``env`` added to this process's environment)."""
         log_path = Path(log_path)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         log_file = log_path.open("ab")
         popen = subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT, preexec_fn=_die_with_parent
+            command,
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+            env={**os.environ, **env} if env else None,
         )
         return cls(name, url, popen, log_path, log_file)
 

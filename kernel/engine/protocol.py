@@ -198,6 +198,14 @@ class DestroyWeightsUpdateGroupRequest(_Lenient):
     group_name: str = "weight_update_group"
 
 
+class MemoryOccupationRequest(_Lenient):
+    """Body of /release_memory_occupation and /resume_memory_occupation (SGLang's
+    ``ReleaseMemoryOccupationReqInput`` / ``ResumeMemoryOccupationReqInput``)."""
+
+    tags: list[str] | None = None
+    """Which memory: ``weights``, ``kv_cache``; None: all (resume: all that are released)."""
+
+
 class SuccessResponse(BaseModel):
     success: bool
     message: str

@@ -18,7 +18,12 @@ Where it differs from SGLang, on purpose:
 - ``/flush_cache`` has no prefix cache to drop: it answers 200 and changes nothing;
 - ``/v1/loads`` also reports ``num_finished_reqs`` and ``num_aborted_reqs`` (served so far);
 - weight versions are strings as in SGLang; an update that names none counts an integer
-  version up ("0" -> "1").
+  version up ("0" -> "1");
+- ``/release_memory_occupation`` (tags ``weights``, ``kv_cache``; none: both) needs an idle
+  engine: ``weights`` frees every parameter's storage, ``kv_cache`` has nothing to free (KV
+  caches live per running request here). While anything is released, generation answers 503.
+  ``/resume_memory_occupation`` re-allocates the weights as zeros -- SGLang without
+  ``--enable-weights-cpu-backup`` leaves them undefined too -- so a weight update must follow.
 """
 
 from __future__ import annotations
@@ -100,6 +105,13 @@ class BadInput(ValueError):
     """A request the server understood but cannot serve: HTTP 400 with this message."""
 
 
+class MemoryReleased(RuntimeError):
+    """Generation while memory is released (colocated training): HTTP 503 with this message."""
+
+
+MEMORY_TAGS = ("weights", "kv_cache")
+
+
 class Engine:
     """What one running server holds: settings, tokenizer, scheduler (and through it the
     model), and the weight-sync groups it has joined."""
@@ -120,6 +132,9 @@ class Engine:
         )
         self.groups: dict[str, Any] = {}
         self.model_name = settings.served_model_name or settings.model
+        self.released: set[str] = set()  # memory tags given up by /release_memory_occupation
+        self._released_shapes: dict[str, Any] = {}  # parameter name -> shape, while released
+        self.memory_stats = {"num_memory_releases": 0, "num_memory_resumes": 0}
 
     @classmethod
     def load(cls, settings: ServerConfig) -> Engine:
@@ -146,11 +161,58 @@ class Engine:
             destroy_custom_process_group(group)
         self.groups.clear()
 
+    # ---- memory occupation (colocated training; on the worker thread) --------------------
+
+    def release_memory(self, tags: list[str] | None) -> list[str]:
+        """Give up the memory ``tags`` name (None: all); returns every tag now released."""
+        import torch
+
+        tags = _memory_tags(tags)
+        load = self.scheduler.load()
+        busy = load["num_running_reqs"] + load["num_waiting_reqs"]
+        if busy:
+            raise BadInput(
+                f"{busy} requests are in flight: release memory only when the engine is idle "
+                "(after the rollout, or /pause_generation with mode abort)"
+            )
+        if "weights" in tags and "weights" not in self.released:
+            for name, p in self.model.named_parameters():  # tied weights are listed once
+                self._released_shapes[name] = p.shape
+                p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+        self.released |= set(tags)
+        self.memory_stats["num_memory_releases"] += 1
+        return sorted(self.released)
+
+    def resume_memory(self, tags: list[str] | None) -> list[str]:
+        """Take back released memory (None: all released); weights come back as zeros."""
+        import torch
+
+        tags = set(self.released if tags is None else _memory_tags(tags))
+        if tags - self.released:
+            raise BadInput(
+                f"tags: {sorted(tags - self.released)} are not released "
+                f"(released: {sorted(self.released)})"
+            )
+        if "weights" in tags:
+            params = dict(self.model.named_parameters())
+            for name, shape in self._released_shapes.items():
+                p = params[name]
+                p.data = torch.zeros(shape, dtype=p.dtype, device=p.device)
+            self._released_shapes.clear()
+        self.released -= tags
+        self.memory_stats["num_memory_resumes"] += 1
+        return sorted(self.released)
+
     # ---- /generate -------------------------------------------------------------------------
 
     def build_requests(self, req: P.GenerateRequest) -> tuple[list[EngineRequest], bool]:
         """Expand a /generate body into one engine request per (prompt, sample); the bool
         says whether the reply is a list (a batch, or n > 1)."""
+        if self.released:
+            raise MemoryReleased(
+                f"memory is released ({', '.join(sorted(self.released))}): POST "
+                "/resume_memory_occupation (and update the weights) before generating"
+            )
         field = "text" if req.text is not None else "input_ids"
         if req.text is not None:
             batched = isinstance(req.text, list)
@@ -195,6 +257,15 @@ class Engine:
                     )
                 )
         return out, batched or len(out) > k
+
+
+def _memory_tags(tags: list[str] | None) -> list[str]:
+    """The tags of a memory-occupation request (None: all), checked."""
+    if tags is None:
+        return list(MEMORY_TAGS)
+    if not tags or set(tags) - set(MEMORY_TAGS):
+        raise BadInput(f"tags: {tags} must be a non-empty subset of {list(MEMORY_TAGS)}")
+    return list(tags)
 
 
 def _per_prompt(name: str, value, k: int) -> list:
@@ -267,6 +338,10 @@ def create_app(settings: ServerConfig) -> FastAPI:
     async def _bad(_: Request, exc: BadInput):
         return _error(400, str(exc))
 
+    @app.exception_handler(MemoryReleased)
+    async def _released(_: Request, exc: MemoryReleased):
+        return _error(503, str(exc))
+
     # ---- generation ------------------------------------------------------------------------
 
     @app.api_route("/generate", methods=["POST", "PUT"])
@@ -324,6 +399,8 @@ def create_app(settings: ServerConfig) -> FastAPI:
     @app.get("/health_generate")
     async def health_generate():
         e = eng()
+        if e.released:
+            return _error(503, f"memory is released ({', '.join(sorted(e.released))})")
         if e.scheduler.paused:
             return {}
         probe = EngineRequest(
@@ -354,6 +431,7 @@ def create_app(settings: ServerConfig) -> FastAPI:
     def server_info() -> dict:
         e = eng()
         state = e.scheduler.stats | e.scheduler.load() | {"paused": e.scheduler.paused}
+        state |= e.memory_stats | {"memory_released": sorted(e.released)}
         return {
             **dataclasses.asdict(e.settings),
             "model_path": e.settings.model,
@@ -429,6 +507,20 @@ def create_app(settings: ServerConfig) -> FastAPI:
     async def continue_generation():
         eng().scheduler.resume()
         return {"message": "Generation continued successfully.", "status": "ok"}
+
+    @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
+    async def release_memory_occupation(body: P.MemoryOccupationRequest | None = None):
+        e = eng()
+        tags = body.tags if body else None
+        released = await asyncio.wrap_future(e.scheduler.call(lambda: e.release_memory(tags)))
+        return _result(True, f"Memory released: {released}.", released=released)
+
+    @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+    async def resume_memory_occupation(body: P.MemoryOccupationRequest | None = None):
+        e = eng()
+        tags = body.tags if body else None
+        released = await asyncio.wrap_future(e.scheduler.call(lambda: e.resume_memory(tags)))
+        return _result(True, f"Memory resumed; still released: {released}.", released=released)
 
     @app.get("/get_weight_version")
     async def get_weight_version():

@@ -130,3 +130,36 @@ def test_group_trains_syncs_engines_and_reports_a_dead_rank(
         assert group.actors == []
     finally:
         group.close()
+
+
+@pytest.mark.parametrize("tensor_parallel", [1, 2])
+def test_megatron_group_of_two_ranks_equals_one_process(local_ray, char_model_dir, tensor_parallel):
+    """A MegatronTrainerConfig makes every rank a MegatronTrainer: at TP=2 the ranks split each
+    layer, at TP=1 they are two data-parallel replicas with a shard of the batch each. Either
+    way one step equals an in-process single-rank MegatronTrainer step on the whole batch."""
+    pytest.importorskip("megatron.core")
+    from kernel.train.megatron_backend import MegatronTrainer, MegatronTrainerConfig
+
+    batch = [sample([10 + i, 20 + i, 30 + i], advantage=a) for i, a in enumerate(ADVANTAGES)]
+    cfg = MegatronTrainerConfig(tensor_parallel=1, max_tokens_per_microbatch=64)
+    ref = MegatronTrainer(char_model_dir, OPTIM, LOSS, cfg, total_steps=1)
+    try:
+        ref_metrics = ref.train_step(batch)
+        ref_weights = dict(ref.named_parameters_for_sync())
+    finally:
+        ref.close()
+
+    cfg = MegatronTrainerConfig(tensor_parallel=tensor_parallel, max_tokens_per_microbatch=64)
+    group = RayTrainerGroup("solver", char_model_dir, OPTIM, LOSS, cfg, 1, world_size=2)
+    try:
+        assert group.replicas == ([(0, 2), (1, 2)] if tensor_parallel == 1 else [(0, 1)] * 2)
+        metrics = group.train_step(batch)
+        weights = dict(group.named_parameters_for_sync())
+    finally:
+        group.close()
+    assert metrics["n_samples"] == 4 and metrics["loss_tokens"] == 12
+    assert abs(metrics["loss"] - ref_metrics["loss"]) < 1e-5
+    assert abs(metrics["grad_norm"] - ref_metrics["grad_norm"]) < 1e-4
+    assert weights.keys() == ref_weights.keys()
+    # Adam moves every weight by ~lr = 0.02; TP's split reductions leave ~1e-5 of it
+    assert max((weights[k] - ref_weights[k]).abs().max().item() for k in weights) < 1e-4

@@ -1,0 +1,292 @@
+"""Run a placed plan on Ray: ``kernel launch`` without --dry-run.
+
+For every model group of the plan (``kernel.cluster.plan``), in this order:
+
+1. its engines: one Ray actor per engine, pinned to the planned node (NodeAffinity), starts the
+   server as a child process with CUDA_VISIBLE_DEVICES = the planned GPUs, bound to the node's
+   IP and the planned port -- real SGLang (``python -m sglang.launch_server --tp-size ETP
+   --mem-fraction-static F``, plus ``--enable-memory-saver`` when colocated) or the kernel's
+   embedded server (``cluster.engine_server``); all engines load at once;
+2. its sglang-router on node 0 at the planned router port, with those engines as workers;
+3. then the training loop (``kernel.loop.train``) runs with ``engine.urls`` = the workers and
+   ``engine.router_url`` = the router of each model, and each trainer a ``RayTrainerGroup``
+   whose ranks sit on the planned node and GPU. Colocated models release their engines' memory
+   for each training step and resume it before the tensor weight sync; disaggregated ones sync
+   by broadcast (``distributed``).
+
+A rank that asks Ray for a GPU gets one (``num_gpus=1``; disaggregated engines ask for their
+``engine_tensor_parallel`` GPUs, colocated ones ask for none: the trainer's ranks hold them), so
+Ray's accounting matches the plan, but which physical GPU a process uses is the plan's, set by
+CUDA_VISIBLE_DEVICES. Plan node k is the k-th alive Ray node (the head first, then by IP).
+
+Everything started here is stopped at the end, on an error or on Ctrl-C: servers by PID (each
+by the actor that started it), then the actors by handle; ``<output_dir>/launch/processes.json``
+lists the server PIDs while they run. Ray is imported inside the functions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sys
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class ModelPlacement:
+    """How the loop places one model (``kernel.loop.train(..., placement={owner: this})``)."""
+
+    trainer_options: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments of its RayTrainerGroup: world_size, scheduling, gpus, num_gpus, ..."""
+    colocate: bool = False
+    """Its engines share the trainer's GPUs: release their memory around each training step."""
+    sync_transport: str = "tensor"
+    """tensor (colocated) or distributed, as planned."""
+
+
+class ServiceActor:
+    """The body of a Ray actor that runs one server process (an engine or a router) on its node
+    and stops it by PID; wrapped by ``ray.remote`` at use."""
+
+    def __init__(self) -> None:
+        self.process = None
+
+    def start(self, name: str, url: str, command: list[str], log_path: str, env: dict) -> int:
+        from kernel.engine.launch import LaunchedProcess
+
+        self.process = LaunchedProcess.start(name, url, command, log_path, env=env)
+        return self.process.pid
+
+    def wait_healthy(self, deadline_s: float) -> None:
+        self.process.wait_healthy(deadline_s)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+
+def run_plan(cfg, plan, on_step=None) -> list[dict]:
+    """Run ``cfg`` on the Ray cluster as ``plan`` places it; returns the loop's metrics rows.
+
+    Joins Ray at ``cluster.address`` (or starts a local one) unless this process already runs
+    it, checks the cluster has the planned nodes and GPUs, starts every engine and router, trains
+    (see the module docstring) and stops all it started, also on errors and Ctrl-C.
+    """
+    from kernel.cluster.ray_group import RayConfig
+
+    started_ray = RayConfig(address=plan.cluster.address or "local").start()
+    services: list = []  # Ray actor handles of engines and routers, stopped in reverse
+    try:
+        nodes, has_gpus = _ray_nodes(plan)
+        server = plan.cluster.engine_server
+        if server == "auto":
+            server = "sglang" if has_gpus else "embedded"
+        cfg = _launch_config(cfg, plan)
+        out = Path(cfg.output_dir)
+        record: dict[str, list] = {"engines": [], "routers": []}
+        engines: dict[str, list[str]] = {}
+        for g in plan.groups:
+            engines[g.owner] = []
+            for e in g.engines:
+                ip, actor = _service(nodes[e.node], 0 if g.colocate else len(e.gpus) * has_gpus)
+                services.append(actor)
+                url = f"http://{ip}:{e.port}"
+                command = _engine_command(server, cfg, g, e, ip, out, plan.cluster.sglang_args)
+                env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, e.gpus))}
+                log = out / "logs" / g.owner / f"engine{e.index}.log"
+                pid = _get(
+                    actor.start.remote(
+                        f"engine {e.index} of {g.owner!r}", url, command, str(log), env
+                    )
+                )
+                engines[g.owner].append(url)
+                record["engines"].append({"owner": g.owner, "url": url, "pid": pid, "node": e.node})
+        _write(out, record)
+        _get([a.wait_healthy.remote(plan.cluster.startup_timeout_s) for a in services])
+        routers = {}
+        for g in plan.groups:
+            routers[g.owner] = _start_router(
+                g, engines[g.owner], nodes[0], out, plan, services, record
+            )
+        _write(out, record)
+
+        from kernel.loop import train
+
+        placement = {g.owner: _placement(cfg, g, nodes, has_gpus) for g in plan.groups if g.trainer}
+        return train(_placed_config(cfg, plan, engines, routers), on_step, placement)
+    finally:
+        _stop(services)
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+def _get(refs):
+    import ray
+
+    return ray.get(refs)
+
+
+def _ray_nodes(plan) -> tuple[list[tuple[str, str]], bool]:
+    """(node id, IP) of plan node 0, 1, ... and whether the cluster has GPUs at all; raises
+    ValueError naming the cluster flags when the Ray cluster is smaller than the plan."""
+    import ray
+
+    alive = [n for n in ray.nodes() if n.get("Alive")]
+    has_gpus = any(n["Resources"].get("GPU", 0) for n in alive)
+    need = plan.cluster.gpus_per_node
+    fit = [n for n in alive if n["Resources"].get("GPU", 0) >= need or not has_gpus]
+    fit.sort(
+        key=lambda n: (
+            "node:__internal_head__" not in n["Resources"],
+            n["NodeManagerAddress"],
+            n["NodeID"],
+        )
+    )
+    if len(fit) < plan.cluster.nodes:
+        gpus = sorted((int(n["Resources"].get("GPU", 0)) for n in alive), reverse=True)
+        raise ValueError(
+            f"the Ray cluster has {len(alive)} node(s) with GPUs {gpus}, but the plan needs "
+            f"cluster.nodes={plan.cluster.nodes} with cluster.gpus_per_node={need} each"
+        )
+    return [(n["NodeID"], n["NodeManagerAddress"]) for n in fit[: plan.cluster.nodes]], has_gpus
+
+
+def _launch_config(cfg, plan):
+    """``cfg`` with Ray training on, checked against what a launched run cannot do."""
+    for g in plan.groups:
+        if g.colocate and cfg.async_mode:
+            raise ValueError(
+                f"agents[{g.owner!r}].resources.colocate: async_mode overlaps rollout and "
+                "training, but colocated engines give their memory up while the model trains; "
+                "turn one of them off"
+            )
+    return replace(cfg, ray=replace(cfg.ray, enabled=True)).validate()
+
+
+def _service(node: tuple[str, str], num_gpus: int):
+    """A ServiceActor on ``node`` (reserving ``num_gpus`` of Ray's GPUs); (node IP, handle)."""
+    import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    node_id, ip = node
+    actor = (
+        ray.remote(ServiceActor)
+        .options(
+            num_cpus=0,
+            num_gpus=num_gpus,
+            max_restarts=0,
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False),
+        )
+        .remote()
+    )
+    return ip, actor
+
+
+def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args) -> list[str]:
+    """The command line of engine ``e`` of group ``g``: real SGLang or the embedded server."""
+    from kernel.models import materialize_model
+
+    owner = next(s for s in cfg.agent_specs() if s.name == g.owner)
+    settings = cfg.model_settings(owner)
+    model = materialize_model(settings.model, out / "models")
+    if server == "sglang":
+        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model]
+        cmd += ["--host", ip, "--port", str(e.port), "--tp-size", str(g.engine_tensor_parallel)]
+        cmd += ["--mem-fraction-static", str(g.mem_fraction_static)]
+        if g.colocate:  # /release_memory_occupation needs it
+            cmd += ["--enable-memory-saver"]
+        return cmd + list(sglang_args)
+    from kernel.engine.serve import server_command
+    from kernel.engine.server import ServerConfig
+
+    eng = settings.engine
+    config = ServerConfig(
+        model=model,
+        host=ip,
+        port=e.port,
+        device=eng.device,
+        max_batch_size=eng.max_batch_size,
+        num_threads=eng.num_threads,
+        seed=cfg.seed + e.index,
+    )
+    return server_command(config.validate())
+
+
+def _start_router(g, urls, node, out: Path, plan, services: list, record: dict) -> str:
+    """Group ``g``'s sglang-router on plan node 0, with its engines registered; its URL."""
+    from kernel.engine.router import RouterConfig, wait_for_workers
+
+    ip, actor = _service(node, 0)
+    services.append(actor)
+    config = RouterConfig(
+        host=ip,
+        port=g.router_port,
+        worker_urls=urls,
+        policy="round_robin",
+        prometheus_port=g.metrics_port,
+    ).validate()
+    log = out / "logs" / g.owner / "router.log"
+    pid = _get(
+        actor.start.remote(f"router of {g.owner!r}", config.url, config.command(), str(log), {})
+    )
+    record["routers"].append({"owner": g.owner, "url": config.url, "pid": pid, "node": 0})
+    _get(actor.wait_healthy.remote(plan.cluster.startup_timeout_s))
+    wait_for_workers(config.url, len(urls), plan.cluster.startup_timeout_s)
+    return config.url
+
+
+def _placement(cfg, g, nodes, has_gpus: bool) -> ModelPlacement:
+    """Group ``g``'s trainer ranks as RayTrainerGroup options, its colocation and sync."""
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    owner = next(s for s in cfg.agent_specs() if s.name == g.owner)
+    device = getattr(cfg.model_settings(owner).trainer, "device", None)  # megatron: none
+    options = {
+        "world_size": len(g.trainer),
+        "scheduling": [
+            NodeAffinitySchedulingStrategy(nodes[r.node][0], soft=False) for r in g.trainer
+        ],
+        "gpus": [r.gpu for r in g.trainer],
+        "num_cpus": cfg.ray.num_cpus_per_rank,
+        "num_gpus": 1 if has_gpus else 0,
+        "backend": "gloo" if device == "cpu" else None,  # None: each rank's CUDA decides
+    }
+    return ModelPlacement(options, g.colocate, g.sync_transport)
+
+
+def _placed_config(cfg, plan, engines: dict[str, list[str]], routers: dict[str, str]):
+    """``cfg`` whose model owners use the started engines (``engine.urls``) and router, and
+    whose Megatron trainers take the plan's tensor- and pipeline-parallel sizes."""
+    groups = {g.owner: g for g in plan.groups}
+    agents = []
+    for spec in cfg.agent_specs():
+        if spec.name in engines:
+            started = {"urls": engines[spec.name], "router_url": routers[spec.name]}
+            spec = replace(spec, engine={**spec.engine, **started, "start_router": False})
+        g = groups.get(spec.name)
+        if g is not None and g.backend == "megatron":
+            sizes = {"tensor_parallel": g.tensor_parallel, "pipeline_parallel": g.pipeline_parallel}
+            spec = replace(spec, trainer={**spec.trainer, **sizes})
+        agents.append(spec)
+    return replace(cfg, agents=agents).validate()
+
+
+def _write(out: Path, record: dict) -> None:
+    path = out / "launch" / "processes.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1))
+
+
+def _stop(services: list) -> None:
+    """Stop every server (its actor ends it by PID), routers first, then kill the actors."""
+    import ray
+
+    for actor in reversed(services):
+        # an actor already gone took its server with it (SIGTERM on the parent's death)
+        with contextlib.suppress(Exception):
+            ray.get(actor.stop.remote(), timeout=60)
+        ray.kill(actor, no_restart=True)

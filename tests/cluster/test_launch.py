@@ -1,0 +1,200 @@
+"""``kernel launch`` without --dry-run, on a local Ray cluster that declares fake GPUs: the toy
+task runs on a placed plan -- a trainer of two Ray actors (gloo) on its planned GPUs, two embedded
+engines started by Ray actors on their planned ports behind the real sglang-router on its planned
+port. Disaggregated (distributed weight sync): each step's weights reach both engines. Colocated
+(tensor sync): the engines release their memory for every training step and resume it, and what
+they generate afterwards carries the trainer's logprobs. A Megatron trainer gets the plan's
+tensor-parallel size. Afterwards every process the launch started -- engines, routers, their
+actors, the trainer ranks -- is gone."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kernel.cluster.plan import ClusterConfig, make_plan
+from kernel.cluster.run import run_plan
+from kernel.config import load_train_config
+from kernel.engine.launch import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+TOY = ROOT / "kernel" / "presets" / "toy.yaml"
+STEPS = 3
+
+
+@pytest.fixture(scope="module")
+def fake_gpu_ray():
+    """A local Ray cluster on 127.0.0.1 (auth off) that declares 4 GPUs it does not have."""
+    import ray
+
+    old = os.environ.get("RAY_AUTH_MODE")
+    os.environ["RAY_AUTH_MODE"] = "disabled"
+    ray.init(
+        address="local",
+        include_dashboard=False,
+        num_cpus=2,
+        num_gpus=4,
+        _node_ip_address="127.0.0.1",
+        log_to_driver=False,
+    )
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+        if old is None:
+            os.environ.pop("RAY_AUTH_MODE", None)
+        else:
+            os.environ["RAY_AUTH_MODE"] = old
+
+
+def toy(tmp_path, resources: dict, backend: str = "torch"):
+    agents = json.dumps([{"name": "default", "backend": backend, "resources": resources}])
+    flags = [
+        f"--output_dir={tmp_path}",
+        f"--num_steps={STEPS}",
+        f"--agents={agents}",
+        "--data.prompts_per_step=2",
+        "--trainer.device=cpu",
+        "--engine.max_batch_size=16",
+    ]
+    return load_train_config(flags, yaml_path=TOY)
+
+
+def cluster(gpus: int) -> ClusterConfig:
+    return ClusterConfig(
+        nodes=1,
+        gpus_per_node=gpus,
+        engine_server="embedded",
+        router_base_port=free_port(),
+        metrics_base_port=free_port(),
+        engine_base_port=free_port(),  # the second engine takes the next port
+        startup_timeout_s=180,
+    )
+
+
+def started(tmp_path) -> dict:
+    return json.loads((tmp_path / "launch" / "processes.json").read_text())
+
+
+def _server_state(url: str) -> dict:
+    return httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _actor_pids() -> list[int]:
+    """PIDs of live Ray worker processes of this launch's actor classes."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if ("ServiceActor" in cmd or "TrainerRankActor" in cmd) and _alive(int(proc.name)):
+            found.append(int(proc.name))
+    return found
+
+
+def check_all_stopped(tmp_path) -> None:
+    procs = started(tmp_path)
+    pids = [p["pid"] for p in procs["engines"] + procs["routers"]]
+    assert [pid for pid in pids if _alive(pid)] == []  # stopped by PID before run_plan returns
+    end = time.monotonic() + 20  # ray.kill returns before the actor's process has exited
+    while _actor_pids() and time.monotonic() < end:
+        time.sleep(0.2)
+    assert _actor_pids() == []
+
+
+def test_launch_disaggregated_trains_on_ray_ranks_and_syncs_both_engines(tmp_path, fake_gpu_ray):
+    cfg = toy(tmp_path, {"train_gpus": 2, "infer_gpus": 2})
+    plan = make_plan(cfg, cluster(4))
+    (g,) = plan.groups
+    assert [r.gpu for r in g.trainer] == [0, 1] and [e.gpus for e in g.engines] == [[2], [3]]
+    assert g.sync_transport == "distributed"
+    versions, routed = [], []
+
+    def on_step(row):
+        procs = started(tmp_path)
+        urls = [e["url"] for e in procs["engines"]]
+        assert [int(u.rsplit(":", 1)[1]) for u in urls] == [e.port for e in g.engines]  # planned
+        versions.append(
+            [httpx.get(f"{u}/get_weight_version").json()["weight_version"] for u in urls]
+        )
+        (router,) = procs["routers"]
+        assert router["url"].endswith(f":{g.router_port}")
+        workers = httpx.get(f"{router['url']}/workers").json()["workers"]
+        routed.append(sorted(w["url"] for w in workers) == sorted(urls))
+        assert len(_actor_pids()) == 2 + 2 + 1  # trainer ranks, engine actors, router actor
+
+    rows = run_plan(cfg, plan, on_step=on_step)
+    assert [r["step"] for r in rows] == list(range(STEPS))
+    assert [r["weight_version"] for r in rows] == list(range(1, STEPS + 1))
+    assert versions == [[str(s + 1)] * 2 for s in range(STEPS)]  # both engines, every step
+    assert routed == [True] * STEPS  # the router serves both engines throughout
+    assert all(r["staleness/dropped"] == 0 for r in rows)
+    check_all_stopped(tmp_path)
+
+
+def test_launch_colocated_releases_and_resumes_engine_memory_around_training(
+    tmp_path, fake_gpu_ray
+):
+    cfg = toy(tmp_path, {"train_gpus": 2, "colocate": True})
+    plan = make_plan(cfg, cluster(2))
+    (g,) = plan.groups
+    assert [e.gpus for e in g.engines] == [[0], [1]] and g.sync_transport == "tensor"
+    counts = []
+
+    def on_step(row):
+        states = [_server_state(e["url"]) for e in started(tmp_path)["engines"]]
+        counts.append(
+            [
+                (s["num_memory_releases"], s["num_memory_resumes"], s["memory_released"])
+                for s in states
+            ]
+        )
+
+    rows = run_plan(cfg, plan, on_step=on_step)
+    assert [r["step"] for r in rows] == list(range(STEPS))
+    # one release and one resume per engine per training step, nothing left released
+    assert counts == [[(s + 1, s + 1, [])] * 2 for s in range(STEPS)]
+    # steps 1 and 2 trained on samples generated after a release, resume and tensor sync: the
+    # engines' logprobs are the trainer's (resumed weights are zeros until the sync refills them)
+    assert all(r["train/logprob_diff"] < 1e-4 for r in rows)
+    assert [r["weight_version"] for r in rows] == list(range(1, STEPS + 1))
+    check_all_stopped(tmp_path)
+
+
+def test_launch_trains_megatron_at_the_planned_tensor_parallel_size(tmp_path, fake_gpu_ray):
+    """backend megatron: the plan's TP=2 reaches the trainer (the two Ray ranks split every
+    layer), its weights are gathered into HF layout for the distributed sync, and the engines
+    then sample with the trainer's logprobs (the rollout/train gap and the post-sync check)."""
+    pytest.importorskip("megatron.core")
+    cfg = toy(tmp_path, {"train_gpus": 2, "infer_gpus": 2, "tensor_parallel": 2}, "megatron")
+    plan = make_plan(cfg, cluster(4))
+    (g,) = plan.groups
+    assert (g.backend, g.tensor_parallel, g.data_parallel) == ("megatron", 2, 1)
+    rows = run_plan(cfg, plan)
+    assert [r["weight_version"] for r in rows] == list(range(1, STEPS + 1))
+    assert all(r["train/logprob_diff"] < 1e-4 for r in rows[1:])
+    assert all(r["sync/check_logprob_diff"] < 1e-4 for r in rows)
+    check_all_stopped(tmp_path)
+
+
+def test_launch_refuses_a_plan_bigger_than_the_ray_cluster(tmp_path, fake_gpu_ray):
+    cfg = toy(tmp_path, {"train_gpus": 4, "infer_gpus": 4})
+    with pytest.raises(ValueError, match=r"cluster\.gpus_per_node=8"):
+        run_plan(cfg, make_plan(cfg, cluster(8)))
+    assert not (tmp_path / "launch").exists()  # nothing was started
