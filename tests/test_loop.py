@@ -129,9 +129,11 @@ def test_post_sync_check_catches_a_wrong_conversion(tmp_path, transport):
     from kernel.train.torch_backend import TorchTrainer
 
     class SwapsGateAndUp(TorchTrainer):
+        swap = False  # the converter's bug, switched on for the second push
+
         def named_parameters_for_sync(self, dtype=None):
             params = dict(super().named_parameters_for_sync(dtype))
-            for name in [n for n in params if n.endswith("mlp.gate_proj.weight")]:
+            for name in [n for n in params if n.endswith("mlp.gate_proj.weight") and self.swap]:
                 up = name.replace("gate_proj", "up_proj")
                 params[name], params[up] = params[up], params[name]
             yield from params.items()
@@ -143,11 +145,11 @@ def test_post_sync_check_catches_a_wrong_conversion(tmp_path, transport):
     async def run(client):
         sync = WeightSync(cfg.sync, [client], tmp_path)
         try:
-            good = TorchTrainer(model, cfg.optim, cfg.loss, cfg.trainer, total_steps=1)
-            assert (await sync.push(good, 1, probe=prompt))["sync/check_logprob_diff"] < 1e-4
-            bad = SwapsGateAndUp(model, cfg.optim, cfg.loss, cfg.trainer, total_steps=1)
+            trainer = SwapsGateAndUp(model, cfg.optim, cfg.loss, cfg.trainer, total_steps=1)
+            assert (await sync.push(trainer, 1, probe=prompt))["sync/check_logprob_diff"] < 1e-4
+            trainer.swap = True
             with pytest.raises(SyncCheckError, match=f"engine {client.base_url} gives logprobs"):
-                await sync.push(bad, 2, probe=prompt)
+                await sync.push(trainer, 2, probe=prompt)
             # the engine answers again afterwards (generation was continued)
             assert (await client.generate(prompt, {"max_new_tokens": 2})).weight_version == "2"
         finally:

@@ -1,9 +1,11 @@
 """A trainer group on Ray: N actors, each one torch.distributed rank holding a trainer.
 
 ``RayTrainerGroup`` has the surface of ``TorchTrainer`` that the training loop and WeightSync
-use -- ``train_step``, ``compute_logprobs``, ``named_parameters_for_sync``, ``save``, ``load``,
-``save_hf``, ``close`` -- so it can stand in for one. Rank 0 picks the rendezvous address (its
-node's IP and a free port); the ranks form one process group (gloo on CPU, NCCL on GPUs). The
+use -- ``train_step``, ``compute_logprobs``, ``named_parameters_for_sync``,
+``weight_broadcaster``, ``save``, ``load``, ``save_hf``, ``close`` -- so it can stand in for
+one; the distributed weight sync broadcasts from rank 0's actor (``RayBroadcaster``). Rank 0
+picks the rendezvous address (its node's IP and the planned or a free port); the ranks form one
+process group (gloo on CPU, NCCL on GPUs). The
 trainer config's type picks the backend: a ``TorchTrainerConfig`` gives each rank a TorchTrainer
 (FSDP2 shards the model over the ranks), a ``MegatronTrainerConfig`` a MegatronTrainer (tensor x
 pipeline x data parallel over the ranks, from its sizes). A global batch is split over the
@@ -96,14 +98,15 @@ class TrainerRankActor:
         if gpu is not None:  # the planned GPU, before CUDA starts (Ray's own pick is ignored)
             os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
 
-    def address(self) -> tuple[str, int]:
-        """This node's IP and a port free on it: the group's rendezvous (asked of rank 0)."""
+    def address(self, port: int | None = None) -> tuple[str, int]:
+        """This node's IP and ``port`` (None: one free on it): the group's rendezvous (asked of
+        rank 0)."""
         import ray
 
         from kernel.engine.launch import free_port
 
         ip = ray.util.get_node_ip_address()
-        return ip, free_port(ip)
+        return ip, port or free_port(ip)
 
     def setup(
         self, master: tuple[str, int], backend: str | None, timeout_s: float, *trainer_args
@@ -146,6 +149,38 @@ class TrainerRankActor:
         params = {n: t.cpu() for n, t in self.trainer.named_parameters_for_sync(dtype)}
         return params if self.rank == 0 else None
 
+    # the distributed weight sync's rank 0 (kernel.sync.push.LocalBroadcaster) lives on rank 0
+    # of the group, on its node and GPU; every rank takes part in exporting the weights
+
+    def broadcaster(self):
+        import ray
+
+        from kernel.sync.push import LocalBroadcaster
+
+        if getattr(self, "_broadcaster", None) is None:
+            self._broadcaster = LocalBroadcaster(
+                self.trainer, ray.util.get_node_ip_address(), keeps=self.rank == 0
+            )
+        return self._broadcaster
+
+    def weight_rendezvous(self) -> tuple[str, int]:
+        return self.broadcaster().rendezvous()
+
+    def join_weight_group(self, cfg) -> None:
+        self.broadcaster().join(cfg)
+
+    def export_weights(self, bucket_bytes: int, backend: str):
+        return self.broadcaster().export(bucket_bytes, backend)
+
+    def broadcast_weights(self, index: int) -> None:
+        self.broadcaster().broadcast(index)
+
+    def release_weights(self) -> None:
+        self.broadcaster().release()
+
+    def leave_weight_group(self) -> None:
+        self.broadcaster().leave()
+
     def save(self, path: str) -> str:
         return str(self.trainer.save(path))
 
@@ -166,7 +201,8 @@ class RayTrainerGroup:
     process group's (None: NCCL where a rank sees CUDA, gloo elsewhere); ``scheduling`` is an
     optional list of one Ray
     scheduling strategy per rank (e.g. NodeAffinitySchedulingStrategy from a Plan's ranks) and
-    ``gpus`` the GPU index on its node each rank must use (its CUDA_VISIBLE_DEVICES).
+    ``gpus`` the GPU index on its node each rank must use (its CUDA_VISIBLE_DEVICES);
+    ``master_port`` the rendezvous port on rank 0's node (None: a free one).
     """
 
     def __init__(
@@ -184,6 +220,7 @@ class RayTrainerGroup:
         scheduling: list | None = None,
         timeout_s: float = 1800.0,
         gpus: list[int] | None = None,
+        master_port: int | None = None,
     ):
         import ray
 
@@ -208,7 +245,7 @@ class RayTrainerGroup:
             for r in range(world_size)
         ]
         try:
-            (master,) = self._gather([self.actors[0].address.remote()], ranks=[0])
+            (master,) = self._gather([self.actors[0].address.remote(master_port)], ranks=[0])
             args = (model_path, optim, loss, cfg, total_steps)
             ranks = self._gather(
                 [a.setup.remote(master, backend, timeout_s, *args) for a in self.actors]
@@ -294,6 +331,11 @@ class RayTrainerGroup:
         """(HF name, full tensor) of every parameter, gathered over the ranks, from rank 0."""
         yield from self._all("full_state", dtype)[0].items()
 
+    def weight_broadcaster(self) -> RayBroadcaster:
+        """Rank 0 of the distributed weight sync: this group's rank 0 actor, so the weights go
+        from its GPU to the engines and never through the driver."""
+        return RayBroadcaster(self)
+
     def save(self, path: str | Path) -> Path:
         """A training checkpoint (TorchTrainer.save: any world size can load it)."""
         return Path(self._all("save", str(path))[0])
@@ -315,3 +357,34 @@ class RayTrainerGroup:
         self.actors = []
 
     shutdown = close
+
+
+class RayBroadcaster:
+    """``LocalBroadcaster``'s surface (kernel.sync.push), carried out by the group's rank 0 actor
+    (exporting by every rank, since gathering the weights takes them all)."""
+
+    def __init__(self, group: RayTrainerGroup):
+        self.group = group
+
+    def _rank0(self, method: str, *args):
+        (result,) = self.group._gather([getattr(self.group.actors[0], method).remote(*args)], [0])
+        return result
+
+    def rendezvous(self) -> tuple[str, int]:
+        return self._rank0("weight_rendezvous")
+
+    def join(self, cfg) -> None:
+        self._rank0("join_weight_group", cfg)
+
+    def export(self, bucket_bytes: int, backend: str):
+        return self.group._all("export_weights", bucket_bytes, backend)[0]
+
+    def broadcast(self, index: int) -> None:
+        self._rank0("broadcast_weights", index)
+
+    def release(self) -> None:
+        self._rank0("release_weights")
+
+    def leave(self) -> None:
+        if self.group.actors:  # a stopped group has left with its processes
+            self._rank0("leave_weight_group")

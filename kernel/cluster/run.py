@@ -251,6 +251,7 @@ def _placement(cfg, g, nodes, has_gpus: bool) -> ModelPlacement:
             NodeAffinitySchedulingStrategy(nodes[r.node][0], soft=False) for r in g.trainer
         ],
         "gpus": [r.gpu for r in g.trainer],
+        "master_port": g.master_port,
         "num_cpus": cfg.ray.num_cpus_per_rank,
         "num_gpus": 1 if has_gpus else 0,
         "backend": "gloo" if device == "cpu" else None,  # None: each rank's CUDA decides

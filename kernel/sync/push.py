@@ -10,7 +10,10 @@ Three transports, one sequence:
 - ``distributed``: the trainer (rank 0) and the engines (ranks 1..N) form a process group
   once (``/init_weights_update_group``); per bucket, each engine is told names, dtypes and
   shapes (``/update_weights_from_distributed``) while the trainer broadcasts the tensors
-  (gloo on CPU, NCCL on GPUs).
+  (gloo on CPU, NCCL on GPUs). Rank 0 is wherever the trainer's weights are: this process for
+  an in-process trainer (``LocalBroadcaster``), trainer rank 0's own process -- on its node and
+  GPU -- for a Ray trainer group (``trainer.weight_broadcaster()``), so the weights never pass
+  through the driver.
 
 Every push bumps the engines' ``weight_version`` to the trainer's step, so each rollout sample
 records which weights produced it, and ends with ``/continue_generation`` even when an update
@@ -31,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kernel.sample import Sample
-from kernel.sync.buckets import iter_buckets
+from kernel.sync.buckets import NamedTensor, iter_buckets
 
 TRANSPORTS = ("disk", "tensor", "distributed")
 
@@ -78,6 +81,77 @@ class SyncCheckError(RuntimeError):
     """After a push, an engine's logprobs differ from the trainer's beyond check_tolerance."""
 
 
+@dataclass
+class BucketMeta:
+    """What the engines are told of one bucket before it is broadcast."""
+
+    names: list[str]
+    dtypes: list[str]
+    shapes: list[list[int]]
+
+
+class LocalBroadcaster:
+    """Rank 0 of the distributed transport in the trainer's own process: exports the trainer's
+    weights (every rank of the trainer takes part in gathering them; rank 0 keeps them, as CUDA
+    tensors for NCCL and CPU tensors for gloo) and broadcasts them bucket by bucket. Each method
+    blocks; WeightSync calls them off the event loop."""
+
+    def __init__(self, trainer, host: str = "127.0.0.1", keeps: bool = True):
+        self.trainer, self.host, self.keeps = trainer, host, keeps
+        self.group = None
+        self.buckets: list[list[NamedTensor]] = []
+
+    def rendezvous(self) -> tuple[str, int]:
+        """Where the group meets: this host and a port free on it."""
+        from kernel.engine.launch import free_port
+
+        return self.host, free_port(self.host)
+
+    def join(self, cfg) -> None:
+        """Join the weight-sync group as rank 0 (blocks until every engine has joined)."""
+        from kernel.sync.group import init_custom_process_group
+
+        self.group = init_custom_process_group(cfg, 0)
+
+    def export(self, bucket_bytes: int, backend: str) -> tuple[list[BucketMeta], int]:
+        """Gather the weights into buckets; returns each bucket's names, dtypes and shapes, and
+        the bytes of them all (nothing on a rank that does not keep them)."""
+        device = "cuda" if backend == "nccl" else "cpu"
+        named = ((n, t.to(device)) for n, t in self.trainer.named_parameters_for_sync())
+        buckets = list(iter_buckets(named, bucket_bytes))
+        if not self.keeps:
+            return [], 0
+        self.buckets = buckets
+        metas = [
+            BucketMeta(
+                [n for n, _ in b],
+                [str(t.dtype).removeprefix("torch.") for _, t in b],
+                [list(t.shape) for _, t in b],
+            )
+            for b in buckets
+        ]
+        return metas, sum(t.numel() * t.element_size() for b in buckets for _, t in b)
+
+    def broadcast(self, index: int) -> None:
+        """Broadcast bucket ``index`` to the engines, tensor by tensor."""
+        import torch.distributed as dist
+
+        for _, t in self.buckets[index]:
+            dist.broadcast(t.contiguous(), src=0, group=self.group)
+
+    def release(self) -> None:
+        """Drop the exported weights."""
+        self.buckets = []
+
+    def leave(self) -> None:
+        """Leave the group (after the engines have left theirs)."""
+        from kernel.sync.group import destroy_custom_process_group
+
+        if self.group is not None:
+            destroy_custom_process_group(self.group)
+            self.group = None
+
+
 class WeightSync:
     """Pushes a TorchTrainer's weights to a list of EngineClients. ``temperature`` is the one
     the trainer scores logprobs at (the model's rollout temperature); the check samples at it."""
@@ -87,7 +161,8 @@ class WeightSync:
         self.clients = clients
         self.work_dir = Path(work_dir)
         self.temperature = temperature
-        self._group = None
+        self._broadcaster = None  # rank 0 of the distributed transport, once its group is formed
+        self._trainer = None  # ... and the trainer whose weights it sends
 
     @property
     def bucket_bytes(self) -> int:
@@ -161,14 +236,23 @@ class WeightSync:
             await self._all(lambda c, b=bucket: c.update_weights_from_tensor(b))
         return nbytes
 
-    async def _ensure_group(self) -> None:
-        if self._group is not None:
+    async def _ensure_group(self, trainer) -> None:
+        if self._broadcaster is not None:
+            if trainer is not self._trainer:
+                raise ValueError(
+                    "WeightSync: the distributed transport's group was formed with another "
+                    "trainer as rank 0; use one WeightSync per trainer"
+                )
             return
-        from kernel.engine.launch import free_port
-        from kernel.sync.group import GroupConfig, init_custom_process_group
+        from kernel.sync.group import GroupConfig
 
+        broadcaster = trainer.weight_broadcaster()
+        host, port = await asyncio.to_thread(broadcaster.rendezvous)
         cfg = GroupConfig(
-            master_port=free_port(), world_size=1 + len(self.clients), backend=self.cfg.backend
+            master_address=host,
+            master_port=port,
+            world_size=1 + len(self.clients),
+            backend=self.cfg.backend,
         )
         joins = [
             c.init_weights_update_group(
@@ -181,53 +265,43 @@ class WeightSync:
             )
             for i, c in enumerate(self.clients)
         ]
-        results = await asyncio.gather(asyncio.to_thread(init_custom_process_group, cfg, 0), *joins)
-        self._group = results[0]
+        await asyncio.gather(asyncio.to_thread(broadcaster.join, cfg), *joins)
+        self._broadcaster, self._trainer = broadcaster, trainer
 
     async def _push_distributed(self, trainer) -> int:
-        await self._ensure_group()
-        nbytes = 0
-        for bucket in iter_buckets(trainer.named_parameters_for_sync(), self.bucket_bytes):
-            await self._broadcast_bucket(bucket)
-            nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+        """Per bucket, the engines receive (HTTP call in flight) while rank 0 broadcasts."""
+        await self._ensure_group(trainer)
+        b = self._broadcaster
+        metas, nbytes = await asyncio.to_thread(b.export, self.bucket_bytes, self.cfg.backend)
+        try:
+            for i, m in enumerate(metas):
+                await asyncio.gather(
+                    self._all(
+                        lambda c, m=m: c.update_weights_from_distributed(
+                            m.names, m.dtypes, m.shapes
+                        )
+                    ),
+                    asyncio.to_thread(b.broadcast, i),
+                )
+        finally:
+            await asyncio.to_thread(b.release)
         return nbytes
-
-    async def _broadcast_bucket(self, bucket) -> None:
-        """Engines receive (HTTP call in flight) while rank 0 broadcasts, tensor by tensor."""
-        import torch.distributed as dist
-
-        names = [n for n, _ in bucket]
-        dtypes = [str(t.dtype).removeprefix("torch.") for _, t in bucket]
-        shapes = [list(t.shape) for _, t in bucket]
-
-        def broadcast() -> None:
-            for _, t in bucket:
-                dist.broadcast(t.contiguous(), src=0, group=self._group)
-
-        await asyncio.gather(
-            self._all(lambda c: c.update_weights_from_distributed(names, dtypes, shapes)),
-            asyncio.to_thread(broadcast),
-        )
 
     async def reset(self, restarted: list[str]) -> None:
         """Engines at ``restarted`` URLs were restarted: leave the distributed transport's
         process group (the others first) so that the next push forms a new one with every
         engine. A no-op for the other transports."""
-        if self._group is None or not restarted:
+        if self._broadcaster is None or not restarted:
             return
-        from kernel.sync.group import destroy_custom_process_group
-
         live = [c for c in self.clients if c.base_url not in restarted]
         await asyncio.gather(*(c.destroy_weights_update_group() for c in live))
-        destroy_custom_process_group(self._group)
-        self._group = None
+        await asyncio.to_thread(self._broadcaster.leave)
+        self._broadcaster = None
 
     async def aclose(self) -> None:
         """Leave the weight-sync group: the engines first, then the trainer (tearing gloo down
         on one side while the other still holds the pair can abort the other process)."""
-        if self._group is not None:
-            from kernel.sync.group import destroy_custom_process_group
-
+        if self._broadcaster is not None:
             await self._all(lambda c: c.destroy_weights_update_group())
-            destroy_custom_process_group(self._group)
-            self._group = None
+            await asyncio.to_thread(self._broadcaster.leave)
+            self._broadcaster = None

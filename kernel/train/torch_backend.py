@@ -370,6 +370,12 @@ class TorchTrainer:
 
     # ---------------------------------------------------------------- weights and checkpoints
 
+    def weight_broadcaster(self):
+        """Rank 0 of the distributed weight sync: this process (kernel.sync.push)."""
+        from kernel.sync.push import LocalBroadcaster
+
+        return LocalBroadcaster(self)
+
     def named_parameters_for_sync(self, dtype: torch.dtype | None = None) -> Iterator[tuple]:
         """(HF name, full tensor) for every parameter, for weight sync to the engines.
 

@@ -73,6 +73,7 @@ def cluster(gpus: int) -> ClusterConfig:
         router_base_port=free_port(),
         metrics_base_port=free_port(),
         engine_base_port=free_port(),  # the second engine takes the next port
+        master_base_port=free_port(),
         startup_timeout_s=180,
     )
 

@@ -1,7 +1,9 @@
 """A Ray trainer group of world size 2 (FSDP2 over gloo, CPU actors) and two embedded engines
-behind the real sglang-router run two RL steps with tensor weight sync: the group's first loss
-equals a single process's, and after each push both engines serve the group's weights. Killing
-one actor's process makes the next step raise TrainerDied naming the agent and rank."""
+behind the real sglang-router run two RL steps with tensor or distributed weight sync (the
+latter broadcast by rank 0's actor, never through this process): the group's first loss equals a
+single process's, and after each push both engines serve the group's weights. Killing one
+actor's process makes the next step raise TrainerDied naming the agent and rank. A group of
+MegatronTrainers (TP=2, or two data-parallel replicas) steps like one process."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import os
 import signal
 
 import pytest
+from torch.distributed import distributed_c10d as c10d
 
 from kernel.cluster.ray_group import RayTrainerGroup, TrainerDied
 from kernel.engine.client import EngineClient
@@ -67,8 +70,9 @@ def engines(char_model_dir, tmp_path):
             p.stop()
 
 
+@pytest.mark.parametrize("transport", ["tensor", "distributed"])
 def test_group_trains_syncs_engines_and_reports_a_dead_rank(
-    local_ray, engines, char_model_dir, tmp_path
+    local_ray, engines, char_model_dir, tmp_path, transport
 ):
     router_url, urls = engines
     group = RayTrainerGroup("doctor", char_model_dir, OPTIM, LOSS, CFG, 3, world_size=2)
@@ -86,7 +90,7 @@ def test_group_trains_syncs_engines_and_reports_a_dead_rank(
     async def run() -> list[dict]:
         router = EngineClient(router_url)
         clients = [EngineClient(u) for u in urls]
-        sync = WeightSync(SyncConfig(transport="tensor"), clients, tmp_path)
+        sync = WeightSync(SyncConfig(transport=transport), clients, tmp_path)
         metrics = []
         try:
             await check_engines(clients, "0")
@@ -108,6 +112,8 @@ def test_group_trains_syncs_engines_and_reports_a_dead_rank(
                     assert gap > 1e-3, gap
                 await sync.push(group, version=step)
                 await check_engines(clients, str(step))
+                # distributed: rank 0's actor broadcast the weights; this process joined no group
+                assert c10d._world.pg_names == {}
         finally:
             await sync.aclose()
             await asyncio.gather(router.aclose(), *(c.aclose() for c in clients))
