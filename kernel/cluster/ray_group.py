@@ -166,6 +166,9 @@ class TrainerRankActor:
     def weight_rendezvous(self) -> tuple[str, int]:
         return self.broadcaster().rendezvous()
 
+    def weight_backend(self) -> str:
+        return self.broadcaster().backend()
+
     def join_weight_group(self, cfg) -> None:
         self.broadcaster().join(cfg)
 
@@ -372,6 +375,9 @@ class RayBroadcaster:
 
     def rendezvous(self) -> tuple[str, int]:
         return self._rank0("weight_rendezvous")
+
+    def backend(self) -> str:
+        return self._rank0("weight_backend")
 
     def join(self, cfg) -> None:
         self._rank0("join_weight_group", cfg)

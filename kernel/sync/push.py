@@ -50,8 +50,9 @@ class SyncConfig:
     pause_mode: str = "in_place"
     """How in-flight requests wait during an update: in_place (keep going afterwards with the
     new weights), retract (recompute afterwards) or abort (finish now, group requeued)."""
-    backend: str = "gloo"
-    """Process-group backend of the distributed transport: gloo (CPU) or nccl (GPU)."""
+    backend: str = "auto"
+    """Process-group backend of the distributed transport: gloo (CPU tensors), nccl (CUDA
+    tensors), or auto: nccl when the trainer's rank 0 holds its weights on a GPU, else gloo."""
     check_tokens: int = 8
     """Post-sync check: after each push every engine samples this many tokens from a probe
     prompt (the first one the model just trained on) and the trainer scores them; 0 turns the
@@ -68,8 +69,8 @@ class SyncConfig:
             raise ValueError(f"sync.bucket_mb must be > 0, got {self.bucket_mb}")
         if self.pause_mode not in ("in_place", "retract", "abort"):
             raise ValueError("sync.pause_mode must be in_place, retract or abort")
-        if self.backend not in ("gloo", "nccl"):
-            raise ValueError(f"sync.backend must be gloo or nccl, got {self.backend!r}")
+        if self.backend not in ("auto", "gloo", "nccl"):
+            raise ValueError(f"sync.backend must be auto, gloo or nccl, got {self.backend!r}")
         if self.check_tokens < 0:
             raise ValueError(f"sync.check_tokens must be >= 0, got {self.check_tokens}")
         if not self.check_tolerance > 0:
@@ -106,6 +107,10 @@ class LocalBroadcaster:
         from kernel.engine.launch import free_port
 
         return self.host, free_port(self.host)
+
+    def backend(self) -> str:
+        """nccl for a trainer on a GPU, gloo otherwise (SyncConfig.backend auto)."""
+        return "nccl" if self.trainer.device.type == "cuda" else "gloo"
 
     def join(self, cfg) -> None:
         """Join the weight-sync group as rank 0 (blocks until every engine has joined)."""
@@ -163,6 +168,7 @@ class WeightSync:
         self.temperature = temperature
         self._broadcaster = None  # rank 0 of the distributed transport, once its group is formed
         self._trainer = None  # ... and the trainer whose weights it sends
+        self._backend = self.cfg.backend  # ... and its process group's backend (auto resolved)
 
     @property
     def bucket_bytes(self) -> int:
@@ -248,11 +254,11 @@ class WeightSync:
 
         broadcaster = trainer.weight_broadcaster()
         host, port = await asyncio.to_thread(broadcaster.rendezvous)
+        backend = self.cfg.backend
+        if backend == "auto":
+            backend = await asyncio.to_thread(broadcaster.backend)
         cfg = GroupConfig(
-            master_address=host,
-            master_port=port,
-            world_size=1 + len(self.clients),
-            backend=self.cfg.backend,
+            master_address=host, master_port=port, world_size=1 + len(self.clients), backend=backend
         )
         joins = [
             c.init_weights_update_group(
@@ -266,13 +272,13 @@ class WeightSync:
             for i, c in enumerate(self.clients)
         ]
         await asyncio.gather(asyncio.to_thread(broadcaster.join, cfg), *joins)
-        self._broadcaster, self._trainer = broadcaster, trainer
+        self._broadcaster, self._trainer, self._backend = broadcaster, trainer, backend
 
     async def _push_distributed(self, trainer) -> int:
         """Per bucket, the engines receive (HTTP call in flight) while rank 0 broadcasts."""
         await self._ensure_group(trainer)
         b = self._broadcaster
-        metas, nbytes = await asyncio.to_thread(b.export, self.bucket_bytes, self.cfg.backend)
+        metas, nbytes = await asyncio.to_thread(b.export, self.bucket_bytes, self._backend)
         try:
             for i, m in enumerate(metas):
                 await asyncio.gather(

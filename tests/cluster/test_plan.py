@@ -5,6 +5,7 @@ layouts written out here; bad plans fail with errors naming the agent and field;
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -323,3 +324,47 @@ def test_cli_bad_flags_exit_2_naming_the_field():
     assert "agents['solver'].resources.mem_fraction_static must be in (0, 1)" in out.stderr
     out = launch(*base, "--cluster.nodez", "2")
     assert out.returncode == 2 and "cluster.nodez" in out.stderr
+
+
+# ------------------------------------------------------------------ the math recipe's run.sh
+
+
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        (  # split: half train (Megatron TP 2 x PP 2), half serve, NCCL broadcast
+            {"TP": "2", "PP": "2"},
+            {"backend": "megatron", "colocate": False, "tensor_parallel": 2,
+             "pipeline_parallel": 2, "data_parallel": 1, "trainer": 4, "engines": 4,
+             "sync_transport": "distributed"},
+        ),
+        (  # colocated: 8 ranks (DP 8) and four 2-GPU SGLang servers on the same GPUs
+            {"PLACEMENT": "colocate", "ENGINE_TP": "2", "BACKEND": "torch"},
+            {"backend": "torch", "colocate": True, "tensor_parallel": 1, "pipeline_parallel": 1,
+             "data_parallel": 8, "trainer": 8, "engines": 4, "sync_transport": "tensor"},
+        ),
+    ],
+)  # fmt: skip
+def test_math_run_sh_gpu_mode_plans_through_kernel_launch(env, expected):
+    """run.sh MODE=gpu turns its environment variables into one validated plan (DRY_RUN=json
+    stops there); without DRY_RUN the same command runs it on Ray."""
+    env = {**os.environ, "MODE": "gpu", "MODEL": "/ckpt/model", "DRY_RUN": "json", **env}
+    env["PY"] = sys.executable
+    out = subprocess.run(
+        ["bash", "recipes/math_solver_verifier/run.sh"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    (g,) = json.loads(out.stdout)["groups"]
+    got = {k: len(v) if isinstance(v, list) else v for k, v in g.items() if k in expected}
+    assert got == expected
+    assert g["agents"] == ["solver", "rewriter", "selector"] and g["model"] == "/ckpt/model"
+
+
+def test_math_run_sh_refuses_a_bad_placement():
+    env = {**os.environ, "MODE": "gpu", "MODEL": "/m", "PLACEMENT": "both", "PY": sys.executable}
+    out = subprocess.run(
+        ["bash", "recipes/math_solver_verifier/run.sh"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert out.returncode == 2 and "PLACEMENT must be split or colocate" in out.stderr
