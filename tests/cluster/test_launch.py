@@ -10,7 +10,6 @@ actors, the trainer ranks -- is gone."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -25,31 +24,6 @@ from kernel.engine.launch import free_port
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "kernel" / "presets" / "toy.yaml"
 STEPS = 3
-
-
-@pytest.fixture(scope="module")
-def fake_gpu_ray():
-    """A local Ray cluster on 127.0.0.1 (auth off) that declares 4 GPUs it does not have."""
-    import ray
-
-    old = os.environ.get("RAY_AUTH_MODE")
-    os.environ["RAY_AUTH_MODE"] = "disabled"
-    ray.init(
-        address="local",
-        include_dashboard=False,
-        num_cpus=2,
-        num_gpus=4,
-        _node_ip_address="127.0.0.1",
-        log_to_driver=False,
-    )
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
-        if old is None:
-            os.environ.pop("RAY_AUTH_MODE", None)
-        else:
-            os.environ["RAY_AUTH_MODE"] = old
 
 
 def toy(tmp_path, resources: dict, backend: str = "torch"):
