@@ -83,7 +83,7 @@ def run_plan(cfg, plan, on_step=None) -> list[dict]:
         server = plan.cluster.engine_server
         if server == "auto":
             server = "sglang" if has_gpus else "embedded"
-        cfg = _launch_config(cfg, plan)
+        cfg = _launch_config(cfg, plan, server)
         out = Path(cfg.output_dir)
         record: dict[str, list] = {"engines": [], "routers": []}
         engines: dict[str, list[str]] = {}
@@ -155,9 +155,16 @@ def _ray_nodes(plan) -> tuple[list[tuple[str, str]], bool]:
     return [(n["NodeID"], n["NodeManagerAddress"]) for n in fit[: plan.cluster.nodes]], has_gpus
 
 
-def _launch_config(cfg, plan):
+def _launch_config(cfg, plan, server: str):
     """``cfg`` with Ray training on, checked against what a launched run cannot do."""
     for g in plan.groups:
+        if g.colocate and server == "sglang":
+            raise ValueError(
+                f"agents[{g.owner!r}].resources.colocate on real SGLang: its colocated "
+                "update_weights_from_tensor takes CUDA-IPC handles (load_format "
+                "flattened_bucket), which Tandem does not send yet; place this model "
+                "disaggregated (infer_gpus) or serve it with cluster.engine_server embedded"
+            )
         if g.colocate and cfg.async_mode:
             raise ValueError(
                 f"agents[{g.owner!r}].resources.colocate: async_mode overlaps rollout and "

@@ -10,7 +10,8 @@
 #   MODE=gpu:
 #     PLACEMENT  split (default): TRAIN_GPUS train, the other GPUs serve; NCCL broadcast sync
 #                colocate: every GPU trains and serves; SGLang releases its memory for each
-#                training step; weights by tensor (see README: CUDA-IPC payload not yet built)
+#                training step; weights by tensor. Refused on real SGLang for now: its
+#                colocated sync takes CUDA-IPC handles, which Tandem does not send yet
 #     BACKEND    megatron (default) | torch;  TP, PP: the trainer's tensor/pipeline-parallel
 #                sizes (1, 1; data parallel is the rest);  ENGINE_TP: GPUs per SGLang server (1)
 #     GPUS (per node, 8), NODES (1), TRAIN_GPUS (split: GPUS*NODES/2), RAY_ADDRESS (local)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import httpx
@@ -173,3 +174,13 @@ def test_launch_refuses_a_plan_bigger_than_the_ray_cluster(tmp_path, fake_gpu_ra
     with pytest.raises(ValueError, match=r"cluster\.gpus_per_node=8"):
         run_plan(cfg, make_plan(cfg, cluster(8)))
     assert not (tmp_path / "launch").exists()  # nothing was started
+
+
+def test_launch_refuses_colocation_on_real_sglang_before_starting_anything(tmp_path, fake_gpu_ray):
+    """Colocated weight sync to real SGLang needs CUDA-IPC handles that Tandem does not send
+    yet: the launch says so, naming the agent, instead of failing at the first sync."""
+    cfg = toy(tmp_path, {"train_gpus": 2, "colocate": True})
+    plan = make_plan(cfg, replace(cluster(2), engine_server="sglang"))
+    with pytest.raises(ValueError, match=r"agents\['default'\].resources.colocate on real SGLang"):
+        run_plan(cfg, plan)
+    assert not (tmp_path / "launch").exists()
