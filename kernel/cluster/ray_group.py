@@ -150,7 +150,7 @@ class TrainerRankActor:
         return params if self.rank == 0 else None
 
     # the distributed weight sync's rank 0 (kernel.sync.push.LocalBroadcaster) lives on rank 0
-    # of the group, on its node and GPU; every rank takes part in exporting the weights
+    # of the group, on its node and GPU; every rank takes part in gathering each bucket
 
     def broadcaster(self):
         import ray
@@ -158,9 +158,7 @@ class TrainerRankActor:
         from kernel.sync.push import LocalBroadcaster
 
         if getattr(self, "_broadcaster", None) is None:
-            self._broadcaster = LocalBroadcaster(
-                self.trainer, ray.util.get_node_ip_address(), keeps=self.rank == 0
-            )
+            self._broadcaster = LocalBroadcaster(self.trainer, ray.util.get_node_ip_address())
         return self._broadcaster
 
     def weight_rendezvous(self) -> tuple[str, int]:
@@ -172,11 +170,14 @@ class TrainerRankActor:
     def join_weight_group(self, cfg) -> None:
         self.broadcaster().join(cfg)
 
-    def export_weights(self, bucket_bytes: int, backend: str):
-        return self.broadcaster().export(bucket_bytes, backend)
+    def start_weights(self, bucket_bytes: int, backend: str) -> None:
+        self.broadcaster().start(bucket_bytes, backend)
 
-    def broadcast_weights(self, index: int) -> None:
-        self.broadcaster().broadcast(index)
+    def next_weights(self):
+        return self.broadcaster().next()
+
+    def broadcast_weights(self) -> None:
+        self.broadcaster().broadcast()
 
     def release_weights(self) -> None:
         self.broadcaster().release()
@@ -364,7 +365,7 @@ class RayTrainerGroup:
 
 class RayBroadcaster:
     """``LocalBroadcaster``'s surface (kernel.sync.push), carried out by the group's rank 0 actor
-    (exporting by every rank, since gathering the weights takes them all)."""
+    (every rank gathers each bucket, since gathering takes them all)."""
 
     def __init__(self, group: RayTrainerGroup):
         self.group = group
@@ -382,14 +383,18 @@ class RayBroadcaster:
     def join(self, cfg) -> None:
         self._rank0("join_weight_group", cfg)
 
-    def export(self, bucket_bytes: int, backend: str):
-        return self.group._all("export_weights", bucket_bytes, backend)[0]
+    def start(self, bucket_bytes: int, backend: str) -> None:
+        self.group._all("start_weights", bucket_bytes, backend)
 
-    def broadcast(self, index: int) -> None:
-        self._rank0("broadcast_weights", index)
+    def next(self):
+        return self.group._all("next_weights")[0]  # every rank gathers; rank 0's bucket
+
+    def broadcast(self) -> None:
+        self._rank0("broadcast_weights")
 
     def release(self) -> None:
-        self._rank0("release_weights")
+        if self.group.actors:
+            self.group._all("release_weights")
 
     def leave(self) -> None:
         if self.group.actors:  # a stopped group has left with its processes

@@ -89,18 +89,21 @@ class BucketMeta:
     names: list[str]
     dtypes: list[str]
     shapes: list[list[int]]
+    nbytes: int
 
 
 class LocalBroadcaster:
-    """Rank 0 of the distributed transport in the trainer's own process: exports the trainer's
-    weights (every rank of the trainer takes part in gathering them; rank 0 keeps them, as CUDA
-    tensors for NCCL and CPU tensors for gloo) and broadcasts them bucket by bucket. Each method
-    blocks; WeightSync calls them off the event loop."""
+    """Rank 0 of the distributed transport in the trainer's own process. It streams the
+    trainer's weights bucket by bucket (every rank of a trainer takes part in gathering each
+    bucket; only rank 0 broadcasts it), as CUDA tensors for NCCL and CPU tensors for gloo, so
+    at most one bucket is held beyond the model. Each method blocks; WeightSync calls them off
+    the event loop."""
 
-    def __init__(self, trainer, host: str = "127.0.0.1", keeps: bool = True):
-        self.trainer, self.host, self.keeps = trainer, host, keeps
+    def __init__(self, trainer, host: str = "127.0.0.1"):
+        self.trainer, self.host = trainer, host
         self.group = None
-        self.buckets: list[list[NamedTensor]] = []
+        self._buckets = None  # the export in progress: an iterator of buckets
+        self._bucket: list[NamedTensor] = []  # the bucket gathered last
 
     def rendezvous(self) -> tuple[str, int]:
         """Where the group meets: this host and a port free on it."""
@@ -118,35 +121,34 @@ class LocalBroadcaster:
 
         self.group = init_custom_process_group(cfg, 0)
 
-    def export(self, bucket_bytes: int, backend: str) -> tuple[list[BucketMeta], int]:
-        """Gather the weights into buckets; returns each bucket's names, dtypes and shapes, and
-        the bytes of them all (nothing on a rank that does not keep them)."""
+    def start(self, bucket_bytes: int, backend: str) -> None:
+        """Begin an export of the trainer's weights in buckets of ``bucket_bytes``."""
         device = "cuda" if backend == "nccl" else "cpu"
         named = ((n, t.to(device)) for n, t in self.trainer.named_parameters_for_sync())
-        buckets = list(iter_buckets(named, bucket_bytes))
-        if not self.keeps:
-            return [], 0
-        self.buckets = buckets
-        metas = [
-            BucketMeta(
-                [n for n, _ in b],
-                [str(t.dtype).removeprefix("torch.") for _, t in b],
-                [list(t.shape) for _, t in b],
-            )
-            for b in buckets
-        ]
-        return metas, sum(t.numel() * t.element_size() for b in buckets for _, t in b)
+        self._buckets = iter_buckets(named, bucket_bytes)
 
-    def broadcast(self, index: int) -> None:
-        """Broadcast bucket ``index`` to the engines, tensor by tensor."""
+    def next(self) -> BucketMeta | None:
+        """Gather the next bucket; its names, dtypes, shapes and bytes (None: all done)."""
+        self._bucket = next(self._buckets, [])
+        if not self._bucket:
+            return None
+        return BucketMeta(
+            [n for n, _ in self._bucket],
+            [str(t.dtype).removeprefix("torch.") for _, t in self._bucket],
+            [list(t.shape) for _, t in self._bucket],
+            sum(t.numel() * t.element_size() for _, t in self._bucket),
+        )
+
+    def broadcast(self) -> None:
+        """Broadcast the bucket gathered last to the engines, tensor by tensor."""
         import torch.distributed as dist
 
-        for _, t in self.buckets[index]:
+        for _, t in self._bucket:
             dist.broadcast(t.contiguous(), src=0, group=self.group)
 
     def release(self) -> None:
-        """Drop the exported weights."""
-        self.buckets = []
+        """End the export (also an unfinished one) and drop what it holds."""
+        self._buckets, self._bucket = None, []
 
     def leave(self) -> None:
         """Leave the group (after the engines have left theirs)."""
@@ -278,17 +280,19 @@ class WeightSync:
         """Per bucket, the engines receive (HTTP call in flight) while rank 0 broadcasts."""
         await self._ensure_group(trainer)
         b = self._broadcaster
-        metas, nbytes = await asyncio.to_thread(b.export, self.bucket_bytes, self._backend)
+        await asyncio.to_thread(b.start, self.bucket_bytes, self._backend)
+        nbytes = 0
         try:
-            for i, m in enumerate(metas):
+            while (m := await asyncio.to_thread(b.next)) is not None:
                 await asyncio.gather(
                     self._all(
                         lambda c, m=m: c.update_weights_from_distributed(
                             m.names, m.dtypes, m.shapes
                         )
                     ),
-                    asyncio.to_thread(b.broadcast, i),
+                    asyncio.to_thread(b.broadcast),
                 )
+                nbytes += m.nbytes
         finally:
             await asyncio.to_thread(b.release)
         return nbytes
