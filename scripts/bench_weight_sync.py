@@ -37,13 +37,20 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class _Pushed:
-    """What WeightSync asks of a trainer: the converted tensors, in order."""
+    """What WeightSync asks of a trainer: the converted tensors, in order, on the CPU."""
+
+    device = torch.device("cpu")
 
     def __init__(self, named: list[tuple[str, torch.Tensor]]):
         self.named = named
 
     def named_parameters_for_sync(self):
         return iter(self.named)
+
+    def weight_broadcaster(self):
+        from kernel.sync.push import LocalBroadcaster
+
+        return LocalBroadcaster(self)
 
 
 def qwen25_05b_config(layers: int):
