@@ -95,6 +95,7 @@ class TrainerRankActor:
     def __init__(self, rank: int, world_size: int, gpu: int | None = None):
         self.rank, self.world_size = rank, world_size
         self.trainer = None
+        self._broadcaster = None  # the distributed weight sync's end in this rank (lazily)
         if gpu is not None:  # the planned GPU, before CUDA starts (Ray's own pick is ignored)
             os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
 
@@ -157,7 +158,7 @@ class TrainerRankActor:
 
         from kernel.sync.push import LocalBroadcaster
 
-        if getattr(self, "_broadcaster", None) is None:
+        if self._broadcaster is None:
             self._broadcaster = LocalBroadcaster(self.trainer, ray.util.get_node_ip_address())
         return self._broadcaster
 
