@@ -306,7 +306,10 @@ def main(argv: list[str] | None = None) -> None:
             from kernel.cluster.plan import ClusterConfig
 
             cluster = ClusterConfig(**vars(args["cluster"]))
-            train_cfg = _build(TrainConfig, args).validate()
+            train_cfg = _build(TrainConfig, args)
+            # a launched run trains on Ray: validate it as one (each model its own processes)
+            train_cfg.ray = dataclasses.replace(train_cfg.ray, enabled=True)
+            train_cfg.validate()
             cmd_launch(train_cfg, cluster, args["dry_run"], args["json"])
     except ValueError as e:
         parser.error(f"{ns.command}: {e}")

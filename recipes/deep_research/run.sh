@@ -4,15 +4,18 @@
 #
 #   MODE=cpu  (default) the embedded CPU default: SmolLM2-135M-Instruct plays the main agent and
 #             the searcher on one embedded engine; the retriever serves the shipped corpus.
-#   MODE=gpu  one GPU node, disaggregated: SGLang servers on ENGINE_GPUS behind sglang-router,
-#             the torch trainer on TRAIN_GPU, NCCL weight sync; the retriever on RETRIEVER_DEVICE.
+#   MODE=gpu  one 8-GPU node (or more) through `kernel launch`: the trainer's ranks (Megatron-
+#             core by default) and SGLang servers behind sglang-router on the GPUs and ports the
+#             plan gives them, NCCL weight sync; the retriever on RETRIEVER_DEVICE of this node
+#             (the rollouts, which call it, run here).
 #
 #   MODEL (smollm2 | HF path), DATA (train jsonl/parquet), STEPS, OUT, PRESET (cpu | tiny),
 #   CORPUS (retriever JSONL, default the shipped one), INDEX (index folder; built if missing),
-#   EMBEDDER (retriever model, default minilm), RETRIEVER_DEVICE (cpu), RETRIEVER_PORT (free),
-#   ENGINE_GPUS ("4 5 6 7"), TRAIN_GPU (0), ROUTER_PORT (30000), BASE_PORT (30010);
-#   extra arguments go to `kernel train`.
-# It stops only the processes it started, by PID.
+#   EMBEDDER (retriever model, default minilm), RETRIEVER_DEVICE (cpu), RETRIEVER_PORT (free);
+#   gpu: TRAIN_GPUS (default half), BACKEND (megatron | torch), TP, PP, ENGINE_TP, GPUS (per
+#   node, 8), NODES (1), RAY_ADDRESS, DRY_RUN (1 | json: print the plan and stop);
+#   extra arguments go to `kernel train` / `kernel launch`.
+# It stops only the processes it started, by PID (and `kernel launch` only what it started).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 MODE="${MODE:-cpu}"
@@ -23,13 +26,35 @@ CORPUS="${CORPUS:-recipes/deep_research/data/corpus.jsonl}"
 EMBEDDER="${EMBEDDER:-minilm}"
 INDEX="${INDEX:-runs/deep_research-index/$(basename "$CORPUS" .jsonl)-$EMBEDDER}"
 RETRIEVER_DEVICE="${RETRIEVER_DEVICE:-cpu}"
-[ -x "$PY" ] || { bash scripts/setup.sh dev,retriever,models; }
+[ -x "$PY" ] || { bash scripts/setup.sh dev,retriever,models,megatron,router,ray; }
 [ "$MODE" = cpu ] || [ "$MODE" = gpu ] || { echo "MODE must be cpu or gpu, got '$MODE'" >&2; exit 2; }
 
 pids=()
 cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; }
 trap cleanup EXIT INT TERM
 mkdir -p "$OUT/logs"
+
+if [ "$MODE" = gpu ]; then
+  MODEL="${MODEL:?set MODEL to an HF checkpoint path for MODE=gpu}"
+  GPUS="${GPUS:-8}" NODES="${NODES:-1}"
+  train=${TRAIN_GPUS:-$((GPUS * NODES / 2))}
+  res="\"train_gpus\":$train,\"infer_gpus\":$((GPUS * NODES - train))"
+  res+=",\"tensor_parallel\":${TP:-1},\"pipeline_parallel\":${PP:-1}"
+  res+=",\"engine_tensor_parallel\":${ENGINE_TP:-1}"
+  # agent and searcher share one model: the agent's spec places it
+  agents="[{\"name\":\"agent\",\"backend\":\"${BACKEND:-megatron}\",\"resources\":{$res}},"
+  agents+="\"searcher\"]"
+  launch=("$PY" -m kernel launch --recipe deep_research --preset "$PRESET" --model "$MODEL"
+    --output_dir "$OUT" --agents "$agents" --cluster.nodes "$NODES" --cluster.gpus_per_node "$GPUS"
+    ${RAY_ADDRESS:+--cluster.address "$RAY_ADDRESS"} --optim.dtype bfloat16
+    ${DATA:+--data.path "$DATA"} ${STEPS:+--num_steps "$STEPS"})
+  # Plan and validate before starting anything (the retriever included).
+  case "${DRY_RUN:-}" in
+    "") "${launch[@]}" --dry-run "$@" >/dev/null ;;
+    json) exec "${launch[@]}" --dry-run --json "$@" ;;
+    *) exec "${launch[@]}" --dry-run "$@" ;;
+  esac
+fi
 
 free_port() { "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
@@ -55,32 +80,4 @@ if [ "$MODE" = cpu ]; then
   exit
 fi
 
-MODEL="${MODEL:?set MODEL to an HF checkpoint path for MODE=gpu}"
-ENGINE_GPUS="${ENGINE_GPUS:-4 5 6 7}"
-ROUTER_PORT="${ROUTER_PORT:-30000}"
-BASE_PORT="${BASE_PORT:-30010}"
-workers=()
-port="$BASE_PORT"
-for gpu in $ENGINE_GPUS; do
-  CUDA_VISIBLE_DEVICES="$gpu" "$PY" -m sglang.launch_server --model-path "$MODEL" \
-    --host 127.0.0.1 --port "$port" >"$OUT/logs/sglang-$gpu.log" 2>&1 &
-  pids+=("$!")
-  workers+=("http://127.0.0.1:$port")
-  port=$((port + 1))
-done
-for url in "${workers[@]}"; do
-  until curl -sf "$url/health" >/dev/null; do sleep 2; done
-done
-"$PY" -m sglang_router.launch_router --host 127.0.0.1 --port "$ROUTER_PORT" \
-  --worker-urls "${workers[@]}" >"$OUT/logs/router.log" 2>&1 &
-pids+=("$!")
-until curl -sf "http://127.0.0.1:$ROUTER_PORT/health" >/dev/null; do sleep 1; done
-
-# Generation goes through the router; control and weight sync go to every engine directly.
-urls=$(printf '"%s",' "${workers[@]}")
-CUDA_VISIBLE_DEVICES="${TRAIN_GPU:-0}" "$PY" -m kernel train --recipe deep_research \
-  --preset "$PRESET" --model "$MODEL" --output_dir "$OUT" --engine.urls "[${urls%,}]" \
-  --engine.router_url "http://127.0.0.1:$ROUTER_PORT" \
-  --recipe_args.retriever_url "$RETRIEVER_URL" \
-  --trainer.device cuda --optim.dtype bfloat16 --sync.transport distributed \
-  --sync.backend nccl ${DATA:+--data.path "$DATA"} ${STEPS:+--num_steps "$STEPS"} "$@"
+"${launch[@]}" --recipe_args.retriever_url "$RETRIEVER_URL" "$@"

@@ -326,7 +326,25 @@ def test_cli_bad_flags_exit_2_naming_the_field():
     assert out.returncode == 2 and "cluster.nodez" in out.stderr
 
 
-# ------------------------------------------------------------------ the math recipe's run.sh
+# ------------------------------------------------------------------ the recipes' run.sh (MODE=gpu)
+
+
+def run_sh(recipe: str, tmp_path, **env) -> subprocess.CompletedProcess:
+    env = {**os.environ, "MODE": "gpu", "OUT": str(tmp_path / "run"), "PY": sys.executable, **env}
+    return subprocess.run(
+        ["bash", f"recipes/{recipe}/run.sh"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def planned(out: subprocess.CompletedProcess, *keys: str) -> list[dict]:
+    assert out.returncode == 0, out.stderr
+    groups = json.loads(out.stdout)["groups"]
+    return [{k: len(g[k]) if isinstance(g[k], list) else g[k] for k in keys} for g in groups]
+
+
+KEYS = ("owner", "backend", "colocate", "tensor_parallel", "pipeline_parallel", "data_parallel",
+        "trainer", "engines", "sync_transport")  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -334,37 +352,54 @@ def test_cli_bad_flags_exit_2_naming_the_field():
     [
         (  # split: half train (Megatron TP 2 x PP 2), half serve, NCCL broadcast
             {"TP": "2", "PP": "2"},
-            {"backend": "megatron", "colocate": False, "tensor_parallel": 2,
-             "pipeline_parallel": 2, "data_parallel": 1, "trainer": 4, "engines": 4,
-             "sync_transport": "distributed"},
+            ("solver", "megatron", False, 2, 2, 1, 4, 4, "distributed"),
         ),
         (  # colocated: 8 ranks (DP 8) and four 2-GPU SGLang servers on the same GPUs
             {"PLACEMENT": "colocate", "ENGINE_TP": "2", "BACKEND": "torch"},
-            {"backend": "torch", "colocate": True, "tensor_parallel": 1, "pipeline_parallel": 1,
-             "data_parallel": 8, "trainer": 8, "engines": 4, "sync_transport": "tensor"},
+            ("solver", "torch", True, 1, 1, 8, 8, 4, "tensor"),
         ),
     ],
-)  # fmt: skip
-def test_math_run_sh_gpu_mode_plans_through_kernel_launch(env, expected):
+)
+def test_math_run_sh_gpu_mode_plans_through_kernel_launch(tmp_path, env, expected):
     """run.sh MODE=gpu turns its environment variables into one validated plan (DRY_RUN=json
     stops there); without DRY_RUN the same command runs it on Ray."""
-    env = {**os.environ, "MODE": "gpu", "MODEL": "/ckpt/model", "DRY_RUN": "json", **env}
-    env["PY"] = sys.executable
-    out = subprocess.run(
-        ["bash", "recipes/math_solver_verifier/run.sh"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert out.returncode == 0, out.stderr
+    out = run_sh("math_solver_verifier", tmp_path, MODEL="/ckpt/m", DRY_RUN="json", **env)
+    assert planned(out, *KEYS) == [dict(zip(KEYS, expected, strict=True))]
     (g,) = json.loads(out.stdout)["groups"]
-    got = {k: len(v) if isinstance(v, list) else v for k, v in g.items() if k in expected}
-    assert got == expected
-    assert g["agents"] == ["solver", "rewriter", "selector"] and g["model"] == "/ckpt/model"
+    assert g["agents"] == ["solver", "rewriter", "selector"] and g["model"] == "/ckpt/m"
 
 
-def test_math_run_sh_refuses_a_bad_placement():
-    env = {**os.environ, "MODE": "gpu", "MODEL": "/m", "PLACEMENT": "both", "PY": sys.executable}
-    out = subprocess.run(
-        ["bash", "recipes/math_solver_verifier/run.sh"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+def test_takes_two_run_sh_gives_each_model_its_own_gpus(tmp_path):
+    out = run_sh(
+        "takes_two", tmp_path, DOCTOR_MODEL="/ckpt/d", PATIENT_MODEL="/ckpt/p", TP="2",
+        PATIENT_TRAIN_GPUS="2", PATIENT_INFER_GPUS="1", DRY_RUN="json",
     )  # fmt: skip
-    assert out.returncode == 2 and "PLACEMENT must be split or colocate" in out.stderr
+    # the patient asked for 2 + 1 GPUs; the doctor takes the other 5: 2 train (TP 2), 3 serve
+    assert planned(out, *KEYS, "model", "router_port") == [
+        {**dict(zip(KEYS, ("doctor", "megatron", False, 2, 1, 1, 2, 3, "distributed"),
+                    strict=True)), "model": "/ckpt/d", "router_port": 30000},
+        {**dict(zip(KEYS, ("patient", "megatron", False, 2, 1, 1, 2, 1, "distributed"),
+                    strict=True)), "model": "/ckpt/p", "router_port": 30001},
+    ]  # fmt: skip
+
+
+def test_deep_research_run_sh_plans_before_starting_the_retriever(tmp_path):
+    out = run_sh("deep_research", tmp_path, MODEL="/ckpt/m", TRAIN_GPUS="6", DRY_RUN="json")
+    assert planned(out, *KEYS) == [
+        dict(zip(KEYS, ("agent", "megatron", False, 1, 1, 6, 6, 2, "distributed"), strict=True))
+    ]
+    assert not (tmp_path / "run" / "logs" / "retriever.log").exists()  # nothing started
+
+
+@pytest.mark.parametrize(
+    ("recipe", "env", "message"),
+    [
+        ("math_solver_verifier", {"MODEL": "/m", "PLACEMENT": "both"},
+         "PLACEMENT must be split or colocate"),
+        ("takes_two", {"DOCTOR_MODEL": "/d"}, "set PATIENT_MODEL"),
+        ("deep_research", {"MODEL": "/m", "TRAIN_GPUS": "9", "DRY_RUN": "1"}, "infer_gpus"),
+    ],
+)  # fmt: skip
+def test_run_sh_gpu_mode_refuses_bad_settings(tmp_path, recipe, env, message):
+    out = run_sh(recipe, tmp_path, **env)
+    assert out.returncode != 0 and message in out.stderr, out.stderr
