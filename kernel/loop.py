@@ -293,9 +293,12 @@ class Model:
     async def train_step(self, samples: list[Sample]) -> dict[str, float]:
         """One optimiser step on this model's samples, off the event loop. Colocated engines
         release their memory (weights and KV cache) for it and resume it after; the weight sync
-        that follows gives them the new weights before they generate again."""
+        that follows gives them the new weights before they generate again. A release needs an
+        idle engine, so they first pause with abort: a straggler a rollout timeout gave up on
+        ends there, and nothing new starts until the sync's continue."""
         if not self.colocate:
             return await asyncio.to_thread(self.trainer.train_step, self.own(samples))
+        await asyncio.gather(*(c.pause("abort") for c in self.clients))
         await asyncio.gather(*(c.release_memory_occupation() for c in self.clients))
         try:
             return await asyncio.to_thread(self.trainer.train_step, self.own(samples))

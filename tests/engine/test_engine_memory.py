@@ -2,7 +2,8 @@
 /resume_memory_occupation, used around colocated training), on server B: while released,
 generation answers 503 and the weights' storage is gone; resumed weights are zeros (a uniform
 next-token distribution) until a weight update, after which the server's logprobs equal a
-training forward of the pushed weights. Bad tags and a busy engine are refused with 400."""
+training forward of the pushed weights. Bad tags and a busy engine are refused with 400; a
+pause with abort first ends a straggling request, so the release goes through."""
 
 from __future__ import annotations
 
@@ -102,3 +103,28 @@ def test_bad_tags_resuming_what_is_not_released_and_a_busy_engine_are_400(server
     assert status == 400
     assert queued.finish_type == "length"  # it ran to the end on the weights it had
     assert _state(server_b)["memory_released"] == []
+
+
+def test_pause_with_abort_ends_a_straggler_so_the_release_goes_through(server_b, restore_b):
+    """What the loop does before a colocated training step: a request still generating (one a
+    rollout timeout gave up on) would make the release fail; a pause with abort ends it with its
+    partial output first, and nothing new starts until the continue."""
+
+    async def main():
+        async with EngineClient(server_b) as c:
+            long = {"temperature": 0, "max_new_tokens": 2000, "ignore_eos": True}
+            straggler = asyncio.create_task(c.generate(PROMPT, long))
+            end = time.monotonic() + 10
+            while _state(server_b)["num_running_reqs"] < 1:
+                assert time.monotonic() < end, "the request never started"
+                await asyncio.sleep(0.02)
+            await c.pause("abort")
+            await c.release_memory_occupation()
+            released = _state(server_b)["memory_released"]
+            await c.resume_memory_occupation()
+            await c.continue_generation()
+            return await straggler, released
+
+    straggler, released = _run(main())
+    assert straggler.finish_type == "abort" and 0 < len(straggler.output_ids) < 2000
+    assert released == ["kv_cache", "weights"]
