@@ -61,10 +61,9 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from kernel.loss import LossConfig, policy_loss
+from kernel.loss import LossConfig
 from kernel.models import load_tokenizer
 from kernel.sample import Sample
-from kernel.train.batching import to_rows
 from kernel.train.megatron_model import (
     MegatronModelConfig,
     build_gpt_model,
@@ -73,7 +72,7 @@ from kernel.train.megatron_model import (
     megatron_parallel,
 )
 from kernel.train.optim import SCHEDULES, OptimConfig, build_optimizer
-from kernel.train.torch_backend import TorchTrainer, _trainable
+from kernel.train.torch_backend import TorchTrainer
 
 
 @dataclass
@@ -441,64 +440,24 @@ class MegatronTrainer(TorchTrainer):
         return self._pipeline_forward_backward(samples)
 
     def _pipeline_forward_backward(self, samples: list[Sample]) -> dict[str, float]:
-        """TorchTrainer.forward_backward's per-micro-batch loss (keep the two in step), run on
+        """TorchTrainer.forward_backward's per-micro-batch loss (``_microbatch_loss``), run on
         the last pipeline stage inside Megatron's schedule; its metric sums then go to every
         stage and are summed over the data-parallel ranks as usual."""
         t0 = time.perf_counter()
-        lcfg = self.loss_cfg
-        kept = [s.validate() for s in samples if _trainable(s)]
-        if lcfg.tis_cap is not None:
-            for s in kept:
-                if s.rollout_logprobs is None:
-                    raise ValueError(f"sample {s.key}: tis_cap is set but rollout_logprobs is None")
-        plan = self._plan(kept)
-        n_tok, n_seq = self._all_reduce([sum(sum(s.loss_mask) for s in kept), sum(1 for _ in kept)])
-        denom = {"token_mean": n_tok, "seq_sum": 1.0}.get(lcfg.agg, n_seq)
-        if n_tok == 0:  # nothing to train on anywhere: no forward, no update
-            plan = []
+        kept, plan, n_tok, denom = self._begin(samples)
         refs = iter(self._pipeline_logprobs(self.ref_model, plan) if self.ref_model else [])
         sums: dict[str, float] = defaultdict(float)  # additive over micro-batches and ranks
         token_means: set[str] = {"logprob_mean"}  # of these, sums over masked tokens
 
         def loss_of(mb, logits) -> Tensor:
             lp, ent = self._forward(
-                lambda *_, **__: logits, mb, entropy=True, entropy_grad=lcfg.entropy_coef > 0
+                lambda *_, **__: logits,
+                mb,
+                entropy=True,
+                entropy_grad=self.loss_cfg.entropy_coef > 0,
             )  # (S, R) each
-            mb_samples = [kept[j] for j in mb.indices] or [None]  # None: a dummy row
-            mask = mb.loss_mask.to(self.device)  # (S, R)
-            adv = torch.tensor([s.advantage if s else 0.0 for s in mb_samples])  # (S,)
-            rollout = to_rows(
-                [s.rollout_logprobs if s and s.rollout_logprobs else [] for s in mb_samples],
-                mb.max_response,
-            ).to(self.device)  # (S, R)
-            has_rollout = torch.tensor([bool(s and s.rollout_logprobs) for s in mb_samples])
-            loss, m = policy_loss(
-                lp,
-                lp.detach(),
-                adv.to(self.device),
-                mask,
-                lcfg,
-                ref_logprobs=next(refs) if self.ref_model is not None else None,
-                entropy=ent,
-                rollout_logprobs=rollout if lcfg.tis_cap is not None else None,
-            )
-            count = {"token_mean": mask.sum(), "seq_sum": 1.0}.get(
-                lcfg.agg, (mask.sum(-1) > 0).sum()
-            )
-            weight = float(count) / denom
-            with torch.no_grad():
-                n_mask = float(mask.sum())
-                sums["loss"] += float(loss) * weight
-                sums["pg_loss"] += m.pop("pg_loss") * weight
-                for k, v in m.items():  # masked-token means, turned back into sums
-                    sums[k] += v * n_mask
-                    token_means.add(k)
-                sums["logprob_mean"] += float((lp.detach() * mask).sum())
-                rmask = mask * has_rollout.to(self.device)[:, None]  # (S, R)
-                sums["diff_sum"] += float(((rollout - lp.detach()).abs() * rmask).sum())
-                sums["diff_tokens"] += float(rmask.sum())
-            # x world size: Megatron's DDP averages the gradients over the data-parallel ranks
-            return loss * (weight * self.world_size)
+            ref = next(refs) if self.ref_model is not None else None
+            return self._microbatch_loss(mb, kept, lp, ent, ref, denom, sums, token_means)
 
         if plan:
             self._schedule(self.model, plan, loss_of, forward_only=False)
@@ -507,20 +466,7 @@ class MegatronTrainer(TorchTrainer):
         sums["n_samples"], sums["n_skipped"] = len(kept), len(samples) - len(kept)
         sums["tokens"] = sum(mb.n_tokens for mb in plan)
         sums["slots"] = sum(mb.n_slots for mb in plan)
-
-        keys = sorted(sums)
-        total = dict(zip(keys, self._all_reduce([sums[k] for k in keys]), strict=True))
-        diff_sum, diff_tokens = total.pop("diff_sum", 0.0), total.pop("diff_tokens", 0.0)
-        slots = total.pop("slots", 0.0)
-        out = {k: v / n_tok if k in token_means else v for k, v in total.items()}
-        if diff_tokens > 0:
-            out["logprob_diff"] = diff_sum / diff_tokens
-        if slots > 0:
-            out["nonpad_frac"] = out["tokens"] / slots
-        out["loss_tokens"] = n_tok
-        out["n_microbatches"] = float(len(plan))
-        out["time_s"] = time.perf_counter() - t0
-        return out
+        return self._finish(sums, token_means, n_tok, len(plan), t0)
 
     # ---------------------------------------------------------------- weights
 

@@ -269,6 +269,28 @@ class TorchTrainer:
         token slots holding real tokens) and time_s. All are over every rank.
         """
         t0 = time.perf_counter()
+        kept, plan, n_tok, denom = self._begin(samples)
+        sums: dict[str, float] = defaultdict(float)  # additive over micro-batches and ranks
+        token_means: set[str] = {"logprob_mean"}  # of these, sums over masked tokens
+        sums["n_samples"], sums["n_skipped"] = len(kept), len(samples) - len(kept)
+        for i, mb in enumerate(plan):
+            if self.world_size > 1:  # FSDP reduces the gradients after the last one only
+                self.model.set_requires_gradient_sync(i == len(plan) - 1)
+            lp, ent = self._forward(
+                self.model, mb, entropy=True, entropy_grad=self.loss_cfg.entropy_coef > 0
+            )
+            ref = None
+            if self.ref_model is not None:
+                with torch.no_grad():
+                    ref, _ = self._forward(self.ref_model, mb)
+            self._microbatch_loss(mb, kept, lp, ent, ref, denom, sums, token_means).backward()
+            sums["tokens"] += mb.n_tokens
+            sums["slots"] += mb.n_slots
+        return self._finish(sums, token_means, n_tok, len(plan), t0)
+
+    def _begin(self, samples: list[Sample]) -> tuple[list[Sample], list, float, float]:
+        """The trainable samples (validated), their micro-batch plan (empty when no rank has a
+        token to train on), the global count of loss tokens and the loss normaliser."""
         lcfg = self.loss_cfg
         kept = [s.validate() for s in samples if _trainable(s)]
         if lcfg.tis_cap is not None:
@@ -276,66 +298,60 @@ class TorchTrainer:
                 if s.rollout_logprobs is None:
                     raise ValueError(f"sample {s.key}: tis_cap is set but rollout_logprobs is None")
         plan = self._plan(kept)
-
         n_tok, n_seq = self._all_reduce([sum(sum(s.loss_mask) for s in kept), sum(1 for _ in kept)])
         denom = {"token_mean": n_tok, "seq_sum": 1.0}.get(lcfg.agg, n_seq)
-        sums: dict[str, float] = defaultdict(float)  # additive over micro-batches and ranks
-        token_means: set[str] = {"logprob_mean"}  # of these, sums over masked tokens
-        sums["n_samples"], sums["n_skipped"] = len(kept), len(samples) - len(kept)
-        if n_tok == 0:  # nothing to train on anywhere: no forward, no update
-            plan = []
-        for i, mb in enumerate(plan):
-            if self.world_size > 1:  # FSDP reduces the gradients after the last one only
-                self.model.set_requires_gradient_sync(i == len(plan) - 1)
-            lp, ent = self._forward(
-                self.model, mb, entropy=True, entropy_grad=lcfg.entropy_coef > 0
-            )
-            ref = None
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref, _ = self._forward(self.ref_model, mb)
-            mb_samples = [kept[j] for j in mb.indices] or [None]  # None: a dummy row
-            mask = mb.loss_mask.to(self.device)  # (S, R)
-            adv = torch.tensor([s.advantage if s else 0.0 for s in mb_samples])  # (S,)
-            rollout = to_rows(
-                [s.rollout_logprobs if s and s.rollout_logprobs else [] for s in mb_samples],
-                mb.max_response,
-            ).to(self.device)  # (S, R)
-            has_rollout = torch.tensor([bool(s and s.rollout_logprobs) for s in mb_samples])
-            loss, m = policy_loss(
-                lp,
-                lp.detach(),
-                adv.to(self.device),
-                mask,
-                lcfg,
-                ref_logprobs=ref,
-                entropy=ent,
-                rollout_logprobs=rollout if lcfg.tis_cap is not None else None,
-            )
-            # The micro-batch's share of the global normaliser (seq_sum: every share is 1).
-            count = {"token_mean": mask.sum(), "seq_sum": 1.0}.get(
-                lcfg.agg, (mask.sum(-1) > 0).sum()
-            )
-            weight = float(count) / denom
-            # x world size: FSDP averages gradients over ranks (a divide factor of 1 would need
-            # PREMUL_SUM, which gloo lacks), and the shares already make the global mean.
-            (loss * (weight * self.world_size)).backward()
+        return kept, plan if n_tok > 0 else [], n_tok, denom
 
-            with torch.no_grad():
-                n_mask = float(mask.sum())
-                sums["loss"] += float(loss) * weight
-                sums["pg_loss"] += m.pop("pg_loss") * weight
-                for k, v in m.items():  # masked-token means, turned back into sums
-                    sums[k] += v * n_mask
-                    token_means.add(k)
-                old = lp.detach()  # (S, R)
-                sums["logprob_mean"] += float((old * mask).sum())
-                rmask = mask * has_rollout.to(self.device)[:, None]  # (S, R)
-                sums["diff_sum"] += float(((rollout - old).abs() * rmask).sum())
-                sums["diff_tokens"] += float(rmask.sum())
-                sums["tokens"] += mb.n_tokens
-                sums["slots"] += mb.n_slots
+    def _microbatch_loss(
+        self, mb, kept, lp: Tensor, ent: Tensor, ref, denom: float, sums: dict, token_means: set
+    ) -> Tensor:
+        """The policy loss of micro-batch ``mb`` from its logprobs ``lp`` and entropies ``ent``
+        (S, R) (and the reference model's, ``ref``); adds its metric sums to ``sums``. Returns
+        what to backpropagate: the loss times the micro-batch's share of the global normaliser,
+        times the world size (FSDP and Megatron DDP average gradients over the ranks -- a divide
+        factor of 1 would need PREMUL_SUM, which gloo lacks -- and the shares already make the
+        global mean)."""
+        lcfg = self.loss_cfg
+        mb_samples = [kept[j] for j in mb.indices] or [None]  # None: a dummy row
+        mask = mb.loss_mask.to(self.device)  # (S, R)
+        adv = torch.tensor([s.advantage if s else 0.0 for s in mb_samples])  # (S,)
+        rollout = to_rows(
+            [s.rollout_logprobs if s and s.rollout_logprobs else [] for s in mb_samples],
+            mb.max_response,
+        ).to(self.device)  # (S, R)
+        has_rollout = torch.tensor([bool(s and s.rollout_logprobs) for s in mb_samples])
+        loss, m = policy_loss(
+            lp,
+            lp.detach(),
+            adv.to(self.device),
+            mask,
+            lcfg,
+            ref_logprobs=ref,
+            entropy=ent,
+            rollout_logprobs=rollout if lcfg.tis_cap is not None else None,
+        )
+        # The micro-batch's share of the global normaliser (seq_sum: every share is 1).
+        count = {"token_mean": mask.sum(), "seq_sum": 1.0}.get(lcfg.agg, (mask.sum(-1) > 0).sum())
+        weight = float(count) / denom
+        with torch.no_grad():
+            n_mask = float(mask.sum())
+            sums["loss"] += float(loss) * weight
+            sums["pg_loss"] += m.pop("pg_loss") * weight
+            for k, v in m.items():  # masked-token means, turned back into sums
+                sums[k] += v * n_mask
+                token_means.add(k)
+            old = lp.detach()  # (S, R)
+            sums["logprob_mean"] += float((old * mask).sum())
+            rmask = mask * has_rollout.to(self.device)[:, None]  # (S, R)
+            sums["diff_sum"] += float(((rollout - old).abs() * rmask).sum())
+            sums["diff_tokens"] += float(rmask.sum())
+        return loss * (weight * self.world_size)
 
+    def _finish(
+        self, sums: dict, token_means: set, n_tok: float, n_microbatches: int, t0: float
+    ) -> dict[str, float]:
+        """forward_backward's metrics: ``sums`` summed over the ranks, token means divided by
+        the loss tokens, logprob_diff and nonpad_frac derived."""
         keys = sorted(sums)
         total = dict(zip(keys, self._all_reduce([sums[k] for k in keys]), strict=True))
         diff_sum, diff_tokens = total.pop("diff_sum", 0.0), total.pop("diff_tokens", 0.0)
@@ -346,7 +362,7 @@ class TorchTrainer:
         if slots > 0:
             out["nonpad_frac"] = out["tokens"] / slots
         out["loss_tokens"] = n_tok
-        out["n_microbatches"] = float(len(plan))  # per rank, dummies included: the same on all
+        out["n_microbatches"] = float(n_microbatches)  # per rank, dummies included: the same
         out["time_s"] = time.perf_counter() - t0
         return out
 
