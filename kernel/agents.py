@@ -57,6 +57,9 @@ class EngineConfig:
     """How long an embedded server may take to load its model."""
     request_timeout_s: float = 600.0
     """Timeout of one generate request."""
+    sglang_args: list[str] = field(default_factory=list)
+    """kernel launch on real SGLang: more flags for this model's sglang.launch_server, after
+    cluster.sglang_args (e.g. --context-length 32768 for one agent's model only)."""
 
     def validate(self) -> EngineConfig:
         if self.num_engines < 1:
@@ -69,6 +72,8 @@ class EngineConfig:
             raise ValueError("engine.start_router is for embedded engines: drop engine.urls")
         if self.startup_timeout_s <= 0 or self.request_timeout_s <= 0:
             raise ValueError("engine.startup_timeout_s and engine.request_timeout_s must be > 0")
+        if any(not isinstance(a, str) for a in self.sglang_args):
+            raise ValueError(f"engine.sglang_args must be strings, got {self.sglang_args}")
         return self
 
 

@@ -108,7 +108,8 @@ class ClusterConfig:
     embedded (python -m kernel.engine.serve, the kernel's own server: CPU, tests) or auto
     (sglang when the Ray cluster has GPUs, embedded without)."""
     sglang_args: list[str] = field(default_factory=list)
-    """More flags for every sglang.launch_server, passed verbatim (e.g. --dtype bfloat16)."""
+    """More flags for every sglang.launch_server, passed verbatim (e.g. --dtype bfloat16); a
+    model's own engine.sglang_args follow them."""
     startup_timeout_s: float = 600.0
     """How long an engine or router may take to answer /health after it is started."""
 

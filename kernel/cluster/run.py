@@ -194,7 +194,8 @@ def _service(node: tuple[str, str], num_gpus: int):
 
 
 def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args) -> list[str]:
-    """The command line of engine ``e`` of group ``g``: real SGLang or the embedded server."""
+    """The command line of engine ``e`` of group ``g``: real SGLang (with the cluster's
+    ``sglang_args``, then the model's own ``engine.sglang_args``) or the embedded server."""
     from kernel.models import materialize_model
 
     owner = next(s for s in cfg.agent_specs() if s.name == g.owner)
@@ -206,7 +207,7 @@ def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args) -> 
         cmd += ["--mem-fraction-static", str(g.mem_fraction_static)]
         if g.colocate:  # /release_memory_occupation needs it
             cmd += ["--enable-memory-saver"]
-        return cmd + list(sglang_args)
+        return cmd + list(sglang_args) + list(settings.engine.sglang_args)
     from kernel.engine.serve import server_command
     from kernel.engine.server import ServerConfig
 

@@ -87,6 +87,32 @@ def test_takes_two_on_one_node():
     assert (doctor.model, patient.model) == ("doctor-ckpt", "patient-ckpt")
 
 
+def test_sglang_command_adds_the_models_own_flags_after_the_clusters(tmp_path):
+    """Each planned SGLang server gets its placement flags, the cluster's sglang_args, then its
+    own model's engine.sglang_args (the doctor's flags never reach the patient's servers)."""
+    from kernel.cluster.run import _engine_command
+
+    spec = {"name": "doctor", "model": "/ckpt/doctor"}
+    spec["engine"] = {"sglang_args": ["--context-length", "8192"]}
+    agents = json.dumps([spec, {"name": "patient", "model": "/ckpt/patient"}])
+    cfg = recipe_config("takes_two", "--agents", agents)
+    doctor, patient = make_plan(cfg, ONE).groups
+    cluster_args = ["--dtype", "bfloat16"]
+    ip, out = "10.0.0.1", tmp_path
+    cmd = _engine_command("sglang", cfg, doctor, doctor.engines[1], ip, out, cluster_args)
+    assert cmd[1:3] == ["-m", "sglang.launch_server"]
+    assert cmd[3:] == [
+        "--model-path", "/ckpt/doctor", "--host", "10.0.0.1", "--port", "30011", "--tp-size", "1",
+        "--mem-fraction-static", str(doctor.mem_fraction_static),
+        "--dtype", "bfloat16", "--context-length", "8192",
+    ]  # fmt: skip
+    cmd = _engine_command("sglang", cfg, patient, patient.engines[0], ip, out, cluster_args)
+    assert cmd[4] == "/ckpt/patient" and cmd[-2:] == cluster_args
+    with pytest.raises(ValueError, match=r"engine\.sglang_args must be strings"):
+        bad = json.dumps([{"name": "doctor", "engine": {"sglang_args": ["--tp", 2]}}, "patient"])
+        recipe_config("takes_two", "--agents", bad).validate()
+
+
 def test_takes_two_on_two_nodes():
     plan = make_plan(TAKES_TWO, TWO)
     doctor, patient = plan.groups
