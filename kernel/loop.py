@@ -150,8 +150,7 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
             for m in models:
                 m.pool.wait_healthy()
                 m.generators, m.clients = m.pool.clients()
-                temperature = cfg.agent_rollout(m.agents[0]).temperature  # the trainer's
-                m.sync = WeightSync(m.sync_config, m.clients, out / "sync" / m.owner, temperature)
+                m.sync = WeightSync(m.sync_config, m.clients, out / "sync" / m.owner, m.temperature)
             agents = {}
             for m in models:
                 for spec in m.agents:
@@ -278,6 +277,7 @@ class Model:
     clients: list = field(default_factory=list)
     sync_config: SyncConfig = field(default_factory=SyncConfig)  # transport, buckets, check
     colocate: bool = False  # engines on the trainer's GPUs (kernel launch)
+    temperature: float = 1.0  # the owner's sampling temperature: the trainer's and the check's
 
     @property
     def trained(self) -> set[str]:
@@ -317,13 +317,13 @@ def _build_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> lis
         pool = EnginePool(settings.engine, path, logs, seed=cfg.seed + 1000 * i)
         tokenizer = load_tokenizer(specs[0].tokenizer or path)
         model = Model(specs[0].name, specs, settings, tokenizer, pool, sync_config=cfg.sync)
+        model.temperature = cfg.agent_rollout(specs[0]).temperature
         where = placement.get(model.owner)
         if where is not None:
             model.colocate = where.colocate
             model.sync_config = replace(cfg.sync, transport=where.sync_transport)
         if model.trained:
-            temperature = cfg.agent_rollout(specs[0]).temperature
-            trainer_cfg = replace(settings.trainer, temperature=temperature)
+            trainer_cfg = replace(settings.trainer, temperature=model.temperature)
             args = (path, settings.optim, settings.loss, trainer_cfg, cfg.num_steps)
             if cfg.ray.enabled:
                 from kernel.cluster.ray_group import RayTrainerGroup
