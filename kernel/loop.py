@@ -316,8 +316,16 @@ def _build_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> lis
         logs = out / "logs" / specs[0].name
         pool = EnginePool(settings.engine, path, logs, seed=cfg.seed + 1000 * i)
         tokenizer = load_tokenizer(specs[0].tokenizer or path)
-        model = Model(specs[0].name, specs, settings, tokenizer, pool, sync_config=cfg.sync)
-        model.temperature = cfg.agent_rollout(specs[0]).temperature
+        temperature = cfg.agent_rollout(specs[0]).temperature
+        model = Model(
+            specs[0].name,
+            specs,
+            settings,
+            tokenizer,
+            pool,
+            sync_config=cfg.sync,
+            temperature=temperature,
+        )
         where = placement.get(model.owner)
         if where is not None:
             model.colocate = where.colocate
