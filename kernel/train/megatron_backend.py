@@ -71,7 +71,7 @@ from kernel.train.megatron_model import (
     load_hf_weights,
     megatron_parallel,
 )
-from kernel.train.optim import SCHEDULES, OptimConfig, build_optimizer
+from kernel.train.optim import OptimConfig, build_optimizer, build_scheduler
 from kernel.train.torch_backend import TorchTrainer
 
 
@@ -197,7 +197,6 @@ class MegatronTrainer(TorchTrainer):
         """Megatron's optimizer (plain or distributed) with OptimConfig's AdamW settings, and
         OptimConfig's schedule on the torch optimizer inside it (the one that holds the lr)."""
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
-        from transformers import get_scheduler
 
         optim = self.optim_cfg
         ocfg = OptimizerConfig(
@@ -215,13 +214,7 @@ class MegatronTrainer(TorchTrainer):
         # overrides exempt biases and norms).
         optimizer = get_megatron_optimizer(ocfg, [self.model], config_overrides={})
         (inner,) = self._torch_optimizers(optimizer)  # dense models: one chained optimizer
-        scheduler = get_scheduler(
-            SCHEDULES[optim.decay],
-            inner,
-            num_warmup_steps=optim.warmup_steps,
-            num_training_steps=total_steps,
-        )
-        return optimizer, scheduler
+        return optimizer, build_scheduler(inner, optim, total_steps)
 
     def _torch_optimizers(self, optimizer=None) -> list:
         """The torch optimizers that hold the Adam state: ours, or those inside Megatron's

@@ -41,18 +41,23 @@ class OptimConfig:
 SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
 
-def build_optimizer(params, optim: OptimConfig, total_steps: int):
-    """AdamW over ``params`` and its warm-up/decay schedule (transformers' get_scheduler)."""
-    import torch
+def build_scheduler(optimizer, optim: OptimConfig, total_steps: int):
+    """The warm-up/decay schedule of a torch optimizer (transformers' get_scheduler)."""
     from transformers import get_scheduler
 
-    optimizer = torch.optim.AdamW(
-        params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
-    )
-    scheduler = get_scheduler(
+    return get_scheduler(
         SCHEDULES[optim.decay],
         optimizer,
         num_warmup_steps=optim.warmup_steps,
         num_training_steps=total_steps,
     )
-    return optimizer, scheduler
+
+
+def build_optimizer(params, optim: OptimConfig, total_steps: int):
+    """AdamW over ``params`` and its warm-up/decay schedule."""
+    import torch
+
+    optimizer = torch.optim.AdamW(
+        params, lr=optim.lr, betas=tuple(optim.betas), weight_decay=optim.weight_decay
+    )
+    return optimizer, build_scheduler(optimizer, optim, total_steps)
