@@ -8,8 +8,6 @@ on 127.0.0.1); rank 0 saves the gathered logits and weights for the test to chec
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +28,7 @@ from kernel.train.megatron_model import (
     megatron_parallel,
     transformer_config_from_hf,
 )
+from tests.megatron.conftest import run_ranks
 
 VOCAB = 100  # the char tokenizer's size: not a multiple of 128, so padding is exercised
 
@@ -187,26 +186,9 @@ def run_tp_rank(rank: int, world: int, port: int, out: Path) -> None:
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_tensor_and_pipeline_parallel_two_ranks_match_hf(tmp_path):
-    port, world = free_port(), 2
-    env = os.environ | {"PYTHONPATH": str(Path(__file__).parents[2])}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(r), str(world), str(port), str(tmp_path)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(world)
-    ]
-    logs = [p.communicate(timeout=120)[0].decode()[-3000:] for p in procs]
-    assert all(p.returncode == 0 for p in procs), "\n".join(logs)
+    world = 2
+    run_ranks(__file__, lambda r, port: [str(r), str(world), str(port), str(tmp_path)], world)
     got = torch.load(tmp_path / "tp.pt")
     family, overrides = TP_CASE
     hf = hf_model(family, **overrides)

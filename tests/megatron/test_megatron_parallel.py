@@ -19,8 +19,6 @@ Multi-process cases launch this file as a script: ``python this.py CASE RANK POR
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -35,6 +33,7 @@ from kernel.sample import Sample, Status
 from kernel.train.batching import plan_microbatches, shard_samples
 from kernel.train.megatron_backend import MegatronTrainer, MegatronTrainerConfig
 from kernel.train.optim import OptimConfig
+from tests.megatron.conftest import run_ranks
 
 # linear decay over 2 steps: lr 1e-3 at step 1, 1e-3 * (2 - 1) / 2 = 5e-4 at step 2, so a
 # resumed run that lost the schedule would take a different step 2
@@ -181,22 +180,8 @@ def run_rank(case: str, rank: int, port: int, model: str, out: Path) -> None:
 
 
 def launch(case: str, model: str, out: Path) -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = os.environ | {"PYTHONPATH": str(Path(__file__).parents[2]), "OMP_NUM_THREADS": "1"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, case, str(r), str(port), model, str(out)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(2)
-    ]
-    logs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]
-    for p, log in zip(procs, logs, strict=True):
-        assert p.returncode == 0, log[-3000:]
+    argv = lambda r, port: [case, str(r), str(port), model, str(out)]  # noqa: E731
+    run_ranks(__file__, argv, env={"OMP_NUM_THREADS": "1"})
     return torch.load(out / f"{case}.pt", weights_only=False)
 
 

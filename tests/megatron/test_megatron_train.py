@@ -7,8 +7,6 @@ at TP=2 (this file launched twice as a script: ranks 0 and 1 of a gloo group on 
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -23,6 +21,7 @@ from kernel.sample import Sample, Status
 from kernel.train.megatron_backend import MegatronTrainer, MegatronTrainerConfig
 from kernel.train.optim import OptimConfig
 from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+from tests.megatron.conftest import run_ranks
 
 OPTIM, LOSS, TEMPERATURE = OptimConfig(lr=1e-3, grad_clip=1.0), LossConfig(), 0.7
 
@@ -106,22 +105,7 @@ def test_one_step_matches_the_torch_backend(reference):
 
 def test_tensor_parallel_two_ranks_match_the_torch_backend(reference, tmp_path):
     model, before, ref = reference
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = os.environ | {"PYTHONPATH": str(Path(__file__).parents[2])}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, __file__, str(r), str(port), model, str(tmp_path)],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        for r in range(2)
-    ]
-    logs = [p.communicate(timeout=120)[0].decode(errors="replace") for p in procs]
-    for p, log in zip(procs, logs, strict=True):
-        assert p.returncode == 0, log[-3000:]
+    run_ranks(__file__, lambda r, port: [str(r), str(port), model, str(tmp_path)])
     check_same_step(ref, before, torch.load(tmp_path / "tp2.pt", weights_only=False))
 
 
