@@ -13,7 +13,6 @@ An engine that aborts a request (weight update in abort mode, shutdown) raises
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +56,13 @@ class EngineConfig:
     """How long an embedded server may take to load its model."""
     request_timeout_s: float = 600.0
     """Timeout of one generate request."""
+    batch_window_ms: float = 5.0
+    """Client side: the generate calls a rollout makes together go to the engine as one request
+    (one prompt with n for equal prompts). It is sent as soon as an event-loop turn adds no
+    call, and at most this long after the first; 0 sends every call on its own."""
+    gather_window_ms: float = 2.0
+    """Embedded servers: an idle engine's first request waits up to this long for others, so
+    that requests arriving close together share one prefill forward (0: admit at once)."""
     sglang_args: list[str] = field(default_factory=list)
     """kernel launch on real SGLang: more flags for this model's sglang.launch_server, after
     cluster.sglang_args (e.g. --context-length 32768 for one agent's model only)."""
@@ -72,6 +78,9 @@ class EngineConfig:
             raise ValueError("engine.start_router is for embedded engines: drop engine.urls")
         if self.startup_timeout_s <= 0 or self.request_timeout_s <= 0:
             raise ValueError("engine.startup_timeout_s and engine.request_timeout_s must be > 0")
+        for name in ("batch_window_ms", "gather_window_ms"):
+            if not 0 <= getattr(self, name) <= 1000:
+                raise ValueError(f"engine.{name} must be in [0, 1000], got {getattr(self, name)}")
         if any(not isinstance(a, str) for a in self.sglang_args):
             raise ValueError(f"engine.sglang_args must be strings, got {self.sglang_args}")
         return self
@@ -238,6 +247,7 @@ class EnginePool:
             port=port or free_port(),
             device=self.cfg.device,
             max_batch_size=self.cfg.max_batch_size,
+            gather_window_ms=self.cfg.gather_window_ms,
             num_threads=self.cfg.num_threads,
             seed=self.seed + i,
         )
@@ -357,7 +367,12 @@ def _wait_workers(router_url: str, n: int, deadline_s: float) -> None:
 
 @dataclass
 class AgentHandle:
-    """What a recipe calls to make one agent speak."""
+    """What a recipe calls to make one agent speak.
+
+    Calls are batched per model (``kernel.engine.batcher.RequestBatcher``): the episodes of a
+    rollout that ask at the same time go to the engine as one request, the samples of one prompt
+    as one prompt with ``n``. A recipe just awaits ``generate`` / ``generate_turn`` per episode;
+    ``generate_group`` and ``generate_turns`` say the same in one call."""
 
     name: str
     clients: list  # EngineClient per engine (or one router)
@@ -366,38 +381,30 @@ class AgentHandle:
     max_response_len: int
     max_context_len: int
     pool: EnginePool | None = None  # set: a failed engine is taken out and the request retried
-    _next: Any = field(default=None, repr=False)
+    batcher: Any = None  # RequestBatcher shared by the agents of one model (None: one of its own)
 
     def __post_init__(self) -> None:
         if not self.clients:
             raise ValueError(f"agent {self.name!r} has no engines")
-        self._next = itertools.cycle(self.clients)
+        if self.batcher is None:
+            from kernel.engine.batcher import RequestBatcher
+
+            self.batcher = RequestBatcher(self.clients, self.pool)
 
     async def generate(self, input_ids: list[int], sampling: dict[str, Any] | None = None):
         """Sample one continuation of ``input_ids``; raises EpisodeAborted if aborted, or if no
         engine could serve it (the prompt group is then rolled out again later)."""
-        from kernel.engine.client import EngineError
-
         params = {"max_new_tokens": self.max_response_len, **self.sampling, **(sampling or {})}
-        for _ in range(len(self.clients)):
-            client = next(self._next)
-            if self.pool is not None and client.base_url in self.pool.down:
-                continue
-            try:
-                result = await client.generate(list(input_ids), params)
-            except EngineError as e:
-                if self.pool is None:
-                    raise
-                if client.base_url == self.pool.router_url:  # a worker died under the router
-                    raise EpisodeAborted(f"agent {self.name!r}: {e}") from e
-                if e.status is not None and e.status < 500:
-                    raise
-                await self.pool.mark_down(client.base_url, str(e))
-                continue
-            if result.aborted:
-                raise EpisodeAborted(f"agent {self.name!r}: {result.finish_reason}")
-            return result
-        raise EpisodeAborted(f"agent {self.name!r}: no engine is up")
+        try:
+            return await self.batcher.submit(input_ids, params)
+        except EpisodeAborted as e:
+            raise EpisodeAborted(f"agent {self.name!r}: {e}") from e
+
+    async def generate_group(
+        self, input_ids: list[int], n: int, sampling: dict[str, Any] | None = None
+    ) -> list:
+        """``n`` samples of one prompt, as one request with ``sampling_params.n``."""
+        return list(await asyncio.gather(*(self.generate(input_ids, sampling) for _ in range(n))))
 
     def conversation(self, system: str | None = None, **kwargs) -> Conversation:
         """A new token-exact dialogue in this agent's tokenizer and context budget."""
@@ -416,3 +423,10 @@ class AgentHandle:
             result.output_ids, result.logprobs, weight_version=parse_version(result.weight_version)
         )
         return result
+
+    async def generate_turns(
+        self, convs: list[Conversation], sampling: dict[str, Any] | None = None
+    ) -> list:
+        """This agent's next turn in each of several dialogues (a group's episodes, turn by
+        turn), as one request; a result per dialogue (None where its budget is exhausted)."""
+        return list(await asyncio.gather(*(self.generate_turn(c, sampling) for c in convs)))

@@ -25,6 +25,7 @@ text through ``add_message``, which is right since it is not this agent's sample
 
 from __future__ import annotations
 
+import functools
 import operator
 from collections.abc import Sequence
 from typing import Any
@@ -240,13 +241,15 @@ class Conversation:
     def _render(self, messages: list[dict[str, str]], generation_prompt: bool = False) -> str:
         if not messages and not generation_prompt:
             return ""  # some templates index messages[0]; nothing rendered is nothing
+        key = tuple((m["role"], m["content"]) for m in messages)
+        kwargs = tuple(sorted(self.template_kwargs.items()))
+        render = _render
         try:
-            return self.tokenizer.apply_chat_template(
-                messages,
-                tokenize=False,
-                add_generation_prompt=generation_prompt,
-                **self.template_kwargs,
-            )
+            hash(kwargs)
+        except TypeError:  # unhashable template arguments (lists, dicts): render uncached
+            render = _render.__wrapped__
+        try:
+            return render(self.tokenizer, key, generation_prompt, kwargs)
         except Exception as e:  # jinja errors come in many types; name the template
             raise ConversationError(
                 f"chat template of {_name(self.tokenizer)!r} failed to render "
@@ -254,8 +257,7 @@ class Conversation:
             ) from e
 
     def _tokens(self, text: str) -> list[int]:
-        # what apply_chat_template(tokenize=True) does: the template carries its own BOS
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return list(_tokens(self.tokenizer, text))
 
     def _extension(self, before: list[int], after: list[int], what: str) -> list[int]:
         """The ids ``after`` adds to ``before``; an error if it is not a token prefix."""
@@ -294,6 +296,24 @@ class Conversation:
         end = self._tokens(reply_text[len(prompt_text) + len(_SENTINEL) :])
         self._turn_cache = (n, header, end)
         return header, end
+
+
+# The episodes of a prompt group render and tokenize the same messages until they sample: both
+# are memoised (per tokenizer object; keys hold the whole text, so a hit is always exact).
+@functools.lru_cache(maxsize=8192)
+def _render(tokenizer: Any, messages: tuple, generation_prompt: bool, kwargs: tuple) -> str:
+    return tokenizer.apply_chat_template(
+        [{"role": r, "content": c} for r, c in messages],
+        tokenize=False,
+        add_generation_prompt=generation_prompt,
+        **dict(kwargs),
+    )
+
+
+@functools.lru_cache(maxsize=8192)
+def _tokens(tokenizer: Any, text: str) -> tuple[int, ...]:
+    # what apply_chat_template(tokenize=True) does: the template carries its own BOS
+    return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
 
 
 def _overlap(ids: list[int], end: list[int]) -> int:

@@ -43,6 +43,7 @@ from kernel.advantages import compute_advantages
 from kernel.agents import AgentHandle, AgentSpec, EnginePool, model_groups
 from kernel.buffer import DataBuffer
 from kernel.config import ModelSettings, TrainConfig
+from kernel.engine.batcher import RequestBatcher
 from kernel.hooks import (
     RolloutContext,
     default_recipe_config,
@@ -50,7 +51,7 @@ from kernel.hooks import (
     load_recipe_config,
     load_reward,
 )
-from kernel.metrics import MetricsLogger, mean
+from kernel.metrics import MetricsLogger, mean, process_age
 from kernel.models import load_tokenizer, materialize_model
 from kernel.rollout import GroupResult, RolloutManager, RolloutStats
 from kernel.sample import Sample, Status
@@ -129,6 +130,11 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
 
             stack.callback(ray.shutdown)
         models = _build_models(cfg, out, placement)
+        for m in models:  # every model's engines load while the trainers are built
+            stack.enter_context(m.pool)
+            m.pool.launch()
+        for m in models:
+            m.trainer = _build_trainer(cfg, m, placement.get(m.owner))
         start = 0
         if ckpt is not None:
             state = json.loads((ckpt / "state.json").read_text())
@@ -142,123 +148,131 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
         (out / "config.json").write_text(json.dumps(_jsonable(cfg), indent=1))
         logger = MetricsLogger(out, cfg.log, _jsonable(cfg), start)
 
-        # Engines (started here, or given by URL) per model, agent handles, rollouts, weight sync.
-        with contextlib.ExitStack() as engines:
-            for m in models:  # every model's engines load at once
-                engines.enter_context(m.pool)
-                m.pool.launch()
+        # Engines (started above, or given by URL) per model, agent handles, rollouts, sync.
+        for m in models:
+            m.pool.wait_healthy()
+            m.generators, m.clients = m.pool.clients()
+            m.sync = WeightSync(m.sync_config, m.clients, out / "sync" / m.owner, m.temperature)
+        agents = {}
+        for m in models:
+            window = m.settings.engine.batch_window_ms / 1000
+            batcher = RequestBatcher(m.generators, m.pool, window)
+            for spec in m.agents:
+                tokenizer = _with_template(m.tokenizer, spec.chat_template)
+                rollout = cfg.agent_rollout(spec)
+                sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p}
+                agents[spec.name] = AgentHandle(
+                    spec.name,
+                    m.generators,
+                    tokenizer,
+                    sampling,
+                    rollout.max_response_len,
+                    rollout.max_context_len,
+                    pool=m.pool,
+                    batcher=batcher,
+                )
+        agents = {name: agents[name] for name in (s.name for s in cfg.agent_specs())}
+        ctx = RolloutContext(agents=agents, config=recipe_config, run=cfg, step=start)
+        manager = RolloutManager(
+            generate, reward, cfg.reward, cfg.rollout.concurrency, cfg.rollout.timeout_s
+        )
+        rows: list[dict] = []
+        watchers = [asyncio.ensure_future(m.pool.watch()) for m in models]
+        try:
+            # Engines serve the trainers' weights from the first step on: a resumed run pushes
+            # its checkpoints, a fresh one only labels the base weights with version 0.
             for m in models:
-                m.pool.wait_healthy()
-                m.generators, m.clients = m.pool.clients()
-                m.sync = WeightSync(m.sync_config, m.clients, out / "sync" / m.owner, m.temperature)
-            agents = {}
-            for m in models:
-                for spec in m.agents:
-                    tokenizer = _with_template(m.tokenizer, spec.chat_template)
-                    rollout = cfg.agent_rollout(spec)
-                    sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p}
-                    agents[spec.name] = AgentHandle(
-                        spec.name,
-                        m.generators,
-                        tokenizer,
-                        sampling,
-                        rollout.max_response_len,
-                        rollout.max_context_len,
-                        pool=m.pool,
+                if start > 0 and m.trainer is not None:
+                    await m.sync.push(m.trainer, m.version)
+                else:
+                    await asyncio.gather(
+                        *(c.update_weight_version(str(m.version)) for c in m.clients)
                     )
-            agents = {name: agents[name] for name in (s.name for s in cfg.agent_specs())}
-            ctx = RolloutContext(agents=agents, config=recipe_config, run=cfg, step=start)
-            manager = RolloutManager(
-                generate, reward, cfg.reward, cfg.rollout.concurrency, cfg.rollout.timeout_s
-            )
-            rows: list[dict] = []
-            watchers = [asyncio.ensure_future(m.pool.watch()) for m in models]
-            try:
-                # Engines serve the trainers' weights from the first step on: a resumed run pushes
-                # its checkpoints, a fresh one only labels the base weights with version 0.
-                for m in models:
-                    if start > 0 and m.trainer is not None:
-                        await m.sync.push(m.trainer, m.version)
-                    else:
-                        await asyncio.gather(
-                            *(c.update_weight_version(str(m.version)) for c in m.clients)
-                        )
 
+            next_batch = None
+            startup_s = process_age()  # from the command to the first rollout
+            for step in range(start, cfg.num_steps):
+                t_step = time.perf_counter()
+                # 1-2. rollout with rewards (in async mode it was started during the last step)
+                batch = await (next_batch or _collect(cfg, manager, ctx, buffer, step))
                 next_batch = None
-                for step in range(start, cfg.num_steps):
-                    t_step = time.perf_counter()
-                    # 1-2. rollout with rewards (in async mode it was started during the last step)
-                    batch = await (next_batch or _collect(cfg, manager, ctx, buffer, step))
-                    next_batch = None
-                    if cfg.async_mode and step + 1 < cfg.num_steps:
-                        next_batch = asyncio.ensure_future(
-                            _collect(cfg, manager, ctx, buffer, step + 1)
-                        )
-                    samples, stale = _drop_stale(batch.samples, models, cfg.max_staleness)
+                if cfg.async_mode and step + 1 < cfg.num_steps:
+                    next_batch = asyncio.ensure_future(
+                        _collect(cfg, manager, ctx, buffer, step + 1)
+                    )
+                samples, stale = _drop_stale(batch.samples, models, cfg.max_staleness)
 
-                    # 3. advantages, per (prompt, agent[, turn])
-                    adv_metrics = compute_advantages(samples, cfg.advantage)
+                # 3. advantages, per (prompt, agent[, turn])
+                adv_metrics = compute_advantages(samples, cfg.advantage)
 
-                    # 4. train each model due this step on the samples of the agents it plays (off
-                    # the event loop, so an async rollout keeps going; models train concurrently;
-                    # colocated engines give their GPU memory up meanwhile)
-                    due = [m for m in models if m.trains_at(step)]
-                    t0 = time.perf_counter()
-                    train_metrics = await asyncio.gather(*(m.train_step(samples) for m in due))
-                    train_s = time.perf_counter() - t0
+                # 4. train each model due this step on the samples of the agents it plays (off
+                # the event loop, so an async rollout keeps going; models train concurrently;
+                # colocated engines give their GPU memory up meanwhile)
+                due = [m for m in models if m.trains_at(step)]
+                # the post-sync checks of the last pushes ran beside this rollout; they read
+                # the weights this step changes, so they end here (or fail the run)
+                checks = [await m.sync.checked() for m in models]
+                t0 = time.perf_counter()
+                train_metrics = await asyncio.gather(*(m.train_step(samples) for m in due))
+                train_s = time.perf_counter() - t0
 
-                    # 5. weight sync of the models that trained, and of engines restarted after a
-                    # crash (which rejoin the rotation only once they serve the current weights)
-                    restarted = {m.owner: await m.pool.restart_dead() for m in models}
-                    sync_metrics = []
-                    for m in models:
-                        await m.sync.reset(restarted[m.owner])
-                        if m in due:
-                            m.version += 1
-                            # checked on the first prompt it trained on (SyncConfig.check_tokens)
-                            probe = next((s.prompt_ids for s in m.own(samples)), None)
-                            sync_metrics.append(await m.sync.push(m.trainer, m.version, probe))
-                        elif restarted[m.owner] and m.trainer is not None:
-                            await m.sync.push(m.trainer, m.version)
-                        await m.pool.readmit(restarted[m.owner])
-
-                    # 6. log and checkpoint
-                    row = {"step": step, **batch.metrics}
-                    row |= _model_metrics(models, due, train_metrics, sync_metrics)
-                    row["data/rows"] = sorted(r.group[0].metadata["row"] for r in batch.results)
-                    row |= _agent_metrics(samples, models) | adv_metrics | batch.stats.as_metrics()
-                    row["staleness/dropped"] = float(stale)
-                    row["time/rollout_s"] = batch.stats.seconds
-                    row["time/train_s"] = train_s
-                    row["engines/restarts"] = float(sum(m.pool.restarts for m in models))
-                    row["time/sync_s"] = sum(m["sync/time_s"] for m in sync_metrics)
-                    if cfg.eval.every and (
-                        (step + 1) % cfg.eval.every == 0 or step + 1 == cfg.num_steps
-                    ):
-                        row |= await _evaluate(cfg, manager, ctx)
-                    row["time/step_s"] = time.perf_counter() - t_step
-                    tokens = sum(m.get("tokens", 0.0) for m in train_metrics)
-                    row["tokens_per_s"] = tokens / row["time/step_s"]
-                    logger.log(row)
-                    rows.append(row)
-                    if on_step:
-                        on_step(row)
-                    ctx.step = step + 1
-                    last = step + 1 == cfg.num_steps
-                    if last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
-                        in_flight = [] if next_batch is None else await _handed_out(next_batch)
-                        _checkpoint(cfg, models, buffer, step + 1, in_flight)
-                return rows
-            finally:
-                for w in watchers:
-                    w.cancel()
+                # 5. weight sync of the models that trained, and of engines restarted after a
+                # crash (which rejoin the rotation only once they serve the current weights)
+                restarted = {m.owner: await m.pool.restart_dead() for m in models}
+                sync_metrics = []
                 for m in models:
-                    if m.sync is not None:
-                        await m.sync.aclose()
-                    await asyncio.gather(*(c.aclose() for c in {*m.generators, *m.clients}))
-                    if m.trainer is not None and hasattr(m.trainer, "close"):
-                        m.trainer.close()
-                logger.close()
+                    await m.sync.reset(restarted[m.owner])
+                    if m in due:
+                        m.version += 1
+                        # checked on the first prompt it trained on (SyncConfig.check_tokens)
+                        probe = next((s.prompt_ids for s in m.own(samples)), None)
+                        sync_metrics.append(await m.sync.push(m.trainer, m.version, probe))
+                    elif restarted[m.owner] and m.trainer is not None:
+                        await m.sync.push(m.trainer, m.version)
+                    await m.pool.readmit(restarted[m.owner])
+                if step + 1 == cfg.num_steps:  # no rollout left to run the last checks beside
+                    for i, m in enumerate(models):
+                        checks[i] |= await m.sync.checked()
+
+                # 6. log and checkpoint
+                row = {"step": step, **batch.metrics}
+                if step == start:
+                    row["time/startup_s"] = startup_s
+                row |= _model_metrics(models, due, train_metrics, sync_metrics, checks)
+                row["data/rows"] = sorted(r.group[0].metadata["row"] for r in batch.results)
+                row |= _agent_metrics(samples, models) | adv_metrics | batch.stats.as_metrics()
+                row["staleness/dropped"] = float(stale)
+                row["time/rollout_s"] = batch.stats.seconds
+                row["time/train_s"] = train_s
+                row["engines/restarts"] = float(sum(m.pool.restarts for m in models))
+                row["time/sync_s"] = sum(m["sync/time_s"] for m in sync_metrics)
+                if cfg.eval.every and (
+                    (step + 1) % cfg.eval.every == 0 or step + 1 == cfg.num_steps
+                ):
+                    row |= await _evaluate(cfg, manager, ctx)
+                row["time/step_s"] = time.perf_counter() - t_step
+                tokens = sum(m.get("tokens", 0.0) for m in train_metrics)
+                row["tokens_per_s"] = tokens / row["time/step_s"]
+                logger.log(row)
+                rows.append(row)
+                if on_step:
+                    on_step(row)
+                ctx.step = step + 1
+                last = step + 1 == cfg.num_steps
+                if last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
+                    in_flight = [] if next_batch is None else await _handed_out(next_batch)
+                    _checkpoint(cfg, models, buffer, step + 1, in_flight)
+            return rows
+        finally:
+            for w in watchers:
+                w.cancel()
+            for m in models:
+                if m.sync is not None:
+                    await m.sync.aclose()
+                await asyncio.gather(*(c.aclose() for c in {*m.generators, *m.clients}))
+                if m.trainer is not None and hasattr(m.trainer, "close"):
+                    m.trainer.close()
+            logger.close()
 
 
 @dataclass
@@ -270,6 +284,7 @@ class Model:
     settings: ModelSettings
     tokenizer: Any
     pool: EnginePool
+    path: str = ""  # the model's folder (or name), as its engines and trainer load it
     trainer: Any = None  # TorchTrainer / MegatronTrainer; None when every agent is frozen
     sync: WeightSync | None = None
     version: int = 0
@@ -307,8 +322,8 @@ class Model:
 
 
 def _build_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> list[Model]:
-    """A tokenizer, engine pool and (if any agent of it trains) trainer per model, placed as
-    ``placement`` says for the owners it names."""
+    """A tokenizer and engine pool per model (its trainer comes from ``_build_trainer``),
+    placed as ``placement`` says for the owners it names."""
     models = []
     for i, specs in enumerate(model_groups(cfg.agent_specs()).values()):
         settings = cfg.model_settings(specs[0])
@@ -323,6 +338,7 @@ def _build_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> lis
             settings,
             tokenizer,
             pool,
+            path=path,
             sync_config=cfg.sync,
             temperature=temperature,
         )
@@ -330,31 +346,36 @@ def _build_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> lis
         if where is not None:
             model.colocate = where.colocate
             model.sync_config = replace(cfg.sync, transport=where.sync_transport)
-        if model.trained:
-            trainer_cfg = replace(settings.trainer, temperature=model.temperature)
-            args = (path, settings.optim, settings.loss, trainer_cfg, cfg.num_steps)
-            if cfg.ray.enabled:
-                from kernel.cluster.ray_group import RayTrainerGroup
-
-                options = (
-                    where.trainer_options
-                    if where
-                    else {
-                        "world_size": specs[0].resources.get("train_gpus") or cfg.ray.ranks,
-                        "num_cpus": cfg.ray.num_cpus_per_rank,
-                        "num_gpus": cfg.ray.num_gpus_per_rank,
-                    }
-                )
-                model.trainer = RayTrainerGroup(specs[0].name, *args, **options)
-                models.append(model)
-                continue
-            if settings.backend == "megatron":
-                from kernel.train.megatron_backend import MegatronTrainer as Trainer
-            else:
-                from kernel.train.torch_backend import TorchTrainer as Trainer
-            model.trainer = Trainer(*args)
         models.append(model)
     return models
+
+
+def _build_trainer(cfg: TrainConfig, model: Model, where):
+    """The trainer of ``model`` (None when none of its agents trains): in this process, or a
+    Ray actor group on the ranks ``where`` (a kernel launch placement) or cfg.ray says."""
+    if not model.trained:
+        return None
+    settings = model.settings
+    trainer_cfg = replace(settings.trainer, temperature=model.temperature)
+    args = (model.path, settings.optim, settings.loss, trainer_cfg, cfg.num_steps)
+    if cfg.ray.enabled:
+        from kernel.cluster.ray_group import RayTrainerGroup
+
+        options = (
+            where.trainer_options
+            if where
+            else {
+                "world_size": model.agents[0].resources.get("train_gpus") or cfg.ray.ranks,
+                "num_cpus": cfg.ray.num_cpus_per_rank,
+                "num_gpus": cfg.ray.num_gpus_per_rank,
+            }
+        )
+        return RayTrainerGroup(model.owner, *args, **options)
+    if settings.backend == "megatron":
+        from kernel.train.megatron_backend import MegatronTrainer as Trainer
+    else:
+        from kernel.train.torch_backend import TorchTrainer as Trainer
+    return Trainer(*args)
 
 
 def _with_template(tokenizer, template: str | None):
@@ -373,13 +394,17 @@ def _with_template(tokenizer, template: str | None):
     return tokenizer
 
 
-def _model_metrics(models, due, train_metrics, sync_metrics) -> dict[str, float]:
+def _model_metrics(models, due, train_metrics, sync_metrics, checks) -> dict[str, float]:
     """Weight versions, training and sync metrics: ``train/loss`` for a run of one model,
-    ``train/<owner>/loss`` (and so on) per model when agents have their own models."""
+    ``train/<owner>/loss`` (and so on) per model when agents have their own models. ``checks``
+    (per model) are the post-sync checks that ended this step (of the previous step's push,
+    and at the last step of its own)."""
     row: dict[str, float] = {}
     single = len(models) == 1
-    for m in models:
+    for m, check in zip(models, checks, strict=True):
         row["weight_version" if single else f"weight_version/{m.owner}"] = m.version
+        scope = "" if single else f"{m.owner}/"
+        row |= {f"sync/{scope}{k.removeprefix('sync/')}": v for k, v in check.items()}
     for m, train, sync in zip(due, train_metrics, sync_metrics, strict=True):
         scope = "" if single else f"{m.owner}/"
         row |= {f"train/{scope}{k}": v for k, v in train.items()}

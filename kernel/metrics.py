@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +22,20 @@ class LogConfig:
     """Also log to Weights & Biases (needs wandb; WANDB_MODE=offline works without network)."""
     wandb_project: str = "tandem"
     """W&B project name."""
+
+
+def process_age() -> float:
+    """Seconds since this process started (from /proc on Linux; elsewhere since the kernel
+    package was imported), so a run can log how long it took to reach its first rollout."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        boot = float(Path("/proc/uptime").read_text().split()[0])
+        return boot - ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return time.monotonic() - _IMPORTED
+
+
+_IMPORTED = time.monotonic()
 
 
 def mean(values) -> float | None:

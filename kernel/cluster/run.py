@@ -218,6 +218,7 @@ def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args) -> 
         port=e.port,
         device=eng.device,
         max_batch_size=eng.max_batch_size,
+        gather_window_ms=eng.gather_window_ms,
         num_threads=eng.num_threads,
         seed=cfg.seed + e.index,
     )

@@ -1,11 +1,13 @@
 """Async client for engines that speak SGLang's native HTTP API.
 
 One ``EngineClient`` per base URL (an SGLang server, the embedded server, or sglang-router in
-front of several) holds one shared ``httpx.AsyncClient`` connection pool. Requests never block
-the event loop; connection errors and 5xx replies are retried a bounded number of times with
-exponential backoff (tenacity), 4xx replies raise ``EngineError`` with the server's message at
-once. Calls that must not run twice (joining a process group, receiving a broadcast) are never
-retried.
+front of several) holds one long-lived ``aiohttp`` connection pool, opened on first use in the
+running event loop. aiohttp, not httpx: on 2 cores httpx spent ~2.4 ms of client CPU per
+generate call (its pool bookkeeping), aiohttp ~0.16 ms (``scripts/bench_vs_peers.py`` prints
+the client's CPU per request). Requests never block the event loop; connection errors and 5xx
+replies are retried a bounded number of times with exponential backoff (tenacity), 4xx replies
+raise ``EngineError`` with the server's message at once. Calls that must not run twice
+(joining a process group, receiving a broadcast) are never retried.
 
 ``generate`` returns a small typed ``GenerateResult`` and tolerates the keys SGLang leaves out
 of aborted replies (no ``output_token_logprobs``, sometimes no ``weight_version``).
@@ -14,11 +16,12 @@ of aborted replies (no ``output_token_logprobs``, sometimes no ``weight_version`
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import httpx
+import aiohttp
 from tenacity import (
     AsyncRetrying,
     retry_if_exception,
@@ -26,16 +29,13 @@ from tenacity import (
     wait_exponential,
 )
 
-# Transport failures before a reply. ReadError/WriteError include a pooled keep-alive
-# connection the server closed just as it was reused; re-sending is safe for every call that
-# retries (generation has no side effect but compute; one-shot calls pass retry=False).
+# Transport failures before a reply: refused or timed-out connections, and a pooled keep-alive
+# connection the server closed just as it was reused (ServerDisconnectedError). Re-sending is
+# safe for every call that retries (generation has no side effect but compute; one-shot calls
+# pass retry=False). A read timeout is not retried: the server may still be working on it.
 RETRYABLE = (
-    httpx.ConnectError,
-    httpx.ConnectTimeout,
-    httpx.PoolTimeout,
-    httpx.RemoteProtocolError,
-    httpx.ReadError,
-    httpx.WriteError,
+    aiohttp.ClientConnectionError,
+    aiohttp.ClientPayloadError,
 )
 
 
@@ -78,16 +78,34 @@ class EngineError(RuntimeError):
         self.status = status
 
 
+@dataclass
+class Reply:
+    """A reply's status and body, read in full."""
+
+    status: int
+    content: bytes
+    reason: str = ""
+
+    def json(self) -> Any:
+        return json.loads(self.content)
+
+    @property
+    def text(self) -> str:
+        return self.content.decode(errors="replace")
+
+
 class _ServerError(Exception):
     """A 5xx reply, raised inside the retry loop so that tenacity retries it."""
 
-    def __init__(self, response: httpx.Response) -> None:
-        super().__init__(response.status_code)
-        self.response = response
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(reply.status)
+        self.reply = reply
 
 
 def _retryable(exc: BaseException) -> bool:
-    return isinstance(exc, (*RETRYABLE, _ServerError))
+    return isinstance(exc, _ServerError) or (
+        isinstance(exc, RETRYABLE) and not isinstance(exc, asyncio.TimeoutError)
+    )
 
 
 @dataclass
@@ -136,23 +154,10 @@ class GenerateResult:
 class EngineClient:
     """Async client of one SGLang-protocol base URL; use ``async with`` or ``aclose()``."""
 
-    def __init__(
-        self,
-        base_url: str,
-        config: ClientConfig | None = None,
-        *,
-        http: httpx.AsyncClient | None = None,
-    ) -> None:
+    def __init__(self, base_url: str, config: ClientConfig | None = None) -> None:
         self.base_url = base_url.rstrip("/")
         self.config = (config or ClientConfig()).validate()
-        c = self.config
-        self._owns_http = http is None
-        self._http = http or httpx.AsyncClient(
-            timeout=httpx.Timeout(c.timeout_s, connect=c.connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=c.max_connections, max_keepalive_connections=c.max_connections
-            ),
-        )
+        self._session: aiohttp.ClientSession | None = None
 
     async def __aenter__(self) -> EngineClient:
         return self
@@ -161,14 +166,33 @@ class EngineClient:
         await self.aclose()
 
     async def aclose(self) -> None:
-        if self._owns_http:
-            await self._http.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _http(self) -> aiohttp.ClientSession:
+        """The connection pool, made in the running event loop on first use."""
+        if self._session is None or self._session.closed:
+            c = self.config
+            self._session = aiohttp.ClientSession(
+                timeout=aiohttp.ClientTimeout(
+                    total=None, sock_connect=c.connect_timeout_s, sock_read=c.timeout_s
+                ),
+                connector=aiohttp.TCPConnector(limit=c.max_connections, keepalive_timeout=30),
+                raise_for_status=False,
+            )
+        return self._session
 
     # ---- transport -------------------------------------------------------------------------
 
+    async def _send(self, method: str, url: str, body: Any, timeout_s: float | None) -> Reply:
+        timeout = None if timeout_s is None else aiohttp.ClientTimeout(total=timeout_s)
+        async with self._http().request(method, url, json=body, timeout=timeout) as r:
+            return Reply(r.status, await r.read(), r.reason or "")
+
     async def request(
         self, method: str, path: str, json: Any = None, *, retry: bool = True
-    ) -> httpx.Response:
+    ) -> Reply:
         """One call with bounded retries; raises EngineError on an error reply or no reply."""
         url = self.base_url + path
         attempts = 1 + (self.config.max_retries if retry else 0)
@@ -180,20 +204,20 @@ class EngineClient:
                 reraise=True,
             ):
                 with attempt:
-                    response = await self._http.request(method, url, json=json)
-                    if response.status_code >= 500:
-                        raise _ServerError(response)
+                    reply = await self._send(method, url, json, None)
+                    if reply.status >= 500:
+                        raise _ServerError(reply)
         except _ServerError as exc:
-            response = exc.response
-        except httpx.HTTPError as exc:
+            reply = exc.reply
+        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
             raise EngineError(f"{method} {path} failed: {exc!r}", url) from exc
-        if response.status_code >= 400:
-            raise EngineError(_message(response), url, response.status_code)
-        return response
+        if reply.status >= 400:
+            raise EngineError(_message(reply), url, reply.status)
+        return reply
 
     async def _json(self, method: str, path: str, json: Any = None, *, retry: bool = True) -> Any:
-        response = await self.request(method, path, json, retry=retry)
-        return response.json() if response.content else None
+        reply = await self.request(method, path, json, retry=retry)
+        return reply.json() if reply.content else None
 
     # ---- generation ------------------------------------------------------------------------
 
@@ -273,6 +297,17 @@ class EngineClient:
         path = "/update_weights_from_tensor"
         return await self._json("POST", path, _versioned(body, weight_version))
 
+    async def update_weights_from_flattened_bucket(
+        self, payloads: list[str], *, weight_version: str | None = None, abort_all_requests=False
+    ) -> dict:
+        """Send SGLang's ``flattened_bucket`` payloads (one per engine TP rank, made by
+        ``kernel.engine.weights.FlatBucketWriter``): handles to a buffer shared on this machine,
+        not the bytes."""
+        body = {"serialized_named_tensors": list(payloads), "load_format": "flattened_bucket"}
+        body["abort_all_requests"] = abort_all_requests
+        path = "/update_weights_from_tensor"
+        return await self._json("POST", path, _versioned(body, weight_version))
+
     async def init_weights_update_group(
         self,
         master_address: str,
@@ -333,10 +368,10 @@ class EngineClient:
 
     async def health(self) -> bool:
         try:
-            response = await self._http.get(self.base_url + "/health", timeout=5.0)
-        except httpx.HTTPError:
+            reply = await self._send("GET", self.base_url + "/health", None, 5.0)
+        except (aiohttp.ClientError, asyncio.TimeoutError):
             return False
-        return response.status_code == 200
+        return reply.status == 200
 
     async def wait_healthy(self, deadline_s: float = 120.0, interval_s: float = 0.25) -> None:
         """Poll GET /health until it answers 200; TimeoutError naming the URL after the deadline."""
@@ -375,12 +410,12 @@ def _versioned(body: dict, weight_version: str | None) -> dict:
     return body if weight_version is None else body | {"weight_version": str(weight_version)}
 
 
-def _message(response: httpx.Response) -> str:
+def _message(reply: Reply) -> str:
     """The error text of a reply: SGLang's {"error": {"message"}}, {"message"}, or the body."""
     try:
-        data = response.json()
+        data = reply.json()
     except ValueError:
-        return response.text.strip() or response.reason_phrase
+        return reply.text.strip() or reply.reason
     if isinstance(data, dict):
         err = data.get("error")
         if isinstance(err, dict) and "message" in err:

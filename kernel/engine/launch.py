@@ -82,23 +82,24 @@ class LaunchedProcess:
     def wait_healthy(self, deadline_s: float = 120.0, path: str = "/health") -> LaunchedProcess:
         """Block until GET ``url + path`` answers 200; raise naming the URL if it does not."""
         end = time.monotonic() + deadline_s
-        while True:
-            if self.popen.poll() is not None:
-                raise RuntimeError(
-                    f"{self.name} at {self.url} exited with code {self.popen.returncode} before "
-                    f"it was healthy; log {self.log_path}:\n{self.log_tail()}"
-                )
-            try:
-                if httpx.get(self.url + path, timeout=2.0).status_code == 200:
-                    return self
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() >= end:
-                raise TimeoutError(
-                    f"{self.name} at {self.url}{path} did not answer 200 within {deadline_s:g} s; "
-                    f"log {self.log_path}:\n{self.log_tail()}"
-                )
-            time.sleep(0.25)
+        with httpx.Client(timeout=2.0) as http:  # one client: each new one builds an SSL context
+            while True:
+                if self.popen.poll() is not None:
+                    raise RuntimeError(
+                        f"{self.name} at {self.url} exited with code {self.popen.returncode} "
+                        f"before it was healthy; log {self.log_path}:\n{self.log_tail()}"
+                    )
+                try:
+                    if http.get(self.url + path).status_code == 200:
+                        return self
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() >= end:
+                    raise TimeoutError(
+                        f"{self.name} at {self.url}{path} did not answer 200 within "
+                        f"{deadline_s:g} s; log {self.log_path}:\n{self.log_tail()}"
+                    )
+                time.sleep(0.05)
 
     def stop(self, grace_s: float = 10.0) -> None:
         """End this process (SIGTERM, then SIGKILL after ``grace_s``)."""

@@ -7,12 +7,17 @@ whose worker thread runs this loop, one step at a time:
    half-written weight;
 2. finish requests marked aborted, with their partial output;
 3. admit waiting requests (up to ``max_batch_size`` running): one prefill forward over their
-   prompts, left padded, samples each one's first token, and their KV cache joins the running
-   batch (both caches are left padded to the same length and concatenated);
+   DISTINCT prompts, left padded (the n samples of a prompt -- ``sampling_params.n``, or equal
+   prompts sent apart -- are one prefill row whose KV cache is then copied to each of them, as
+   SGLang shares a prompt's cache), samples each one's first token, and their KV cache joins the
+   running batch (both caches are left padded to the same length and concatenated);
 4. one decode forward for the whole running batch; sample; finish rows that hit a stop token,
    stop string, ``max_new_tokens`` or the context length, and drop them from the cache.
 
-So a new request joins at the next step rather than waiting for the batch to drain.
+So a new request joins at the next step rather than waiting for the batch to drain. When the
+engine is idle, a request that came alone waits up to ``gather_window_s`` for others (until
+``max_batch_size`` are waiting), so requests sent close together share one prefill forward; a
+batch sent as one request (``kernel.engine.batcher``) starts at once.
 
 Reported logprobs (SGLang's default): ``log_softmax(logits / temperature)`` of the sampled
 token, with raw logits for greedy (temperature 0); top-p, top-k and min-p shape what is sampled
@@ -54,6 +59,8 @@ class Request:
     abort_message: str | None = None
     """Set from any thread; the worker finishes the request at its next step."""
     created: float = field(default_factory=time.perf_counter)
+    alone: bool = True
+    """Submitted on its own (a request of one sequence): an idle engine waits for company."""
     future: Future = field(default_factory=Future)
     """Resolves to the SGLang-shaped reply dict."""
 
@@ -143,11 +150,13 @@ class Scheduler:
         context_length: int,
         weight_version: str = "0",
         seed: int = 0,
+        gather_window_s: float = 0.0,
     ) -> None:
         _check_cache_layers(model)
         self.model = model
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.gather_window_s = gather_window_s
         self.context_length = context_length
         self.weight_version = weight_version
         self.device = next(model.parameters()).device
@@ -156,7 +165,7 @@ class Scheduler:
         self.generator = torch.Generator(device=self.device).manual_seed(seed)
         self.paused = False
         self.stats = {"num_finished_reqs": 0, "num_aborted_reqs": 0, "peak_running_reqs": 0}
-        self.stats |= {"num_prefills": 0, "num_decode_steps": 0}
+        self.stats |= {"num_prefills": 0, "num_prefill_rows": 0, "num_decode_steps": 0}
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._waiting: deque[Request] = deque()
@@ -183,8 +192,10 @@ class Scheduler:
         self._thread.join(timeout)
 
     def submit(self, requests: Iterable[Request]) -> None:
+        requests = list(requests)
         with self._lock:
             for r in requests:
+                r.alone = len(requests) == 1
                 self._live[id(r)] = r
                 self._waiting.append(r)
         self._wake.set()
@@ -295,7 +306,25 @@ class Scheduler:
                     self._finish(r, {"type": "abort", "message": r.abort_message})
             self._select(keep)
 
+    def _gather(self) -> None:
+        """An idle engine's first arrival, if it came alone, waits (at most ``gather_window_s``
+        after it came) for more, so that requests sent close together are prefilled in one
+        forward; a batch that came in one request is admitted at once."""
+        if self._running or self.gather_window_s <= 0:
+            return
+        while not self._stopping:
+            with self._lock:
+                if not self._waiting or len(self._waiting) >= self.max_batch_size:
+                    return
+                if not self._waiting[0].alone:
+                    return
+                left = self._waiting[0].created + self.gather_window_s - time.perf_counter()
+                self._wake.clear()
+            if left <= 0 or not self._wake.wait(left):
+                return
+
     def _admit(self) -> bool:
+        self._gather()
         room = self.max_batch_size - len(self._running)
         with self._lock:
             new = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
@@ -307,9 +336,12 @@ class Scheduler:
             return bool(done)
         from transformers import DynamicCache
 
-        # A retracted request resumes from its prompt and the output it already has.
-        ids, mask = left_pad([r.input_ids + r.output_ids for r in new], self.pad_id, self.device)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (n, T) count real tokens only
+        # One prefill row per distinct sequence; a retracted request resumes from its prompt and
+        # the output it already has.
+        distinct: dict[tuple[int, ...], int] = {}
+        rows = [distinct.setdefault(tuple(r.input_ids + r.output_ids), len(distinct)) for r in new]
+        ids, mask = left_pad([list(seq) for seq in distinct], self.pad_id, self.device)  # (U, T)
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (U, T) count real tokens only
         cache = DynamicCache(config=self.model.config)
         out = self.model(
             input_ids=ids,
@@ -320,14 +352,16 @@ class Scheduler:
             logits_to_keep=1,
         )
         self.stats["num_prefills"] += 1
+        self.stats["num_prefill_rows"] += len(distinct)
+        expand = torch.tensor(rows, device=self.device)  # (n,) the prefill row of each request
         tokens, logprobs = sample_tokens(
-            out.logits[:, -1], *_params(new, self.device), self.generator
+            out.logits[expand, -1], *_params(new, self.device), self.generator
         )
         keep = self._append_and_check(new, tokens, logprobs)
         if keep:
             idx = torch.tensor(keep, device=self.device)
-            cache.batch_select_indices(idx)
-            self._merge([new[i] for i in keep], cache, mask[idx], tokens[idx])
+            cache.batch_select_indices(expand[idx])  # copies a shared prompt's cache per row
+            self._merge([new[i] for i in keep], cache, mask[expand[idx]], tokens[idx])
         return True
 
     def _decode_step(self) -> None:

@@ -8,8 +8,9 @@ loaded at start-up (the port opens once it is ready), and all model work runs on
 thread of ``kernel.engine.scheduler.Scheduler`` -- handlers only validate, enqueue and await.
 
 Where it differs from SGLang, on purpose:
-- ``/update_weights_from_tensor`` takes base64 safetensors bytes (kernel/engine/weights.py),
-  never a pickle;
+- ``/update_weights_from_tensor`` takes base64 safetensors bytes, or SGLang's own
+  ``flattened_bucket`` payload (kernel/engine/weights.py), read by an unpickler that admits
+  only the storage and tensor rebuilders such a payload needs;
 - ``/pause_generation``: ``abort`` (SGLang's default) finishes every live request at once with
   its partial output and ``finish_reason.type == "abort"``; ``retract`` puts running requests
   back in the queue, to be prefilled again (under the weights of that time) after
@@ -69,6 +70,9 @@ class ServerConfig:
     """cpu, cuda or cuda:N."""
     max_batch_size: int = 64
     """Most requests decoded together; more wait in the queue."""
+    gather_window_ms: float = 2.0
+    """An idle engine's first request waits up to this long for others to arrive, so that
+    requests sent close together share one prefill forward (0: admit at once)."""
     context_length: int | None = None
     """Longest prompt + output in tokens (default: the model config's max_position_embeddings)."""
     seed: int = 0
@@ -92,6 +96,8 @@ class ServerConfig:
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         if self.max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {self.max_batch_size}")
+        if not 0 <= self.gather_window_ms <= 1000:
+            raise ValueError(f"gather_window_ms must be in [0, 1000], got {self.gather_window_ms}")
         if self.context_length is not None and self.context_length < 2:
             raise ValueError(f"context_length must be >= 2, got {self.context_length}")
         if self.num_threads is not None and self.num_threads < 1:
@@ -129,6 +135,7 @@ class Engine:
             context_length=self.context_length,
             weight_version=settings.weight_version,
             seed=settings.seed,
+            gather_window_s=settings.gather_window_ms / 1000,
         )
         self.groups: dict[str, Any] = {}
         self.model_name = settings.served_model_name or settings.model
@@ -578,20 +585,21 @@ def create_app(settings: ServerConfig) -> FastAPI:
 
     @app.post("/update_weights_from_tensor")
     async def update_weights_from_tensor(body: P.UpdateWeightsFromTensorRequest):
-        from kernel.engine.weights import apply_named_tensors, decode_named_tensors
+        from kernel.engine import weights as W
 
-        if body.load_format not in (None, "safetensors"):
-            return _result(False, f"load_format {body.load_format!r} is not supported")
+        decoders = {None: W.decode_named_tensors, "safetensors": W.decode_named_tensors}
+        decoders["flattened_bucket"] = W.decode_flattened_bucket
+        decode = decoders.get(body.load_format)
+        if decode is None:
+            formats = ["safetensors", "flattened_bucket"]
+            return _result(False, f"load_format {body.load_format!r} is not one of {formats}")
         try:
-            chunks = [
-                await asyncio.to_thread(decode_named_tensors, p)
-                for p in body.serialized_named_tensors
-            ]
+            chunks = [await asyncio.to_thread(decode, p) for p in body.serialized_named_tensors]
         except ValueError as exc:
             return _result(False, f"serialized_named_tensors: {exc}")
-        named = [item for chunk in chunks for item in chunk.items()]
+        named = [item for chunk in chunks for item in dict(chunk).items()]
         return await _update(
-            lambda: apply_named_tensors(eng().model, named),
+            lambda: W.apply_named_tensors(eng().model, named),
             body.weight_version,
             body.abort_all_requests,
             "/update_weights_from_tensor",
