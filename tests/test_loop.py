@@ -66,7 +66,7 @@ def test_async_one_step_off_policy_learns_and_bounds_staleness(tmp_path):
     assert evals[-1]["eval/default/avg@4"] > evals[0]["eval/default/avg@4"]
 
 
-@pytest.mark.parametrize("transport", ["disk", "tensor", "distributed"])
+@pytest.mark.parametrize("transport", ["disk", "tensor", "shared", "distributed"])
 def test_after_a_push_engine_logprobs_equal_the_trainers(tmp_path, transport):
     from kernel.agents import EnginePool
     from kernel.models import materialize_model
@@ -100,6 +100,7 @@ def test_after_a_push_engine_logprobs_equal_the_trainers(tmp_path, transport):
             stale = await client.generate(prompt, {"max_new_tokens": 4})
             stale_ref = trainer_logprobs(stale.output_ids)
             metrics = await sync.push(trainer, version=1, probe=prompt)
+            metrics |= await sync.checked()  # the check ran in the background
             fresh = await client.generate(prompt, {"max_new_tokens": 4})
             return stale, stale_ref, fresh, trainer_logprobs(fresh.output_ids), metrics
         finally:
@@ -116,7 +117,7 @@ def test_after_a_push_engine_logprobs_equal_the_trainers(tmp_path, transport):
     assert 0.0 <= metrics["sync/check_logprob_diff"] < 1e-4
 
 
-@pytest.mark.parametrize("transport", ["tensor", "distributed"])
+@pytest.mark.parametrize("transport", ["tensor", "shared", "distributed"])
 def test_post_sync_check_catches_a_wrong_conversion(tmp_path, transport):
     """A converter that splits a fused gate/up projection in the wrong order (Megatron's
     linear_fc1) loads without an error; the post-sync check names the engine instead of letting
@@ -146,10 +147,12 @@ def test_post_sync_check_catches_a_wrong_conversion(tmp_path, transport):
         sync = WeightSync(cfg.sync, [client], tmp_path)
         try:
             trainer = SwapsGateAndUp(model, cfg.optim, cfg.loss, cfg.trainer, total_steps=1)
-            assert (await sync.push(trainer, 1, probe=prompt))["sync/check_logprob_diff"] < 1e-4
+            await sync.push(trainer, 1, probe=prompt)
+            assert (await sync.checked())["sync/check_logprob_diff"] < 1e-4
             trainer.swap = True
+            await sync.push(trainer, 2, probe=prompt)  # the check runs in the background ...
             with pytest.raises(SyncCheckError, match=f"engine {client.base_url} gives logprobs"):
-                await sync.push(trainer, 2, probe=prompt)
+                await sync.checked()  # ... and fails when the loop waits for it
             # the engine answers again afterwards (generation was continued)
             assert (await client.generate(prompt, {"max_new_tokens": 2})).weight_version == "2"
         finally:

@@ -1,11 +1,19 @@
 """Loading the served model and writing new weights into it, for every update path.
 
 - from disk: an HF checkpoint folder (or ``smollm2``) loaded by transformers, then copied in;
-- from tensor: named tensors as base64 of safetensors bytes. SGLang's
-  ``serialized_named_tensors`` are its ``MultiprocessingSerializer`` output -- a pickle of CUDA
-  IPC handles, meant for a trainer on the same GPU. This server never unpickles network input,
-  so its entries are safetensors files (plain bytes + a JSON header) instead; the field name,
-  the list-of-base64-strings shape and the other fields are SGLang's;
+- from tensor, two payloads (``load_format``):
+  * default (``safetensors``): named tensors as base64 of safetensors bytes -- plain bytes and
+    a JSON header, for an engine on any machine;
+  * ``flattened_bucket``: SGLang 0.5.x's own (``sglang.srt.weight_sync.tensor_bucket``): the
+    base64 of a ``ForkingPickler`` pickle of ``{"flattened_tensor": uint8 tensor, "metadata":
+    [name, shape, dtype, start_idx, end_idx, numel (bytes)]}``. The pickle carries a HANDLE to
+    the buffer's storage, not its bytes: a shared-memory file (torch's ``file_system`` sharing
+    strategy) for a CPU buffer, a CUDA IPC handle for a GPU one. The trainer copies the weights
+    into the buffer once and the engine copies them out once; the engine must be on the same
+    machine. ``FlatBucketWriter`` writes it; ``decode_flattened_bucket`` reads it with an
+    unpickler that admits only the classes and functions such a pickle needs (torch's storage
+    and tensor rebuilders, dtypes, ``torch.Size``, ``SimpleNamespace`` and SGLang's metadata
+    class), so a request body cannot name any other callable;
 - from distributed: tensors broadcast by rank 0 of a custom process group (kernel/sync).
 
 All three end in ``apply_named_tensors``, which checks every name and shape before it copies
@@ -15,7 +23,13 @@ anything, so a bad payload leaves the model as it was.
 from __future__ import annotations
 
 import base64
-from collections.abc import Iterable, Mapping
+import contextlib
+import io
+import pickle
+import threading
+import types
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -84,6 +98,160 @@ def decode_named_tensors(payload: str) -> dict[str, Tensor]:
         return load(base64.b64decode(payload, validate=True))
     except Exception as exc:  # binascii.Error, SafetensorError: both mean a bad payload
         raise ValueError(f"not base64 safetensors bytes: {exc}") from exc
+
+
+# ---- SGLang's flattened_bucket payload ------------------------------------------------------
+
+
+@dataclass
+class FlatMeta:
+    """One tensor of a flattened bucket; SGLang's ``FlattenedTensorMetadata`` fields (a pickle
+    made by SGLang's or slime's own code names that class; it is read as this one)."""
+
+    name: str
+    shape: list[int]
+    dtype: torch.dtype
+    start_idx: int
+    end_idx: int
+    numel: int  # bytes of the tensor in the flat uint8 buffer
+
+
+_strategy_lock = threading.Lock()
+
+
+@contextlib.contextmanager
+def _file_system_sharing() -> Iterator[None]:
+    """Share CPU storages as named shared-memory files for the duration: the other strategy
+    (file descriptors) hands fds over a connection authenticated with this process's
+    multiprocessing key, which a separately started server does not have."""
+    import torch.multiprocessing as mp
+
+    with _strategy_lock:
+        before = mp.get_sharing_strategy()
+        mp.set_sharing_strategy("file_system")
+        try:
+            yield
+        finally:
+            mp.set_sharing_strategy(before)
+
+
+class FlatBucketWriter:
+    """Writes buckets of named tensors into one shared byte buffer, reused from bucket to bucket
+    and grown when a bucket is larger, and returns the ``flattened_bucket`` payload that points
+    at it. The buffer must stay unchanged until the engine has answered (the caller awaits the
+    update before writing the next bucket). ``device``: cpu (shared memory) or a CUDA device
+    (CUDA IPC; the engine must share that GPU)."""
+
+    def __init__(self, device: str | torch.device = "cpu") -> None:
+        self.device = torch.device(device)
+        self._buffer: Tensor | None = None  # (N,) uint8, shared
+
+    def payload(self, bucket: NamedTensors) -> str:
+        """Copy ``bucket`` into the buffer; the base64 payload (one per engine TP rank)."""
+        from multiprocessing.reduction import ForkingPickler
+
+        items = _items(bucket)
+        total = sum(_aligned(t.numel() * t.element_size()) for _, t in items)
+        if self._buffer is None or self._buffer.numel() < total:
+            self._buffer = None  # drop the old one first: at most one buffer is held
+            with _file_system_sharing():
+                self._buffer = torch.empty(total, dtype=torch.uint8, device=self.device)
+                if self.device.type == "cpu":
+                    self._buffer.share_memory_()
+        metadata, offset = [], 0
+        for name, t in items:
+            n = t.numel() * t.element_size()
+            flat = t.detach().contiguous().reshape(-1).view(torch.uint8)  # (n,) bytes
+            self._buffer[offset : offset + n].copy_(flat)
+            shape = list(t.shape)
+            metadata.append(
+                types.SimpleNamespace(
+                    name=name,
+                    shape=shape,
+                    dtype=t.dtype,
+                    start_idx=offset,
+                    end_idx=offset + n,
+                    numel=n,
+                )
+            )
+            offset += _aligned(n)  # every tensor starts aligned, so the reader can view it
+        with _file_system_sharing():
+            data = ForkingPickler.dumps(
+                {"flattened_tensor": self._buffer[:offset], "metadata": metadata}
+            )
+        return base64.b64encode(bytes(data)).decode("ascii")
+
+    def close(self) -> None:
+        self._buffer = None
+
+
+_REDUCTIONS = "torch.multiprocessing.reductions"
+_ALLOWED = {
+    (_REDUCTIONS, "rebuild_tensor"),
+    (_REDUCTIONS, "rebuild_typed_storage"),
+    (_REDUCTIONS, "rebuild_storage_filename"),
+    (_REDUCTIONS, "rebuild_cuda_tensor"),
+    ("torch.storage", "UntypedStorage"),
+    ("torch.storage", "TypedStorage"),
+    ("torch", "Tensor"),
+    ("torch", "Size"),
+    ("types", "SimpleNamespace"),
+}
+_SGLANG_META = ("sglang.srt.weight_sync.tensor_bucket", "FlattenedTensorMetadata")
+
+
+class _PayloadUnpickler(pickle.Unpickler):
+    """Admits only what a flattened_bucket pickle holds (see the module docstring)."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) == _SGLANG_META:
+            return FlatMeta
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        if (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        raise pickle.UnpicklingError(f"{module}.{name} is not allowed in a flattened_bucket")
+
+
+def decode_flattened_bucket(payload: str) -> list[tuple[str, Tensor]]:
+    """The named tensors of one ``flattened_bucket`` payload, as views into the shared buffer
+    (copy them before the sender reuses it). Raises ValueError on anything malformed."""
+    try:
+        data = base64.b64decode(payload, validate=True)
+        obj = _PayloadUnpickler(io.BytesIO(data)).load()
+    except Exception as exc:  # binascii.Error, UnpicklingError, a missing shared file, ...
+        raise ValueError(f"not a flattened_bucket payload: {exc}") from exc
+    if not isinstance(obj, dict) or set(obj) != {"flattened_tensor", "metadata"}:
+        raise ValueError("a flattened_bucket is a dict of flattened_tensor and metadata")
+    flat, metadata = obj["flattened_tensor"], obj["metadata"]
+    if not isinstance(flat, Tensor) or flat.dtype != torch.uint8 or flat.dim() != 1:
+        raise ValueError("flattened_tensor must be a 1-D uint8 tensor")
+    if not isinstance(metadata, list):
+        raise ValueError("metadata must be a list")
+    out = []
+    for i, m in enumerate(metadata):
+        try:
+            name, dtype, shape = m.name, m.dtype, [int(x) for x in m.shape]
+            start, end = int(m.start_idx), int(m.end_idx)
+        except (AttributeError, TypeError, ValueError) as exc:
+            raise ValueError(f"metadata[{i}]: {exc}") from exc
+        if not isinstance(name, str) or not isinstance(dtype, torch.dtype):
+            raise ValueError(f"metadata[{i}]: name must be a str and dtype a torch dtype")
+        nbytes = dtype.itemsize * torch.Size(shape).numel()
+        if not 0 <= start <= end <= flat.numel() or end - start != nbytes:
+            raise ValueError(
+                f"metadata[{i}] ({name}): bytes [{start}, {end}) do not hold a {shape} "
+                f"{dtype} tensor inside a buffer of {flat.numel()} bytes"
+            )
+        data = flat[start:end]
+        if start % dtype.itemsize:  # a writer that did not align: view a copy
+            data = data.clone()
+        out.append((name, data.view(dtype).reshape(shape)))
+    return out
+
+
+def _aligned(nbytes: int, to: int = 16) -> int:
+    return -(-nbytes // to) * to
 
 
 def receive_broadcast(

@@ -1,12 +1,17 @@
 """Push the trainer's weights to its engines: pause -> update -> version -> continue.
 
-Three transports, one sequence:
+Four transports, one sequence:
 
 - ``disk``: the trainer writes an HF checkpoint (safetensors); each engine loads it with
   ``/update_weights_from_disk``. Simplest; works across machines with a shared filesystem.
-- ``tensor``: buckets of named tensors travel in the HTTP body of
-  ``/update_weights_from_tensor`` (base64 safetensors on the embedded server; SGLang's
-  colocated CUDA-IPC payload on GPU nodes).
+- ``tensor``: buckets of named tensors travel as bytes in the HTTP body of
+  ``/update_weights_from_tensor`` (base64 safetensors), to an engine anywhere.
+- ``shared``: the same endpoint with SGLang's ``flattened_bucket`` payload: each bucket is
+  copied once into a buffer shared on this machine (``kernel.engine.weights.FlatBucketWriter``:
+  shared memory for CPU weights, CUDA IPC for GPU ones) and the request carries only its handle,
+  so the engine copies it once out of the buffer -- no serialise-copy-deserialise of every
+  tensor. Engines on this machine only. ``auto`` (the default) picks it when every engine URL
+  is on a loopback address, ``tensor`` otherwise.
 - ``distributed``: the trainer (rank 0) and the engines (ranks 1..N) form a process group
   once (``/init_weights_update_group``); per bucket, each engine is told names, dtypes and
   shapes (``/update_weights_from_distributed``) while the trainer broadcasts the tensors
@@ -15,15 +20,18 @@ Three transports, one sequence:
   GPU -- for a Ray trainer group (``trainer.weight_broadcaster()``), so the weights never pass
   through the driver.
 
-Every push bumps the engines' ``weight_version`` to the trainer's step, so each rollout sample
-records which weights produced it, and ends with ``/continue_generation`` even when an update
-fails (the error is raised after generation is resumed).
+Every push bumps the engines' ``weight_version`` to the trainer's step (with the update's last
+call), so each rollout sample records which weights produced it, and ends with
+``/continue_generation`` even when an update fails (the error is raised after generation is
+resumed).
 
 Converters break silently (a wrong QKV split still loads), so a push given a probe prompt is
 checked end to end: every engine samples a few tokens from it through plain ``/generate`` (real
 SGLang answers the same), the trainer scores those tokens, and the mean absolute difference of
 the two logprobs must stay within ``check_tolerance`` (``SyncCheckError`` names the engine
-otherwise). It is logged as ``sync/check_logprob_diff``.
+otherwise). The check runs in the background, beside the next rollout (it only reads the
+weights), and ``checked()`` -- which the loop awaits before the trainer changes the weights
+again -- returns ``sync/check_logprob_diff`` or raises. ``check_every`` thins it out.
 """
 
 from __future__ import annotations
@@ -32,19 +40,22 @@ import asyncio
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 from kernel.sample import Sample
 from kernel.sync.buckets import NamedTensor, iter_buckets
 
-TRANSPORTS = ("disk", "tensor", "distributed")
+TRANSPORTS = ("auto", "disk", "tensor", "shared", "distributed")
 
 
 @dataclass
 class SyncConfig:
     """Weight sync from trainer to engines."""
 
-    transport: str = "tensor"
-    """disk (HF checkpoint), tensor (HTTP payload) or distributed (process-group broadcast)."""
+    transport: str = "auto"
+    """disk (HF checkpoint), tensor (bytes in the HTTP body), shared (a buffer shared on this
+    machine, SGLang's flattened_bucket), distributed (process-group broadcast), or auto: shared
+    when every engine is on a loopback address, else tensor."""
     bucket_mb: float = 64.0
     """Bucket size in MiB for the tensor and distributed transports."""
     pause_mode: str = "in_place"
@@ -61,6 +72,8 @@ class SyncConfig:
     """Largest mean |engine - trainer| logprob per probe token (nats) a push may leave. fp32 on
     CPU agrees within 1e-4 and bf16 kernels within a few hundredths; a wrong weight conversion
     is off by nats."""
+    check_every: int = 1
+    """Check every k-th push (the first push is always checked)."""
 
     def validate(self) -> SyncConfig:
         if self.transport not in TRANSPORTS:
@@ -75,6 +88,8 @@ class SyncConfig:
             raise ValueError(f"sync.check_tokens must be >= 0, got {self.check_tokens}")
         if not self.check_tolerance > 0:
             raise ValueError(f"sync.check_tolerance must be > 0, got {self.check_tolerance}")
+        if self.check_every < 1:
+            raise ValueError(f"sync.check_every must be >= 1, got {self.check_every}")
         return self
 
 
@@ -168,9 +183,16 @@ class WeightSync:
         self.clients = clients
         self.work_dir = Path(work_dir)
         self.temperature = temperature
+        self.transport = cfg.transport
+        if self.transport == "auto":
+            local = all(_is_local(c.base_url) for c in clients)
+            self.transport = "shared" if local else "tensor"
         self._broadcaster = None  # rank 0 of the distributed transport, once its group is formed
         self._trainer = None  # ... and the trainer whose weights it sends
         self._backend = self.cfg.backend  # ... and its process group's backend (auto resolved)
+        self._writer = None  # FlatBucketWriter of the shared transport
+        self._pushes = 0  # pushes given a probe so far (for check_every)
+        self._check: asyncio.Task | None = None  # the check of the last push, in the background
 
     @property
     def bucket_bytes(self) -> int:
@@ -180,19 +202,28 @@ class WeightSync:
         return await asyncio.gather(*(make_call(c) for c in self.clients))
 
     async def push(self, trainer, version: int, probe: list[int] | None = None) -> dict:
-        """Update every engine to the trainer's current weights, labelled ``version``; with a
-        ``probe`` prompt (token ids), then check that the engines serve them (``check``)."""
+        """Update every engine to the trainer's current weights, labelled ``version``. With a
+        ``probe`` prompt (token ids) the check of these weights starts in the background:
+        await ``checked()`` before the trainer's weights change again."""
+        await self.checked()  # a check still running reads the weights this push replaces
         t0 = time.perf_counter()
         await self._all(lambda c: c.pause(self.cfg.pause_mode))
         try:
-            nbytes = await getattr(self, f"_push_{self.cfg.transport}")(trainer)
-            await self._all(lambda c: c.update_weight_version(str(version)))
+            nbytes = await getattr(self, f"_push_{self.transport}")(trainer, str(version))
         finally:
             await self._all(lambda c: c.continue_generation())
         metrics = {"sync/time_s": time.perf_counter() - t0, "sync/mb": nbytes / 2**20}
         if probe and self.cfg.check_tokens:
-            metrics["sync/check_logprob_diff"] = await self.check(trainer, probe, version)
+            self._pushes += 1
+            if (self._pushes - 1) % self.cfg.check_every == 0:
+                self._check = asyncio.ensure_future(self.check(trainer, probe, version))
         return metrics
+
+    async def checked(self) -> dict[str, float]:
+        """Wait for the check of the last push, if one runs: ``{"sync/check_logprob_diff": x}``
+        (empty without a check); raises SyncCheckError if the engines failed it."""
+        task, self._check = self._check, None
+        return {} if task is None else {"sync/check_logprob_diff": await task}
 
     async def check(self, trainer, probe: list[int], version: int) -> float:
         """Every engine samples ``check_tokens`` tokens after ``probe`` (at the trainer's
@@ -232,17 +263,40 @@ class WeightSync:
             worst = max(worst, diff)
         return worst
 
-    async def _push_disk(self, trainer) -> int:
+    async def _push_disk(self, trainer, version: str) -> int:
         path = await asyncio.to_thread(trainer.save_hf, self.work_dir / "sync_weights")
-        await self._all(lambda c: c.update_weights_from_disk(str(path)))
+        await self._all(lambda c: c.update_weights_from_disk(str(path), weight_version=version))
         return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
 
-    async def _push_tensor(self, trainer) -> int:
+    async def _push_tensor(self, trainer, version: str) -> int:
         nbytes = 0
-        for bucket in iter_buckets(trainer.named_parameters_for_sync(), self.bucket_bytes):
+        for bucket, last in _with_last(self._buckets(trainer)):
             nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
-            await self._all(lambda c, b=bucket: c.update_weights_from_tensor(b))
+            tag = version if last else None
+            await self._all(
+                lambda c, b=bucket, v=tag: c.update_weights_from_tensor(b, weight_version=v)
+            )
         return nbytes
+
+    async def _push_shared(self, trainer, version: str) -> int:
+        from kernel.engine.weights import FlatBucketWriter
+
+        if self._writer is None:
+            self._writer = FlatBucketWriter(getattr(trainer, "device", "cpu"))
+        nbytes = 0
+        for bucket, last in _with_last(self._buckets(trainer)):
+            nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            payload = await asyncio.to_thread(self._writer.payload, bucket)
+            tag = version if last else None
+            await self._all(
+                lambda c, p=payload, v=tag: c.update_weights_from_flattened_bucket(
+                    [p], weight_version=v
+                )
+            )
+        return nbytes
+
+    def _buckets(self, trainer):
+        return iter_buckets(trainer.named_parameters_for_sync(), self.bucket_bytes)
 
     async def _ensure_group(self, trainer) -> None:
         if self._broadcaster is not None:
@@ -276,7 +330,7 @@ class WeightSync:
         await asyncio.gather(asyncio.to_thread(broadcaster.join, cfg), *joins)
         self._broadcaster, self._trainer, self._backend = broadcaster, trainer, backend
 
-    async def _push_distributed(self, trainer) -> int:
+    async def _push_distributed(self, trainer, version: str) -> int:
         """Per bucket, the engines receive (HTTP call in flight) while rank 0 broadcasts."""
         await self._ensure_group(trainer)
         b = self._broadcaster
@@ -295,6 +349,8 @@ class WeightSync:
                 nbytes += m.nbytes
         finally:
             await asyncio.to_thread(b.release)
+        # a broadcast's bucket count is known only at its end: the version is a call of its own
+        await self._all(lambda c: c.update_weight_version(version))
         return nbytes
 
     async def reset(self, restarted: list[str]) -> None:
@@ -309,9 +365,33 @@ class WeightSync:
         self._broadcaster = None
 
     async def aclose(self) -> None:
-        """Leave the weight-sync group: the engines first, then the trainer (tearing gloo down
-        on one side while the other still holds the pair can abort the other process)."""
+        """Drop a check still running and the shared buffer; leave the weight-sync group: the
+        engines first, then the trainer (tearing gloo down on one side while the other still
+        holds the pair can abort the other process)."""
+        if self._check is not None:
+            self._check.cancel()
+            self._check = None
+        if self._writer is not None:
+            self._writer.close()
         if self._broadcaster is not None:
             await self._all(lambda c: c.destroy_weights_update_group())
             await asyncio.to_thread(self._broadcaster.leave)
             self._broadcaster = None
+
+
+def _is_local(url: str) -> bool:
+    """Whether an engine URL is on a loopback address (this machine)."""
+    host = urlsplit(url).hostname or ""
+    return host.startswith("127.") or host in ("localhost", "::1")
+
+
+def _with_last(items):
+    """(item, is_last) pairs, one item of look-ahead."""
+    it = iter(items)
+    prev = next(it, None)
+    if prev is None:
+        return
+    for item in it:
+        yield prev, False
+        prev = item
+    yield prev, True

@@ -168,6 +168,7 @@ class MegatronTrainer(TorchTrainer):
         self.rank, self.world_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.autocast_dtype = torch.bfloat16 if optim.dtype == "bfloat16" else None
+        self.share_prompts = False  # Megatron's GPTModel runs every sample whole
         self.step = 0
 
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
@@ -457,7 +458,7 @@ class MegatronTrainer(TorchTrainer):
         sums, token_means = self._from_last_stage((dict(sums), token_means))
         sums = defaultdict(float, sums)
         sums["n_samples"], sums["n_skipped"] = len(kept), len(samples) - len(kept)
-        sums["tokens"] = sum(mb.n_tokens for mb in plan)
+        sums["tokens"] = sums["tokens_run"] = sum(mb.n_tokens for mb in plan)
         sums["slots"] = sum(mb.n_slots for mb in plan)
         return self._finish(sums, token_means, n_tok, len(plan), t0)
 

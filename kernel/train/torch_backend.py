@@ -4,8 +4,9 @@ data parallelism. The embedded default on CPU, and a single-node GPU backend.
 One ``train_step`` is one optimiser update on a batch of samples:
 
 1. Keep the trainable samples (status COMPLETED/TRUNCATED, an advantage, a masked token).
-2. Group them into micro-batches by a token budget (``kernel.train.batching``: padded rows of
-   similar length, or packed rows). Every rank runs the same number of micro-batches.
+2. Group them into micro-batches by a token budget (``kernel.train.batching``: samples that
+   share their prompt run it once -- the default --, else padded rows of similar length, or
+   packed rows). Every rank runs the same number of micro-batches.
 3. Per micro-batch: forward, logprobs of the response tokens at the rollout temperature,
    ``kernel.loss.policy_loss``, backward. Each micro-batch's loss is weighted by its share of
    the GLOBAL normaliser of the aggregation mode (masked tokens for token_mean, sequences with a
@@ -53,8 +54,10 @@ from kernel.sample import Sample
 from kernel.train.batching import (
     MicroBatch,
     collate,
+    collate_shared,
     dummy_microbatch,
     plan_microbatches,
+    plan_shared,
     to_rows,
 )
 from kernel.train.logprobs import entropy_from_logits, token_logprobs
@@ -69,6 +72,12 @@ class TorchTrainerConfig:
     max_tokens_per_microbatch: int = 8192
     """Token budget of one micro-batch (rows x padded length, or one packed row); sets how many
     samples run together. A longer sequence runs alone."""
+    share_prompts: bool = True
+    """Samples with equal prompt ids (the n samples of a prompt group) run the prompt once per
+    micro-batch: its KV cache, computed with gradients, is continued by each sample's response.
+    The same loss and gradient as running each sample whole, with n - 1 fewer copies of every
+    prompt. Needs a full-attention KV cache; off with pack_sequences or gradient_checkpointing
+    (HF drops the cache there), where samples run whole."""
     pack_sequences: bool = False
     """Pack sequences into one row (position ids restart per sequence, no cross-attention)
     instead of right-padding rows of similar length. No padding at all, but only varlen kernels
@@ -99,6 +108,18 @@ class TorchTrainerConfig:
 
 def _trainable(s: Sample) -> bool:
     return s.status.trainable and s.advantage is not None and any(s.loss_mask)
+
+
+def _full_attention_cache(model) -> bool:
+    """Whether every layer of the model's KV cache is plain full attention (a shared prompt's
+    cache is copied per sample and continued; sliding-window or recurrent layers are not)."""
+    from transformers import DynamicCache
+
+    try:
+        layers = DynamicCache(config=model.config).layers
+    except Exception:  # a model without a standard cache
+        return False
+    return {type(layer).__name__ for layer in layers} == {"DynamicLayer"}
 
 
 def _resolve_device(name: str, rank: int) -> torch.device:
@@ -133,6 +154,12 @@ class TorchTrainer:
         self.step = 0
 
         self.model = self._load(model_path)
+        self.share_prompts = (
+            cfg.share_prompts
+            and not cfg.pack_sequences
+            and not cfg.gradient_checkpointing
+            and _full_attention_cache(self.model)
+        )
         if cfg.gradient_checkpointing:
             # transformers 5 renamed it; pyproject allows >= 4.56, which has only the old name.
             enable = getattr(self.model, "activation_checkpointing_enable", None)
@@ -195,16 +222,21 @@ class TorchTrainer:
 
     def _plan(self, samples: list[Sample]) -> list[MicroBatch]:
         """Micro-batches of ``samples``, padded with dummies to the most any rank runs."""
-        lengths = [len(s.prompt_ids) + s.response_length for s in samples]
-        groups = plan_microbatches(
-            lengths, self.cfg.max_tokens_per_microbatch, self.cfg.pack_sequences
-        )
-        mbs = [collate([samples[i] for i in g], g, self.cfg.pack_sequences) for g in groups]
+        budget, pack = self.cfg.max_tokens_per_microbatch, self.cfg.pack_sequences
+        if self.share_prompts:
+            groups = plan_shared(samples, budget)
+            mbs = [collate_shared([samples[i] for i in g], g) for g in groups]
+        else:
+            lengths = [len(s.prompt_ids) + s.response_length for s in samples]
+            groups = plan_microbatches(lengths, budget, pack)
+            mbs = [collate([samples[i] for i in g], g, pack) for g in groups]
         n = int(self._all_reduce([len(mbs)], op="max")[0])
         return mbs + [dummy_microbatch() for _ in range(n - len(mbs))]
 
     def _logits(self, model, mb: MicroBatch) -> Tensor:
         """Logits (N, V) at the N positions that predict a response token."""
+        if mb.prompts is not None:
+            return self._shared_logits(model, mb)
         dev = self.device
         with self._autocast():
             out = model(
@@ -215,6 +247,38 @@ class TorchTrainer:
                 use_cache=False,  # a cache would also turn off transformers' packed-row masks
             )
         return out.logits  # (N, V)
+
+    def _shared_logits(self, model, mb: MicroBatch) -> Tensor:
+        """Logits (N, V) of a shared-prompt micro-batch: each distinct prompt once, then each
+        sample's response as a continuation of its prompt's KV cache (gradients flow through
+        the cache into the prompt's forward)."""
+        from transformers import DynamicCache
+
+        dev, p = self.device, mb.prompts
+        rows = p.rows.to(dev)  # (S,)
+        cache = DynamicCache(config=model.config)
+        with self._autocast():
+            out = model(
+                input_ids=p.input_ids.to(dev),
+                attention_mask=p.attention_mask.to(dev),
+                position_ids=p.position_ids.to(dev),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            first = out.logits[:, -1][rows]  # (S, V): the prompt's last position, per sample
+            if mb.input_ids.shape[1] == 0:  # every response is one token long
+                return first
+            cache.batch_select_indices(rows)  # each sample's copy of its prompt's keys/values
+            out = model(
+                input_ids=mb.input_ids.to(dev),
+                attention_mask=mb.attention_mask.to(dev),
+                position_ids=mb.position_ids.to(dev),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=mb.keep.to(dev),
+            )
+        return torch.cat([first, out.logits])  # (N, V)
 
     def _forward(
         self, model, mb: MicroBatch, entropy: bool = False, entropy_grad: bool = False
@@ -265,8 +329,9 @@ class TorchTrainer:
         Metrics: loss, the policy_loss metrics (pg_loss, ratio_mean, clip_frac, approx_kl, kl,
         entropy, tis_*), logprob_mean (trainer logprobs of the trained tokens), logprob_diff
         (mean |rollout - trainer| logprob, when rollout logprobs are given), n_samples,
-        n_skipped, tokens, loss_tokens, n_microbatches, nonpad_frac (the share of micro-batch
-        token slots holding real tokens) and time_s. All are over every rank.
+        n_skipped, tokens (of the samples), tokens_run (the real tokens the model ran: fewer than
+        tokens when prompts are shared), loss_tokens, n_microbatches, nonpad_frac (the share of
+        micro-batch token slots holding real tokens) and time_s. All are over every rank.
         """
         t0 = time.perf_counter()
         kept, plan, n_tok, denom = self._begin(samples)
@@ -284,7 +349,10 @@ class TorchTrainer:
                 with torch.no_grad():
                     ref, _ = self._forward(self.ref_model, mb)
             self._microbatch_loss(mb, kept, lp, ent, ref, denom, sums, token_means).backward()
-            sums["tokens"] += mb.n_tokens
+            sums["tokens"] += sum(
+                len(kept[j].prompt_ids) + kept[j].response_length for j in mb.indices
+            )
+            sums["tokens_run"] += mb.n_tokens
             sums["slots"] += mb.n_slots
         return self._finish(sums, token_means, n_tok, len(plan), t0)
 
@@ -360,7 +428,7 @@ class TorchTrainer:
         if diff_tokens > 0:
             out["logprob_diff"] = diff_sum / diff_tokens
         if slots > 0:
-            out["nonpad_frac"] = out["tokens"] / slots
+            out["nonpad_frac"] = out["tokens_run"] / slots
         out["loss_tokens"] = n_tok
         out["n_microbatches"] = float(n_microbatches)  # per rank, dummies included: the same
         out["time_s"] = time.perf_counter() - t0

@@ -1,6 +1,7 @@
-"""Weight updates on a running embedded server (server B): from tensors, from disk and by
-broadcast over a custom gloo group, each checked by the logprobs the server then reports
-against a training forward of the new weights; plus versions and failure modes."""
+"""Weight updates on a running embedded server (server B): from tensors (safetensors bytes, and
+SGLang's flattened_bucket payload over shared memory), from disk and by broadcast over a custom
+gloo group, each checked by the logprobs the server then reports against a training forward of
+the new weights; plus versions and failure modes (a hostile pickle among them)."""
 
 from __future__ import annotations
 
@@ -101,6 +102,86 @@ def test_bad_tensor_updates_change_nothing(
     for w in words:
         assert w in message
     _check_serves(server_b, tiny_model, reference_logprobs)
+
+
+def test_update_from_flattened_bucket_over_shared_memory(
+    server_b, tiny_model, perturbed, reference_logprobs, restore_b
+):
+    from kernel.engine.weights import FlatBucketWriter
+
+    before = _check_serves(server_b, tiny_model, reference_logprobs)
+    named = list(perturbed.state_dict().items())
+    writer = FlatBucketWriter()
+
+    async def main():
+        async with EngineClient(server_b) as c:
+            half = len(named) // 2  # two buckets through one reused buffer, version on the last
+            await c.update_weights_from_flattened_bucket([writer.payload(named[:half])])
+            await c.update_weights_from_flattened_bucket(
+                [writer.payload(named[half:])], weight_version="9"
+            )
+            return await c.get_weight_version()
+
+    assert _run(main()) == "9"
+    writer.close()
+    after = _check_serves(server_b, perturbed, reference_logprobs)
+    assert max(abs(a - b) for a, b in zip(before, after, strict=True)) > 1e-3
+
+
+def test_flattened_bucket_round_trip_keeps_every_dtype_and_shape():
+    from kernel.engine.weights import FlatBucketWriter, decode_flattened_bucket
+
+    named = [
+        ("a", torch.randn(3, 5)),
+        ("b", torch.arange(7, dtype=torch.int64)),
+        ("c", torch.randn(4, 2).to(torch.bfloat16)),
+        ("d", torch.tensor(2.5)),
+        ("e", torch.randn(6, 4).t()),  # not contiguous
+    ]
+    writer = FlatBucketWriter()
+    got = decode_flattened_bucket(writer.payload(named))
+    assert [n for n, _ in got] == [n for n, _ in named]
+    for (_, want), (_, have) in zip(named, got, strict=True):
+        assert have.dtype == want.dtype and have.shape == want.shape
+        assert torch.equal(have, want)
+    writer.close()
+
+
+class _Evil:
+    def __reduce__(self):
+        import os
+
+        return (os.getpid, ())
+
+
+def test_flattened_bucket_refuses_foreign_pickles_and_bad_metadata(server_b):
+    import pickle
+    import types
+
+    from kernel.engine.weights import FlatBucketWriter, decode_flattened_bucket
+
+    evil = base64.b64encode(pickle.dumps({"flattened_tensor": _Evil(), "metadata": []})).decode()
+    with pytest.raises(ValueError, match=r"posix\.getpid is not allowed"):
+        decode_flattened_bucket(evil)
+    from multiprocessing.reduction import ForkingPickler
+
+    from kernel.engine.weights import _file_system_sharing
+
+    meta = [types.SimpleNamespace(name="x", shape=[100], dtype=torch.float32, start_idx=0,
+                                  end_idx=400, numel=400)]  # fmt: skip
+    with _file_system_sharing():  # a real shared buffer, as a trainer sends it, but too small
+        buf = torch.zeros(8, dtype=torch.uint8).share_memory_()
+        oversized = ForkingPickler.dumps({"flattened_tensor": buf, "metadata": meta})
+    with pytest.raises(ValueError, match=r"metadata\[0\] \(x\)"):
+        decode_flattened_bucket(base64.b64encode(oversized).decode())
+    # over HTTP: a 400 naming the field, and the engine still serves
+    for entry in (evil, FlatBucketWriter().payload([("model.nope.weight", torch.zeros(2))])):
+        body = {"serialized_named_tensors": [entry], "load_format": "flattened_bucket"}
+        r = httpx.post(f"{server_b}/update_weights_from_tensor", json=body)
+        assert r.status_code == 400, r.text
+        assert ("not allowed" if entry == evil else "model.nope.weight") in r.json()["message"]
+    r = httpx.post(f"{server_b}/generate", json={"input_ids": [1, 2], "sampling_params": {}})
+    assert r.status_code == 200
 
 
 def test_tensor_payload_must_be_base64_safetensors(server_b):

@@ -34,7 +34,7 @@ def megatron_logprobs(trainer: MegatronTrainer, ids: list[int]) -> list[float]:
     return [logp[p - 1 + i, t].item() for i, t in enumerate(ids)]
 
 
-@pytest.mark.parametrize("transport", ["tensor", "distributed"])
+@pytest.mark.parametrize("transport", ["tensor", "shared", "distributed"])
 def test_push_makes_engine_logprobs_equal_megatrons(tmp_path, transport):
     model = str(build_tiny_model(tmp_path / "m", "qwen2", tokenizer="char"))
     trainer = MegatronTrainer(
@@ -56,6 +56,7 @@ def test_push_makes_engine_logprobs_equal_megatrons(tmp_path, transport):
             stale = await client.generate(PROMPT, {"max_new_tokens": 4})
             stale_ref = megatron_logprobs(trainer, stale.output_ids)
             metrics = await sync.push(trainer, version=1, probe=PROMPT)
+            metrics |= await sync.checked()
             fresh = await client.generate(PROMPT, {"max_new_tokens": 4})
             ref = megatron_logprobs(trainer, fresh.output_ids)
             return stale, stale_ref, fresh, ref, metrics

@@ -10,7 +10,13 @@ import pytest
 import torch
 
 from kernel.sample import Sample
-from kernel.train.batching import collate, plan_microbatches, shard_samples
+from kernel.train.batching import (
+    collate,
+    collate_shared,
+    plan_microbatches,
+    plan_shared,
+    shard_samples,
+)
 
 LENGTHS = [5, 3, 8, 2, 4]
 
@@ -65,6 +71,44 @@ def test_packed_collate_restarts_positions_and_needs_no_mask():
     # The kept positions predict exactly the next input token.
     assert mb.targets.tolist() == mb.input_ids[0, torch.tensor([3, 4, 6, 7, 8])].tolist()
     assert (mb.n_tokens, mb.n_slots) == (9, 9)
+
+
+def test_shared_plan_keeps_a_prompts_samples_together_within_the_budget():
+    p, q = [1, 2, 3, 4], [5, 6]
+    batch = [
+        Sample(prompt_ids=q, response_ids=[7] * 3, loss_mask=[1] * 3),  # 0
+        Sample(prompt_ids=p, response_ids=[7] * 2, loss_mask=[1] * 2),  # 1
+        Sample(prompt_ids=p, response_ids=[7] * 5, loss_mask=[1] * 5),  # 2
+        Sample(prompt_ids=q, response_ids=[7] * 1, loss_mask=[1] * 1),  # 3
+    ]
+    # Longest prompt first (p: samples 2 then 1, longest response first), then q. Slots are
+    # prompts x longest prompt + samples x longest response: [2] 4 + 5 = 9; [2, 1] 4 + 10 = 14;
+    # + 0 (new prompt q): 2 x 4 + 3 x 5 = 23 > 20, so q starts a micro-batch: [0] 2 + 3 = 5;
+    # [0, 3] 2 + 2 x 3 = 8.
+    assert plan_shared(batch, 20) == [[2, 1], [0, 3]]
+    assert plan_shared(batch, 100) == [[2, 1, 0, 3]]
+
+
+def test_shared_collate():
+    a = Sample(prompt_ids=[1, 2, 3], response_ids=[4, 5, 6], loss_mask=[1, 0, 1])
+    b = Sample(prompt_ids=[1, 2, 3], response_ids=[7], loss_mask=[1])
+    c = Sample(prompt_ids=[8], response_ids=[9, 10], loss_mask=[1, 1])
+    mb = collate_shared([a, b, c], [4, 5, 6])
+    p = mb.prompts
+    assert p.input_ids.tolist() == [[1, 2, 3], [0, 0, 8]]  # distinct prompts, left padded
+    assert p.attention_mask.tolist() == [[1, 1, 1], [0, 0, 1]]
+    assert p.position_ids.tolist() == [[0, 1, 2], [0, 0, 0]]
+    assert p.rows.tolist() == [0, 0, 1]
+    # responses minus their last token continue the prompt, at positions after it
+    assert mb.input_ids.tolist() == [[4, 5], [0, 0], [9, 0]]
+    assert mb.position_ids.tolist() == [[3, 4], [3, 4], [1, 2]]
+    assert mb.attention_mask.tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0], [0, 0, 1, 1, 0]]
+    assert mb.keep.tolist() == [[True, True], [False, False], [True, False]]
+    # first tokens (predicted by each prompt's last position), then the rest row-major
+    assert mb.targets.tolist() == [4, 7, 9, 5, 6, 10]
+    assert mb.seq.tolist() == [0, 1, 2, 0, 0, 2]
+    assert mb.pos.tolist() == [0, 0, 0, 1, 2, 1]
+    assert (mb.n_tokens, mb.n_slots) == (3 + 1 + 2 + 0 + 1, 6 + 6)
 
 
 def test_collate_rejects_an_empty_prompt():

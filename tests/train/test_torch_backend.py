@@ -8,6 +8,7 @@ trainer's micro-batching, weighting and packing must reproduce it to float round
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -91,6 +92,48 @@ def test_microbatched_gradient_equals_one_big_batch(char_model_dir, make_samples
         torch.testing.assert_close(
             p.grad, expected[name], rtol=1e-4, atol=1e-5 * scale, msg=lambda m, n=name: f"{n}: {m}"
         )
+
+
+def grouped(samples: list[Sample], n: int) -> list[Sample]:
+    """The samples with every run of ``n`` given the prompt of its first (a prompt group)."""
+    for i, s in enumerate(samples):
+        s.prompt_ids = list(samples[i - i % n].prompt_ids)
+    return samples
+
+
+@pytest.mark.parametrize("agg", ["token_mean", "seq_mean_token_sum_norm"])
+@pytest.mark.parametrize("budget", [10_000, 40])
+def test_shared_prompts_give_the_gradient_of_whole_samples(
+    char_model_dir, make_samples, agg, budget
+):
+    """Groups of 4 share a prompt: each prompt runs once, its KV cache continued by every
+    response (budget 40 also splits groups over micro-batches). The gradient, logprobs and loss
+    are those of the plain one-batch computation; far fewer tokens run."""
+    samples = grouped(make_samples(12, seed=7), 4)
+    cfg = LossConfig(agg=agg, max_len=16, tis_cap=1.05, entropy_coef=0.01)
+    expected = reference_grads(char_model_dir, samples, cfg)
+    runs = {}
+    for share in (True, False):
+        tcfg = TorchTrainerConfig(share_prompts=share, max_tokens_per_microbatch=budget)
+        trainer = TorchTrainer(
+            char_model_dir, OptimConfig(), cfg, replace(tcfg, temperature=0.7), 1
+        )
+        assert trainer.share_prompts is share
+        runs[share] = (trainer.forward_backward(samples), trainer.compute_logprobs(samples))
+        if share:
+            scale = max(float(g.abs().max()) for g in expected.values())
+            for name, p in trainer.model.named_parameters():
+                torch.testing.assert_close(p.grad, expected[name], rtol=1e-4, atol=1e-5 * scale)
+    (shared, lp_shared), (whole, lp_whole) = runs[True], runs[False]
+    assert (
+        shared["tokens"]
+        == whole["tokens"]
+        == sum(len(s.prompt_ids) + s.response_length for s in samples)
+    )
+    assert shared["tokens_run"] < whole["tokens_run"]  # each prompt ran once (per micro-batch)
+    assert shared["loss"] == pytest.approx(whole["loss"], abs=1e-6)
+    flat = lambda rows: torch.tensor([x for r in rows for x in r])  # noqa: E731
+    torch.testing.assert_close(flat(lp_shared), flat(lp_whole), rtol=0, atol=1e-5)
 
 
 def test_gradient_checkpointing_gives_the_same_gradient(char_model_dir, make_samples):
