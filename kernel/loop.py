@@ -105,7 +105,7 @@ def train(
 
 
 async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[dict]:
-    # Everything that can fail cheaply fails first: hooks, recipe config, data rows.
+    # Everything that can fail before a process starts fails first: hooks, recipe config.
     generate = load_generate(cfg.generate_fn or f"recipes.{cfg.recipe}.generate.generate")
     reward = load_reward(cfg.reward_fn or f"recipes.{cfg.recipe}.reward.reward")
     recipe_config = load_recipe_config(
@@ -120,20 +120,22 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
         )
     out.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)
-    buffer = DataBuffer(replace(cfg.data, path=resolve_data_path(cfg.data.path)))
 
-    # The models (one per agent that does not share another's), their trainers (in this
-    # process, or Ray actor groups), and the state of a resumed run.
+    # The models (one per agent that does not share another's): their engines start first and
+    # load while the data, tokenizers and trainers (in this process, or Ray actor groups) are
+    # read and built (a bad data row stops them again); then the state of a resumed run.
     with contextlib.ExitStack() as stack:  # Ray, if this run starts it, stops last
         if cfg.ray.enabled and cfg.ray.start():
             import ray
 
             stack.callback(ray.shutdown)
-        models = _build_models(cfg, out, placement)
-        for m in models:  # every model's engines load while the trainers are built
-            stack.enter_context(m.pool)
-            m.pool.launch()
+        models = _plan_models(cfg, out, placement)
         for m in models:
+            stack.push(m.pool)  # stopped on the way out (entering it would wait for them)
+            m.pool.launch()
+        buffer = DataBuffer(replace(cfg.data, path=resolve_data_path(cfg.data.path)))
+        for m in models:
+            m.tokenizer = load_tokenizer(m.agents[0].tokenizer or m.path)
             m.trainer = _build_trainer(cfg, m, placement.get(m.owner))
         start = 0
         if ckpt is not None:
@@ -282,9 +284,9 @@ class Model:
     owner: str  # the agent whose spec defines the model
     agents: list[AgentSpec]  # the owner first, then the agents sharing its model
     settings: ModelSettings
-    tokenizer: Any
     pool: EnginePool
     path: str = ""  # the model's folder (or name), as its engines and trainer load it
+    tokenizer: Any = None
     trainer: Any = None  # TorchTrainer / MegatronTrainer; None when every agent is frozen
     sync: WeightSync | None = None
     version: int = 0
@@ -321,22 +323,20 @@ class Model:
             await asyncio.gather(*(c.resume_memory_occupation() for c in self.clients))
 
 
-def _build_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> list[Model]:
-    """A tokenizer and engine pool per model (its trainer comes from ``_build_trainer``),
-    placed as ``placement`` says for the owners it names."""
+def _plan_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> list[Model]:
+    """The models of the run, each with its folder and engine pool (not launched yet; its
+    tokenizer and trainer come later), placed as ``placement`` says for the owners it names."""
     models = []
     for i, specs in enumerate(model_groups(cfg.agent_specs()).values()):
         settings = cfg.model_settings(specs[0])
         path = materialize_model(settings.model, out / "models")
         logs = out / "logs" / specs[0].name
         pool = EnginePool(settings.engine, path, logs, seed=cfg.seed + 1000 * i)
-        tokenizer = load_tokenizer(specs[0].tokenizer or path)
         temperature = cfg.agent_rollout(specs[0]).temperature
         model = Model(
             specs[0].name,
             specs,
             settings,
-            tokenizer,
             pool,
             path=path,
             sync_config=cfg.sync,
