@@ -68,7 +68,8 @@ class Conversation:
         self.template_kwargs = dict(template_kwargs or {})
         self.truncated = False
         self._messages: list[dict[str, str]] = []
-        self._rendered: list[int] = []  # the template's own ids for _messages (no gen prompt)
+        self._rendered_ids: list[int] | None = []  # the template's ids for _messages (no gen
+        # prompt); None until needed after a generation (a one-turn episode never needs it)
         self._ids: list[int] = []
         self._mask: list[int] = []
         self._logprobs: list[float] = []
@@ -132,13 +133,13 @@ class Conversation:
             return False
         message = {"role": role, "content": content}
         rendered = self._tokens(self._render([*self._messages, message]))
-        new = self._extension(self._rendered, rendered, f"adding a {role!r} turn")
+        new = self._extension(self._rendered(), rendered, f"adding a {role!r} turn")
         if len(self._ids) + len(new) > self.max_context_len:
             self.truncated = True
             return False
         self._append(new, mask=0)
         self._messages.append(message)
-        self._rendered = rendered
+        self._rendered_ids = rendered
         self._turn_cache = None
         return True
 
@@ -198,7 +199,7 @@ class Conversation:
         content_ids = ids[: len(ids) - sampled_end]
         content = self.tokenizer.decode(content_ids, skip_special_tokens=False)
         self._messages.append({"role": "assistant", "content": content})
-        self._rendered = self._tokens(self._render(self._messages))
+        self._rendered_ids = None
         self._turn_cache = None
         return True
 
@@ -237,6 +238,12 @@ class Conversation:
         self._ids += ids
         self._mask += [mask] * len(ids)
         self._logprobs += [0.0] * len(ids)
+
+    def _rendered(self) -> list[int]:
+        """The template's ids for the messages so far (rendered again after a generation)."""
+        if self._rendered_ids is None:
+            self._rendered_ids = self._tokens(self._render(self._messages))
+        return self._rendered_ids
 
     def _render(self, messages: list[dict[str, str]], generation_prompt: bool = False) -> str:
         if not messages and not generation_prompt:
@@ -284,7 +291,7 @@ class Conversation:
             return self._turn_cache[1], self._turn_cache[2]
         prompt_text = self._render(self._messages, generation_prompt=True)
         header = self._extension(
-            self._rendered, self._tokens(prompt_text), "adding the assistant header"
+            self._rendered(), self._tokens(prompt_text), "adding the assistant header"
         )
         reply_text = self._render([*self._messages, {"role": "assistant", "content": _SENTINEL}])
         if not reply_text.startswith(prompt_text + _SENTINEL):

@@ -56,6 +56,7 @@ from kernel.models import load_tokenizer, materialize_model
 from kernel.rollout import GroupResult, RolloutManager, RolloutStats
 from kernel.sample import Sample, Status
 from kernel.sync.push import SyncConfig, WeightSync
+from kernel.train.thread import TrainerThread
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -136,13 +137,14 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
         buffer = DataBuffer(replace(cfg.data, path=resolve_data_path(cfg.data.path)))
         for m in models:
             m.tokenizer = load_tokenizer(m.agents[0].tokenizer or m.path)
-            m.trainer = _build_trainer(cfg, m, placement.get(m.owner))
+            stack.callback(m.thread.close)
+            m.trainer = m.thread.call(_build_trainer, cfg, m, placement.get(m.owner))
         start = 0
         if ckpt is not None:
             state = json.loads((ckpt / "state.json").read_text())
             for m in models:
                 if m.trainer is not None:
-                    m.trainer.load(ckpt / "trainers" / m.owner)
+                    m.thread.call(m.trainer.load, ckpt / "trainers" / m.owner)
                 m.version = state["weight_versions"][m.owner]
             buffer.load_state_dict(state["buffer"])
             start = state["step"]
@@ -154,11 +156,13 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
         for m in models:
             m.pool.wait_healthy()
             m.generators, m.clients = m.pool.clients()
-            m.sync = WeightSync(m.sync_config, m.clients, out / "sync" / m.owner, m.temperature)
+            m.sync = WeightSync(
+                m.sync_config, m.clients, out / "sync" / m.owner, m.temperature, m.thread.run
+            )
         agents = {}
         for m in models:
             window = m.settings.engine.batch_window_ms / 1000
-            batcher = RequestBatcher(m.generators, m.pool, window)
+            m.batcher = batcher = RequestBatcher(m.generators, m.pool, window)
             for spec in m.agents:
                 tokenizer = _with_template(m.tokenizer, spec.chat_template)
                 rollout = cfg.agent_rollout(spec)
@@ -195,6 +199,8 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
             startup_s = process_age()  # from the command to the first rollout
             for step in range(start, cfg.num_steps):
                 t_step = time.perf_counter()
+                cpu_step = time.thread_time()  # the driver: clients, hooks, advantages, logging
+                requests = sum(m.batcher.stats["requests"] for m in models)
                 # 1-2. rollout with rewards (in async mode it was started during the last step)
                 batch = await (next_batch or _collect(cfg, manager, ctx, buffer, step))
                 next_batch = None
@@ -253,6 +259,9 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
                 ):
                     row |= await _evaluate(cfg, manager, ctx)
                 row["time/step_s"] = time.perf_counter() - t_step
+                row["time/driver_cpu_s"] = time.thread_time() - cpu_step
+                sent = sum(m.batcher.stats["requests"] for m in models)
+                row["rollout/requests"] = sent - requests
                 tokens = sum(m.get("tokens", 0.0) for m in train_metrics)
                 row["tokens_per_s"] = tokens / row["time/step_s"]
                 logger.log(row)
@@ -263,7 +272,7 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
                 last = step + 1 == cfg.num_steps
                 if last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
                     in_flight = [] if next_batch is None else await _handed_out(next_batch)
-                    _checkpoint(cfg, models, buffer, step + 1, in_flight)
+                    await _checkpoint(cfg, models, buffer, step + 1, in_flight)
             return rows
         finally:
             for w in watchers:
@@ -273,7 +282,7 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
                     await m.sync.aclose()
                 await asyncio.gather(*(c.aclose() for c in {*m.generators, *m.clients}))
                 if m.trainer is not None and hasattr(m.trainer, "close"):
-                    m.trainer.close()
+                    await m.thread.run(m.trainer.close)
             logger.close()
 
 
@@ -288,13 +297,19 @@ class Model:
     path: str = ""  # the model's folder (or name), as its engines and trainer load it
     tokenizer: Any = None
     trainer: Any = None  # TorchTrainer / MegatronTrainer; None when every agent is frozen
+    thread: TrainerThread = None  # every call into the trainer runs on it (kernel.train.thread)
     sync: WeightSync | None = None
+    batcher: Any = None  # the RequestBatcher its agents' generate calls go through
     version: int = 0
     generators: list = field(default_factory=list)
     clients: list = field(default_factory=list)
     sync_config: SyncConfig = field(default_factory=SyncConfig)  # transport, buckets, check
     colocate: bool = False  # engines on the trainer's GPUs (kernel launch)
     temperature: float = 1.0  # the owner's sampling temperature: the trainer's and the check's
+
+    def __post_init__(self) -> None:
+        if self.thread is None:
+            self.thread = TrainerThread(f"trainer-{self.owner}")
 
     @property
     def trained(self) -> set[str]:
@@ -314,11 +329,11 @@ class Model:
         idle engine, so they first pause with abort: a straggler a rollout timeout gave up on
         ends there, and nothing new starts until the sync's continue."""
         if not self.colocate:
-            return await asyncio.to_thread(self.trainer.train_step, self.own(samples))
+            return await self.thread.run(self.trainer.train_step, self.own(samples))
         await asyncio.gather(*(c.pause("abort") for c in self.clients))
         await asyncio.gather(*(c.release_memory_occupation() for c in self.clients))
         try:
-            return await asyncio.to_thread(self.trainer.train_step, self.own(samples))
+            return await self.thread.run(self.trainer.train_step, self.own(samples))
         finally:
             await asyncio.gather(*(c.resume_memory_occupation() for c in self.clients))
 
@@ -514,13 +529,13 @@ async def _evaluate(cfg, manager, ctx) -> dict[str, float]:
     return row
 
 
-def _checkpoint(cfg, models: list[Model], buffer, step: int, in_flight) -> Path:
+async def _checkpoint(cfg, models: list[Model], buffer, step: int, in_flight) -> Path:
     """Save everything a resume needs; state.json is written last, marking it complete."""
     root = Path(cfg.output_dir) / "checkpoints"
     path = root / f"step_{step}"
     for m in models:
         if m.trainer is not None:
-            m.trainer.save(path / "trainers" / m.owner)
+            await m.thread.run(m.trainer.save, path / "trainers" / m.owner)
     state = {
         "step": step,
         "weight_versions": {m.owner: m.version for m in models},

@@ -82,7 +82,9 @@ def test_ctrl_c_stops_every_process_the_run_started_and_nothing_else(tmp_path):
     bystander = subprocess.Popen(["sleep", "120"])  # not the run's: must survive
     metrics = tmp_path / "metrics.jsonl"
     cmd = [sys.executable, "-m", "kernel", "train", "--preset", "toy_duo"]
-    cmd += [f"--output_dir={tmp_path}", "--num_steps=200", "--engine.start_router=true"]
+    # far more steps than the test lasts: only the SIGINT can end the run (200 steps of the
+    # toy took under a minute, so a run that lost the signal could still end with exit 0)
+    cmd += [f"--output_dir={tmp_path}", "--num_steps=100000", "--engine.start_router=true"]
     run = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 240
@@ -94,8 +96,11 @@ def test_ctrl_c_stops_every_process_the_run_started_and_nothing_else(tmp_path):
         assert len(started) >= 4, started  # two engines and two routers (one per model)
 
         run.send_signal(signal.SIGINT)
-        _, err = run.communicate(timeout=60)
-        assert run.returncode != 0
+        try:
+            _, err = run.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the run went on for a minute after SIGINT")
+        assert run.returncode == 130, err.decode()[-2000:]
         assert b"interrupted" in err.lower(), err.decode()[-2000:]
         deadline = time.monotonic() + 20
         while [p for p in started if _alive(p)]:

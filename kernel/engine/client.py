@@ -288,23 +288,33 @@ class EngineClient:
     async def update_weights_from_tensor(
         self, named_tensors, *, weight_version: str | None = None, abort_all_requests=False
     ) -> dict:
-        """Send named tensors (a dict or (name, tensor) pairs) as base64 safetensors bytes --
-        the embedded server's format, not SGLang's CUDA-IPC one (see kernel/engine/weights.py)."""
+        """Send named tensors (a dict or (name, tensor) pairs) as base64 safetensors bytes,
+        encoded on a pool thread (see kernel/engine/weights.py)."""
         from kernel.engine.weights import encode_named_tensors
 
         payload = await asyncio.to_thread(encode_named_tensors, named_tensors)
-        body = {"serialized_named_tensors": [payload], "abort_all_requests": abort_all_requests}
-        path = "/update_weights_from_tensor"
-        return await self._json("POST", path, _versioned(body, weight_version))
+        return await self.update_weights_from_serialized(
+            [payload], weight_version=weight_version, abort_all_requests=abort_all_requests
+        )
 
-    async def update_weights_from_flattened_bucket(
-        self, payloads: list[str], *, weight_version: str | None = None, abort_all_requests=False
+    async def update_weights_from_serialized(
+        self,
+        payloads: list[str],
+        *,
+        load_format: str | None = None,
+        weight_version: str | None = None,
+        abort_all_requests=False,
     ) -> dict:
-        """Send SGLang's ``flattened_bucket`` payloads (one per engine TP rank, made by
-        ``kernel.engine.weights.FlatBucketWriter``): handles to a buffer shared on this machine,
-        not the bytes."""
-        body = {"serialized_named_tensors": list(payloads), "load_format": "flattened_bucket"}
-        body["abort_all_requests"] = abort_all_requests
+        """``/update_weights_from_tensor`` with payloads already made: base64 safetensors
+        (``load_format`` None) or SGLang's ``flattened_bucket`` (one per engine TP rank, made by
+        ``kernel.engine.weights.FlatBucketWriter``: handles to a buffer shared on this machine,
+        not the bytes)."""
+        body = {
+            "serialized_named_tensors": list(payloads),
+            "abort_all_requests": abort_all_requests,
+        }
+        if load_format is not None:
+            body["load_format"] = load_format
         path = "/update_weights_from_tensor"
         return await self._json("POST", path, _versioned(body, weight_version))
 

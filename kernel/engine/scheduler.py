@@ -86,11 +86,19 @@ def sample_tokens(
     logits = logits.float()
     greedy = temperature == 0  # (B,)
     scale = torch.where(greedy, torch.ones_like(temperature), temperature)
-    logp = torch.log_softmax(logits / scale[:, None], dim=-1)  # (B, V)
-    tokens = logits.argmax(-1)  # (B,)
-    if not bool(greedy.all()):
-        kept = _filter(logp, top_p, top_k, min_p)  # (B, V), -inf outside the kept set
-        tokens = torch.where(greedy, tokens, _draw(kept.softmax(-1), generator))
+    if bool((scale != 1).any()):  # the usual temperature 1 skips a (B, V) pass
+        logits = logits / scale[:, None]
+    logp = torch.log_softmax(logits, dim=-1)  # (B, V)
+    any_greedy = bool(greedy.any())
+    if any_greedy and bool(greedy.all()):
+        tokens = logits.argmax(-1)  # (B,)
+    else:
+        filtered = bool((top_p < 1).any() or (top_k > 0).any() or (min_p > 0).any())
+        # Unfiltered, the sampling distribution is exp(logp) itself: no second softmax.
+        probs = _filter(logp, top_p, top_k, min_p).softmax(-1) if filtered else logp.exp()
+        tokens = _draw(probs, generator)  # (B,)
+        if any_greedy:
+            tokens = torch.where(greedy, logits.argmax(-1), tokens)
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
 
 
@@ -101,7 +109,7 @@ def _draw(probs: Tensor, generator: torch.Generator | None) -> Tensor:
     spends its time drawing B x V random numbers). The fp64 cumsum keeps the CDF exact enough;
     searching with right=True never lands on a zero-probability token.
     """
-    cdf = probs.double().cumsum(-1)  # (B, V)
+    cdf = probs.cumsum(-1, dtype=torch.float64)  # (B, V)
     u = torch.rand(
         (probs.shape[0], 1), generator=generator, dtype=torch.float64, device=probs.device
     )

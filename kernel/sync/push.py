@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -176,11 +177,22 @@ class LocalBroadcaster:
 
 class WeightSync:
     """Pushes a TorchTrainer's weights to a list of EngineClients. ``temperature`` is the one
-    the trainer scores logprobs at (the model's rollout temperature); the check samples at it."""
+    the trainer scores logprobs at (the model's rollout temperature); the check samples at it.
+    ``run`` awaits a blocking call on the trainer's thread (default: any pool thread)."""
 
-    def __init__(self, cfg: SyncConfig, clients: list, work_dir: Path, temperature: float = 1.0):
+    def __init__(
+        self,
+        cfg: SyncConfig,
+        clients: list,
+        work_dir: Path,
+        temperature: float = 1.0,
+        run: Callable[..., Awaitable] | None = None,
+    ):
         self.cfg = cfg.validate()
         self.clients = clients
+        # How blocking trainer work (scoring, exporting weights) is awaited: on the trainer's
+        # own thread (kernel.train.thread.TrainerThread.run), or on any pool thread.
+        self._run = run or asyncio.to_thread
         self.work_dir = Path(work_dir)
         self.temperature = temperature
         self.transport = cfg.transport
@@ -242,7 +254,7 @@ class WeightSync:
             )
             for r in results
         ]
-        scored = await asyncio.to_thread(trainer.compute_logprobs, samples)
+        scored = await self._run(trainer.compute_logprobs, samples)
         worst = 0.0
         for client, res, ref in zip(self.clients, results, scored, strict=True):
             if res.weight_version != str(version):
@@ -264,33 +276,35 @@ class WeightSync:
         return worst
 
     async def _push_disk(self, trainer, version: str) -> int:
-        path = await asyncio.to_thread(trainer.save_hf, self.work_dir / "sync_weights")
+        path = await self._run(trainer.save_hf, self.work_dir / "sync_weights")
         await self._all(lambda c: c.update_weights_from_disk(str(path), weight_version=version))
         return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
 
     async def _push_tensor(self, trainer, version: str) -> int:
-        nbytes = 0
-        for bucket, last in _with_last(self._buckets(trainer)):
-            nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
-            tag = version if last else None
-            await self._all(
-                lambda c, b=bucket, v=tag: c.update_weights_from_tensor(b, weight_version=v)
-            )
-        return nbytes
+        from kernel.engine.weights import encode_named_tensors
+
+        return await self._push_buckets(trainer, version, encode_named_tensors, None)
 
     async def _push_shared(self, trainer, version: str) -> int:
         from kernel.engine.weights import FlatBucketWriter
 
         if self._writer is None:
             self._writer = FlatBucketWriter(getattr(trainer, "device", "cpu"))
-        nbytes = 0
-        for bucket, last in _with_last(self._buckets(trainer)):
+        return await self._push_buckets(trainer, version, self._writer.payload, "flattened_bucket")
+
+    async def _push_buckets(self, trainer, version: str, encode, load_format) -> int:
+        """Per bucket: gather and encode it on the trainer's thread (an FSDP trainer gathers
+        each tensor from its shards), send it to every engine; the last carries the version."""
+        buckets = self._buckets(trainer)
+        nbytes, ahead = 0, await self._run(next, buckets, None)
+        while ahead is not None:  # one bucket ahead: is this one the last?
+            bucket, ahead = ahead, await self._run(next, buckets, None)
             nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
-            payload = await asyncio.to_thread(self._writer.payload, bucket)
-            tag = version if last else None
+            payload = await self._run(encode, bucket)
+            tag = version if ahead is None else None
             await self._all(
-                lambda c, p=payload, v=tag: c.update_weights_from_flattened_bucket(
-                    [p], weight_version=v
+                lambda c, p=payload, v=tag: c.update_weights_from_serialized(
+                    [p], load_format=load_format, weight_version=v
                 )
             )
         return nbytes
@@ -309,10 +323,10 @@ class WeightSync:
         from kernel.sync.group import GroupConfig
 
         broadcaster = trainer.weight_broadcaster()
-        host, port = await asyncio.to_thread(broadcaster.rendezvous)
+        host, port = await self._run(broadcaster.rendezvous)
         backend = self.cfg.backend
         if backend == "auto":
-            backend = await asyncio.to_thread(broadcaster.backend)
+            backend = await self._run(broadcaster.backend)
         cfg = GroupConfig(
             master_address=host, master_port=port, world_size=1 + len(self.clients), backend=backend
         )
@@ -327,28 +341,28 @@ class WeightSync:
             )
             for i, c in enumerate(self.clients)
         ]
-        await asyncio.gather(asyncio.to_thread(broadcaster.join, cfg), *joins)
+        await asyncio.gather(self._run(broadcaster.join, cfg), *joins)
         self._broadcaster, self._trainer, self._backend = broadcaster, trainer, backend
 
     async def _push_distributed(self, trainer, version: str) -> int:
         """Per bucket, the engines receive (HTTP call in flight) while rank 0 broadcasts."""
         await self._ensure_group(trainer)
         b = self._broadcaster
-        await asyncio.to_thread(b.start, self.bucket_bytes, self._backend)
+        await self._run(b.start, self.bucket_bytes, self._backend)
         nbytes = 0
         try:
-            while (m := await asyncio.to_thread(b.next)) is not None:
+            while (m := await self._run(b.next)) is not None:
                 await asyncio.gather(
                     self._all(
                         lambda c, m=m: c.update_weights_from_distributed(
                             m.names, m.dtypes, m.shapes
                         )
                     ),
-                    asyncio.to_thread(b.broadcast),
+                    self._run(b.broadcast),
                 )
                 nbytes += m.nbytes
         finally:
-            await asyncio.to_thread(b.release)
+            await self._run(b.release)
         # a broadcast's bucket count is known only at its end: the version is a call of its own
         await self._all(lambda c: c.update_weight_version(version))
         return nbytes
@@ -361,7 +375,7 @@ class WeightSync:
             return
         live = [c for c in self.clients if c.base_url not in restarted]
         await asyncio.gather(*(c.destroy_weights_update_group() for c in live))
-        await asyncio.to_thread(self._broadcaster.leave)
+        await self._run(self._broadcaster.leave)
         self._broadcaster = None
 
     async def aclose(self) -> None:
@@ -375,7 +389,7 @@ class WeightSync:
             self._writer.close()
         if self._broadcaster is not None:
             await self._all(lambda c: c.destroy_weights_update_group())
-            await asyncio.to_thread(self._broadcaster.leave)
+            await self._run(self._broadcaster.leave)
             self._broadcaster = None
 
 
@@ -383,15 +397,3 @@ def _is_local(url: str) -> bool:
     """Whether an engine URL is on a loopback address (this machine)."""
     host = urlsplit(url).hostname or ""
     return host.startswith("127.") or host in ("localhost", "::1")
-
-
-def _with_last(items):
-    """(item, is_last) pairs, one item of look-ahead."""
-    it = iter(items)
-    prev = next(it, None)
-    if prev is None:
-        return
-    for item in it:
-        yield prev, False
-        prev = item
-    yield prev, True

@@ -76,8 +76,9 @@ class TorchTrainerConfig:
     """Samples with equal prompt ids (the n samples of a prompt group) run the prompt once per
     micro-batch: its KV cache, computed with gradients, is continued by each sample's response.
     The same loss and gradient as running each sample whole, with n - 1 fewer copies of every
-    prompt. Needs a full-attention KV cache; off with pack_sequences or gradient_checkpointing
-    (HF drops the cache there), where samples run whole."""
+    prompt. Needs a full-attention KV cache and one rank (under FSDP every rank must run the
+    same forwards); off with pack_sequences or gradient_checkpointing (HF drops the cache
+    there). Where it is off, samples run whole."""
     pack_sequences: bool = False
     """Pack sequences into one row (position ids restart per sequence, no cross-attention)
     instead of right-padding rows of similar length. No padding at all, but only varlen kernels
@@ -154,8 +155,9 @@ class TorchTrainer:
         self.step = 0
 
         self.model = self._load(model_path)
-        self.share_prompts = (
+        self.share_prompts = (  # FSDP gathers weights per forward: ranks must run the same ones
             cfg.share_prompts
+            and self.world_size == 1
             and not cfg.pack_sequences
             and not cfg.gradient_checkpointing
             and _full_attention_cache(self.model)
@@ -223,7 +225,8 @@ class TorchTrainer:
     def _plan(self, samples: list[Sample]) -> list[MicroBatch]:
         """Micro-batches of ``samples``, padded with dummies to the most any rank runs."""
         budget, pack = self.cfg.max_tokens_per_microbatch, self.cfg.pack_sequences
-        if self.share_prompts:
+        distinct = len({tuple(s.prompt_ids) for s in samples})
+        if self.share_prompts and distinct < len(samples):  # some prompt is shared
             groups = plan_shared(samples, budget)
             mbs = [collate_shared([samples[i] for i in g], g) for g in groups]
         else:

@@ -116,9 +116,10 @@ def test_update_from_flattened_bucket_over_shared_memory(
     async def main():
         async with EngineClient(server_b) as c:
             half = len(named) // 2  # two buckets through one reused buffer, version on the last
-            await c.update_weights_from_flattened_bucket([writer.payload(named[:half])])
-            await c.update_weights_from_flattened_bucket(
-                [writer.payload(named[half:])], weight_version="9"
+            flat = "flattened_bucket"
+            await c.update_weights_from_serialized([writer.payload(named[:half])], load_format=flat)
+            await c.update_weights_from_serialized(
+                [writer.payload(named[half:])], load_format=flat, weight_version="9"
             )
             return await c.get_weight_version()
 
