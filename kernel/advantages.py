@@ -19,8 +19,11 @@ Estimators (``AdvantageConfig.estimator``):
   long responses dominate the statistics).
 - ``reinforce_pp_baseline``: subtract the group mean, then whiten over the batch.
 - ``magrpo``: CoMLRL's MAGRPO in aligned mode. Every agent of an episode gets the team reward
-  (``sum`` or ``mean``, ``team_reward``, of the episode's agents' rewards; an agent with several
-  turns counts once, with the mean of its turns' rewards); the advantage is ``team - mean``
+  (``team_reward``: ``mean``, the default, or ``sum`` of the episode's agents' rewards, over
+  the agents whose reward is not None, so a member the reward does not apply to neither lowers
+  nor raises its partners'; ``sum`` scales with the number of agents that have a reward; an
+  agent with several turns counts once, with the mean of its turns' rewards); the advantage
+  is ``team - mean``
   of the team rewards of the group's episodes, each episode counted once per group. With
   ``group_by="prompt_agent_turn"`` that is CoMLRL's per-turn baseline: the episodes that
   reached the same turn. No std division (CoMLRL uses the mean baseline only).
@@ -72,8 +75,9 @@ class AdvantageConfig:
     """grpo only: divide by the group std (dr_grpo and magrpo never do)"""
     eps: float = 1e-6
     """added to every std before dividing"""
-    team_reward: TeamReward = "sum"
-    """magrpo only: team reward of an episode = sum or mean of its agents' rewards"""
+    team_reward: TeamReward = "mean"
+    """magrpo only: team reward of an episode = mean (default) or sum of the rewards of its
+    agents that have one (None: does not apply, left out)"""
 
     def validate(self) -> AdvantageConfig:
         for name, value, allowed in (
@@ -148,12 +152,16 @@ def reinforce_pp_advantages(rewards: Tensor, eps: float = 1e-6) -> Tensor:
 
 
 def reinforce_pp_baseline_advantages(rewards: Tensor, index: Tensor, eps: float = 1e-6) -> Tensor:
-    """REINFORCE++ with baseline: subtract the group mean, then whiten over the whole batch."""
-    return batch_whiten(dr_grpo_advantages(rewards, index), eps)
+    """REINFORCE++ with baseline: subtract the group mean, then whiten over the whole batch.
+    A degenerate group stays exactly 0 (whitening would shift it by the batch mean's float
+    noise, ~1e-17)."""
+    adv = batch_whiten(dr_grpo_advantages(rewards, index), eps)  # (N,)
+    degenerate = group_stats(rewards, index)[3]  # (G,)
+    return torch.where(degenerate[index], torch.zeros_like(adv), adv)
 
 
 def team_rewards(
-    rewards: Tensor, episode: Tensor, agent: Tensor, reduce: TeamReward = "sum"
+    rewards: Tensor, episode: Tensor, agent: Tensor, reduce: TeamReward = "mean"
 ) -> Tensor:
     """MAGRPO team reward per episode ``(E,)`` from per-sample rewards ``(N,)``.
 

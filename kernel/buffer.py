@@ -21,6 +21,7 @@ hub dataset name), so one code path serves all. All rows are validated at load t
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import os
 from collections import deque
@@ -315,8 +316,8 @@ class DataBuffer:
 
         ``in_flight`` are groups handed out but not yet trained on (the rollout of the next step
         in asynchronous mode): they are saved as requeued, so a run resumed from this state
-        rolls them out again instead of skipping them. The per-agent queues are not saved:
-        checkpoints are taken at a step boundary, after the trainers have drained them.
+        rolls them out again instead of skipping them. The per-agent queues (samples kept for an
+        agent's next update) are saved whole, so a resumed run trains on them as it would have.
         """
         requeued = dict(self._requeued)
         for group in in_flight:
@@ -329,6 +330,7 @@ class DataBuffer:
             "seed": self.config.seed,
             "shuffle": self.config.shuffle,
             "num_prompts": len(self._rows),
+            "queued": [_sample_state(s) for q in self._queues.values() for s in q],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -349,4 +351,11 @@ class DataBuffer:
         self._position = state["position"]
         self._next_group_id = state["next_group_id"]
         self._requeued = sorted((q["group_id"], q["row"]) for q in state["requeued"])
+        self._queues = {}
+        self.put(Sample(**{**q, "status": Status(q["status"])}) for q in state.get("queued", []))
         self._order = self._permutation(self.epoch)
+
+
+def _sample_state(s: Sample) -> dict[str, Any]:
+    """A queued sample as JSON-ready fields (metadata values JSON cannot hold become text)."""
+    return json.loads(json.dumps({**dataclasses.asdict(s), "status": s.status.value}, default=str))

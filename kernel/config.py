@@ -119,6 +119,10 @@ class TrainConfig:
     """One-step off-policy: the rollout of step k+1 overlaps the training of step k."""
     max_staleness: int = 1
     """Samples made by weights more than this many versions old are dropped (and counted)."""
+    replay_groups: int = 0
+    """Also train each step on the samples of up to this many prompt groups of earlier steps
+    (the newest first; trained again, so reused; importance-weighted as stale, and dropped
+    once older than max_staleness). 0: every rollout is trained on once. Not checkpointed."""
     dynamic_sampling: bool = False
     """DAPO: drop prompt groups whose rewards are all equal and refill from the data."""
     max_refill_rounds: int = 4
@@ -189,8 +193,10 @@ class TrainConfig:
                     "agents backend torch or share_model_with, or train on Ray (ray.enabled, "
                     "or kernel launch): each model's ranks are processes of their own there"
                 )
-        if self.max_staleness < 0 or self.save_every < 0 or self.max_refill_rounds < 0:
+        if min(self.max_staleness, self.save_every, self.max_refill_rounds) < 0:
             raise ValueError("max_staleness, save_every and max_refill_rounds must be >= 0")
+        if self.replay_groups < 0:
+            raise ValueError(f"replay_groups must be >= 0, got {self.replay_groups}")
         if self.async_mode and self.max_staleness < 1:
             raise ValueError("async_mode needs max_staleness >= 1 (its samples are one step old)")
         if not self.data.path:
@@ -232,8 +238,12 @@ class TrainConfig:
             return self.trainer
         from kernel.train.megatron_backend import MegatronTrainerConfig
 
-        budget = self.trainer.max_tokens_per_microbatch
-        return MegatronTrainerConfig(max_tokens_per_microbatch=budget)
+        t = self.trainer
+        return MegatronTrainerConfig(
+            max_tokens_per_microbatch=t.max_tokens_per_microbatch,
+            num_minibatches=t.num_minibatches,
+            ppo_epochs=t.ppo_epochs,
+        )
 
 
 @dataclass

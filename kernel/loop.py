@@ -7,26 +7,31 @@ Read ``train`` top to bottom. Per step:
    requeued, DAPO refill when dynamic sampling drops constant groups);
 2. rewards (recipe hook + kernel weighting) come back with the episodes;
 3. advantages, grouped per (prompt, agent[, turn]) - never batch-wide unless asked for;
-4. one optimiser step per model due this step (``update_every``), on the samples of the
-   trainable agents it plays (agents sharing a model train it together; an agent with its own
-   model trains its own);
+4. train each model due this step (``update_every``) on the samples of the trainable agents
+   it plays (agents sharing a model train it together; an agent with its own model trains its
+   own): ``trainer.ppo_epochs`` x ``trainer.num_minibatches`` updates, one by default. A model
+   not due keeps its samples in the buffer's per-agent queue for its next update (each rollout
+   is trained on once); ``replay_groups`` adds recent groups again;
 5. push each trained model's weights to its own engines (pause -> update -> version ->
    continue); engines restarted after a crash get the current weights before they rejoin;
 6. log (metrics.jsonl, optional TensorBoard / W&B) and checkpoint.
 
 In ``async_mode`` the rollout of step k+1 runs while step k trains (one step off-policy): the
 samples carry the weight versions that made them, the staleness is logged and bounded, and
-truncated importance sampling (``loss.tis_cap``) corrects the lag.
+truncated importance sampling (``loss.tis_cap``, else ``loss.stale_tis_cap`` for batches with
+stale samples) corrects the lag.
 
 A checkpoint (``<output_dir>/checkpoints/step_N``) holds each model's trainer
 (``trainers/<owner agent>``: weights, optimiser, schedule, RNG), the buffer position with
 every prompt group handed out but not yet trained (so a crash mid-step neither skips nor
-repeats a prompt), the step and each model's weight version.
+repeats a prompt) and the samples queued for a later update, the step and each model's weight
+version.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import random
@@ -196,6 +201,7 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
                     )
 
             next_batch = None
+            replay = collections.deque(maxlen=cfg.replay_groups)  # recent groups, newest first
             startup_s = process_age()  # from the command to the first rollout
             for step in range(start, cfg.num_steps):
                 t_step = time.perf_counter()
@@ -213,15 +219,20 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
                 # 3. advantages, per (prompt, agent[, turn])
                 adv_metrics = compute_advantages(samples, cfg.advantage)
 
-                # 4. train each model due this step on the samples of the agents it plays (off
-                # the event loop, so an async rollout keeps going; models train concurrently;
-                # colocated engines give their GPU memory up meanwhile)
+                # 4. train each model due this step on the samples of the agents it plays, and
+                # on those it kept from the steps it sat out (update_every; TIS corrects the
+                # stale ones); a model not due keeps this step's. Off the event loop, so an
+                # async rollout keeps going; models train concurrently; colocated engines give
+                # their GPU memory up meanwhile.
                 due = [m for m in models if m.trains_at(step)]
+                trained_versions = {m.owner: m.version for m in models}
+                batches, dropped, replayed = _batches(cfg, models, due, samples, buffer, replay)
+                replay.extendleft(r.samples for r in reversed(batch.results))  # newest first
                 # the post-sync checks of the last pushes ran beside this rollout; they read
                 # the weights this step changes, so they end here (or fail the run)
                 checks = [await m.sync.checked() for m in models]
                 t0 = time.perf_counter()
-                train_metrics = await asyncio.gather(*(m.train_step(samples) for m in due))
+                train_metrics = await asyncio.gather(*(m.train_step(batches[m.owner]) for m in due))
                 train_s = time.perf_counter() - t0
 
                 # 5. weight sync of the models that trained, and of engines restarted after a
@@ -248,8 +259,11 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
                     row["time/startup_s"] = startup_s
                 row |= _model_metrics(models, due, train_metrics, sync_metrics, checks)
                 row["data/rows"] = sorted(r.group[0].metadata["row"] for r in batch.results)
-                row |= _agent_metrics(samples, models) | adv_metrics | batch.stats.as_metrics()
-                row["staleness/dropped"] = float(stale)
+                row |= _agent_metrics(samples, models, trained_versions, buffer)
+                row |= adv_metrics | batch.stats.as_metrics()
+                row["staleness/dropped"] = float(stale + dropped)
+                if cfg.replay_groups:
+                    row["replay/samples"] = float(replayed)
                 row["time/rollout_s"] = batch.stats.seconds
                 row["time/train_s"] = train_s
                 row["engines/restarts"] = float(sum(m.pool.restarts for m in models))
@@ -323,17 +337,18 @@ class Model:
         return [s for s in samples if s.agent in self.trained]
 
     async def train_step(self, samples: list[Sample]) -> dict[str, float]:
-        """One optimiser step on this model's samples, off the event loop. Colocated engines
-        release their memory (weights and KV cache) for it and resume it after; the weight sync
-        that follows gives them the new weights before they generate again. A release needs an
-        idle engine, so they first pause with abort: a straggler a rollout timeout gave up on
-        ends there, and nothing new starts until the sync's continue."""
+        """Train on ``samples`` (this model's), off the event loop, at the current weight
+        version (samples of older ones are stale: TIS). Colocated engines release their memory
+        (weights and KV cache) for it and resume it after; the weight sync that follows gives
+        them the new weights before they generate again. A release needs an idle engine, so
+        they first pause with abort: a straggler a rollout timeout gave up on ends there, and
+        nothing new starts until the sync's continue."""
         if not self.colocate:
-            return await self.thread.run(self.trainer.train_step, self.own(samples))
+            return await self.thread.run(self.trainer.train_step, samples, self.version)
         await asyncio.gather(*(c.pause("abort") for c in self.clients))
         await asyncio.gather(*(c.release_memory_occupation() for c in self.clients))
         try:
-            return await self.thread.run(self.trainer.train_step, self.own(samples))
+            return await self.thread.run(self.trainer.train_step, samples, self.version)
         finally:
             await asyncio.gather(*(c.resume_memory_occupation() for c in self.clients))
 
@@ -371,7 +386,7 @@ def _build_trainer(cfg: TrainConfig, model: Model, where):
     if not model.trained:
         return None
     settings = model.settings
-    trainer_cfg = replace(settings.trainer, temperature=model.temperature)
+    trainer_cfg = replace(settings.trainer, temperature=model.temperature, seed=cfg.seed)
     args = (model.path, settings.optim, settings.loss, trainer_cfg, cfg.num_steps)
     if cfg.ray.enabled:
         from kernel.cluster.ray_group import RayTrainerGroup
@@ -452,6 +467,25 @@ async def _handed_out(next_batch: asyncio.Future) -> list[list[Sample]]:
     return batch.handed_out
 
 
+def _batches(cfg, models: list[Model], due: list[Model], samples, buffer, replay):
+    """What each model due this step trains on: the samples its agents kept in the buffer from
+    the steps it sat out, the replayed groups' samples of its agents, and this step's (those
+    beyond max_staleness dropped and counted); a trained model not due keeps this step's
+    samples in the buffer instead. Returns ({owner: samples}, dropped, replayed)."""
+    batches, dropped, replayed = {}, 0, 0
+    for m in models:
+        if m in due:
+            queued = [s for a in sorted(m.trained) for s in buffer.take(a)]
+            queued, lost = _drop_stale(queued, models, cfg.max_staleness)
+            again = [s for group in replay for s in m.own(group)]
+            again, _ = _drop_stale(again, models, cfg.max_staleness)  # aged out: not lost
+            batches[m.owner] = queued + again + m.own(samples)
+            dropped, replayed = dropped + lost, replayed + len(again)
+        elif m.trainer is not None:
+            buffer.put(m.own(samples))
+    return batches, dropped, replayed
+
+
 def _drop_stale(samples: list[Sample], models: list[Model], max_staleness: int):
     """Keep samples whose oldest weight version is within max_staleness of the current version
     of their agent's model."""
@@ -465,13 +499,17 @@ def _staleness(sample: Sample, version: int) -> int:
     return version - min(sample.weight_versions) if sample.weight_versions else 0
 
 
-def _agent_metrics(samples: list[Sample], models: list[Model]) -> dict[str, float]:
+def _agent_metrics(
+    samples: list[Sample], models: list[Model], trained_versions: dict[str, int], buffer
+) -> dict[str, float]:
     """Per agent: reward, sampled tokens, truncation and failure rates, the share of its
-    dialogue's tokens it trains on, how stale its samples are; per episode: the recipe's
-    ``metadata["metrics"]``, averaged over the episodes that report each key (one sample per
-    episode carries them)."""
+    dialogue's tokens it trains on, how stale its samples are (against the weights trained
+    this step, ``trained_versions`` per model owner: 0 in sync mode, 1 one step off-policy),
+    how many of its samples wait in the buffer for its model's next update; per episode: the
+    recipe's ``metadata["metrics"]``, averaged over the episodes that report each key (one
+    sample per episode carries them)."""
     row: dict[str, float] = {}
-    version = {spec.name: m.version for m in models for spec in m.agents}
+    version = {spec.name: trained_versions[m.owner] for m in models for spec in m.agents}
     for agent in sorted({s.agent for s in samples}):
         mine = [s for s in samples if s.agent == agent]
         lengths = [sum(s.loss_mask) for s in mine]
@@ -485,6 +523,7 @@ def _agent_metrics(samples: list[Sample], models: list[Model]) -> dict[str, floa
         row[f"{agent}/failed"] = mean(float(s.status is Status.FAILED) for s in mine)
         row[f"{agent}/samples"] = float(len(mine))
         row[f"{agent}/staleness"] = mean(_staleness(s, version[agent]) for s in mine)
+        row[f"{agent}/queued"] = float(buffer.pending(agent))
     episodes: dict[tuple, dict] = {}
     tokens: dict[tuple, int] = {}  # every agent's dialogue tokens of the episode
     for s in samples:

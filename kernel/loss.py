@@ -65,7 +65,17 @@ class LossConfig:
     entropy_coef: float = 0.0
     """Weight of the entropy bonus (subtracted from the loss); 0 turns it off."""
     tis_cap: float | None = None
-    """Truncated importance sampling cap C on exp(old - rollout logprobs); None: off."""
+    """Truncated importance sampling cap C on exp(old - rollout logprobs); None: off (but see
+    stale_tis_cap)."""
+    stale_tis_cap: float | None = 2.0
+    """The TIS cap used when tis_cap is None and a training batch holds samples rolled out by
+    weights older than the ones it trains (a frozen or slower agent's kept rollouts, async
+    mode); None: no TIS for them either."""
+    old_logprobs: Literal["recompute", "rollout"] = "recompute"
+    """Where the PPO ratio's old logprobs come from when a batch takes several updates
+    (trainer.num_minibatches or trainer.ppo_epochs > 1): recompute (the trainer's current
+    weights, once, before the first update) or rollout (the engine's sampled logprobs, as
+    slime allows). With one update per batch they are that update's own forward, detached."""
 
     def validate(self) -> None:
         """Raise ValueError naming the first field with a bad value."""
@@ -89,8 +99,14 @@ class LossConfig:
             )
         if not 0.0 <= self.entropy_coef < math.inf:
             raise ValueError(f"entropy_coef must be a finite number >= 0, got {self.entropy_coef}")
-        if self.tis_cap is not None and not 0.0 < self.tis_cap < math.inf:
-            raise ValueError(f"tis_cap must be None or a finite number > 0, got {self.tis_cap}")
+        for name in ("tis_cap", "stale_tis_cap"):
+            cap = getattr(self, name)
+            if cap is not None and not 0.0 < cap < math.inf:
+                raise ValueError(f"{name} must be None or a finite number > 0, got {cap}")
+        if self.old_logprobs not in ("recompute", "rollout"):
+            raise ValueError(
+                f"old_logprobs must be 'recompute' or 'rollout', got {self.old_logprobs!r}"
+            )
 
 
 def aggregate(
@@ -181,11 +197,13 @@ def policy_loss(
     ``cfg.entropy_coef > 0``, ``rollout_logprobs`` when ``cfg.tis_cap`` is set; given otherwise,
     they only feed the metrics (rollout_logprobs is then ignored).
 
-    Metrics: pg_loss (the policy term, TIS-weighted, aggregated like the loss); ratio_mean;
-    clip_frac (fraction of masked tokens where the PPO clip set the loss, so their gradient is 0);
-    dual_clip_frac (same for the dual clip, when on); approx_kl (KL(old || new), k3 estimator);
+    Metrics: pg_loss (the policy term, TIS-weighted, aggregated like the loss); ratio_mean and
+    ratio_max (over masked tokens);
+    clipfrac (fraction of masked tokens where the PPO clip set the loss, so their gradient is 0);
+    dual_clipfrac (same for the dual clip, when on); approx_kl (KL(old || new), k3 estimator);
     kl (mean reference KL with cfg.kl_estimator, when ref_logprobs given); entropy (when given);
-    tis_weight_mean and tis_clip_frac (when TIS is on). All but pg_loss are masked token means.
+    tis_weight_mean and tis_clipfrac (when TIS is on). All but pg_loss and ratio_max are masked
+    token means.
     """
     cfg.validate()
     _check_shapes(
@@ -257,17 +275,20 @@ def policy_loss(
         metrics = {
             "pg_loss": float(aggregate(pg, mask, cfg.agg, cfg.max_len)),
             "ratio_mean": mean(ratio),
-            "clip_frac": mean(clipped.to(mask.dtype)),
+            "ratio_max": float(torch.where(on, ratio, torch.zeros_like(ratio)).max())
+            if bool(on.any())
+            else 0.0,
+            "clipfrac": mean(clipped.to(mask.dtype)),
             # KL(old || new) from tokens sampled by old: rho = new/old, k3 = rho - 1 - log rho.
             "approx_kl": mean(ratio - 1.0 - log_ratio),
         }
         if dual_clipped is not None:
-            metrics["dual_clip_frac"] = mean(dual_clipped.to(mask.dtype))
+            metrics["dual_clipfrac"] = mean(dual_clipped.to(mask.dtype))
         if kl is not None:
             metrics["kl"] = mean(kl)
         if entropy is not None:
             metrics["entropy"] = mean(entropy)
         if tis_w is not None and tis_raw is not None:
             metrics["tis_weight_mean"] = mean(tis_w)
-            metrics["tis_clip_frac"] = mean((tis_raw > cfg.tis_cap).to(mask.dtype))
+            metrics["tis_clipfrac"] = mean((tis_raw > cfg.tis_cap).to(mask.dtype))
     return loss, metrics

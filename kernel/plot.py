@@ -1,9 +1,10 @@
 """Learning curves: metrics.jsonl -> one PNG with a panel per quantity, a line per agent.
 
 Every run writes one JSON object per step to ``metrics.jsonl``. By default the panels are the
-ones a user checks first - reward, response length, entropy, KL, policy loss, the
-rollout/training logprob gap, and evaluation scores - each with one line per agent where the
-metric is per agent (``<agent>/reward``); ``keys`` plots chosen metrics instead, one panel each.
+ones a user checks first - reward, response length, entropy, KL, the PPO update's clip
+fraction and largest ratio, policy loss, the rollout/training logprob gap, and evaluation
+scores - each with one line per agent where the metric is per agent (``<agent>/reward``) or per
+model (``train/<agent>/clipfrac``); ``keys`` plots chosen metrics instead, one panel each.
 """
 
 from __future__ import annotations
@@ -15,12 +16,21 @@ from pathlib import Path
 PANELS = [
     ("reward", lambda k: k.endswith("/reward") and not k.startswith("eval/")),
     ("response length", lambda k: k.endswith("/response_length")),
-    ("entropy", lambda k: k == "train/entropy"),
-    ("KL", lambda k: k in ("train/kl", "train/approx_kl")),
-    ("policy loss", lambda k: k == "train/pg_loss"),
-    ("|rollout - train| logprob", lambda k: k == "train/logprob_diff"),
+    ("entropy", lambda k: _train(k, "entropy")),
+    ("KL", lambda k: _train(k, "kl", "approx_kl")),
+    ("PPO clip fraction", lambda k: _train(k, "clipfrac", "tis_clipfrac")),
+    ("PPO ratio max", lambda k: _train(k, "ratio_max")),
+    ("policy loss", lambda k: _train(k, "pg_loss")),
+    ("|rollout - train| logprob", lambda k: _train(k, "logprob_diff")),
     ("eval", lambda k: k.startswith("eval/")),
 ]
+
+
+def _train(key: str, *names: str) -> bool:
+    """Whether ``key`` is a trainer metric among ``names``: ``train/<name>`` (one model) or
+    ``train/<agent>/<name>`` (a model per agent)."""
+    parts = key.split("/")
+    return parts[0] == "train" and len(parts) in (2, 3) and parts[-1] in names
 
 
 def read_metrics(path: str | Path) -> list[dict]:

@@ -58,14 +58,25 @@ def weighted_sum(terms: Mapping[str, float | None], weights: Mapping[str, float]
 
 
 def asymmetric(
-    reward: float, correct: bool, correct_scale: float = 1.2, incorrect_scale: float = 0.8
+    reward: float,
+    correct: bool,
+    correct_scale: float = 1.2,
+    incorrect_scale: float = 0.8,
+    sign_aware: bool = False,
 ) -> float:
     """Miles' multi-agent outcome weighting: scale by the episode's outcome.
 
     Every sample of a correct episode is multiplied by ``correct_scale``, every sample of an
     incorrect one by ``incorrect_scale``, so agents are pushed harder toward joint successes.
+    That is multiplicative (Miles): on a NEGATIVE reward the factors work the other way, x0.8
+    shrinks the penalty of an incorrect episode and x1.2 deepens a correct one's.
+    ``sign_aware`` makes the weighting always move the reward toward the outcome: a negative
+    reward is divided by the factor instead (incorrect: -1 -> -1.25; correct: -1 -> -0.83).
     """
-    return reward * (correct_scale if correct else incorrect_scale)
+    factor = correct_scale if correct else incorrect_scale
+    if sign_aware and reward < 0:
+        factor = 1.0 / factor
+    return reward * factor
 
 
 def assign_rewards(samples: list[Sample], result: RewardResult) -> None:
@@ -119,6 +130,9 @@ class RewardConfig:
     """with asymmetric: factor for the samples of a correct episode"""
     incorrect_scale: float = 0.8
     """with asymmetric: factor for the samples of an incorrect episode"""
+    sign_aware: bool = False
+    """with asymmetric: divide a negative reward by the factor instead of multiplying, so an
+    incorrect episode's penalty grows (x1/0.8) rather than shrinks (see kernel.rewards)"""
     agent_scale: dict[str, float] = field(default_factory=dict)
     """per-agent reward factor, e.g. {patient: 0.5}; agents not listed get 1.0"""
 
@@ -144,10 +158,13 @@ def apply_weighting(samples: list[Sample], cfg: RewardConfig, correct: bool | No
     """
     if cfg.asymmetric and correct is None:
         raise ValueError("RewardConfig.asymmetric is on but the episode's `correct` is None")
-    # Miles' outcome factor: the same for every sample of the episode.
-    outcome = 1.0
-    if cfg.asymmetric:
-        outcome = asymmetric(1.0, correct, cfg.correct_scale, cfg.incorrect_scale)
     for s in samples:
         raw = s.raw_reward
-        s.reward = None if raw is None else raw * cfg.agent_scale.get(s.agent, 1.0) * outcome
+        if raw is None:
+            s.reward = None
+            continue
+        s.reward = raw * cfg.agent_scale.get(s.agent, 1.0)
+        if cfg.asymmetric:  # Miles' outcome weighting, by the episode's outcome
+            s.reward = asymmetric(
+                s.reward, correct, cfg.correct_scale, cfg.incorrect_scale, cfg.sign_aware
+            )

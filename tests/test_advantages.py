@@ -210,7 +210,7 @@ def two_agent_episodes(group: int, pairs: list[tuple[float, float]]) -> list[Sam
 def test_magrpo_team_sum(group_by):
     g0 = two_agent_episodes(0, [(1, 0), (1, 1), (0, 0)])
     g1 = two_agent_episodes(1, [(2, 2), (1, 1)])
-    metrics = run(g0 + g1, estimator="magrpo", group_by=group_by)
+    metrics = run(g0 + g1, estimator="magrpo", group_by=group_by, team_reward="sum")
     # group 0 teams (sum): 1, 2, 0 -> mean 1 -> advantages 0, +1, -1, for BOTH agents
     assert advs(g0) == pytest.approx([0.0, 0.0, 1.0, 1.0, -1.0, -1.0])
     # group 1 teams: 4, 2 -> mean 3 -> +1, -1 (its own prompt group's baseline, not group 0's)
@@ -234,13 +234,43 @@ def test_magrpo_agent_with_two_turns_counts_once():
         sample(0, index=1, agent="a", turn=0),
         sample(0, index=1, agent="b"),
     ]
-    run(s, estimator="magrpo")
+    run(s, estimator="magrpo", team_reward="sum")
     # episode 0: a = mean(1, 1) = 1, b = 1 -> team 2 (3 if a's turns were each counted);
     # episode 1: team 0 -> mean 1 -> +1, -1 (double counting would give +-1.5)
     assert advs(s) == pytest.approx([1.0, 1.0, 1.0, -1.0, -1.0])
-    run(s, estimator="magrpo", group_by="prompt_agent_turn")
+    run(s, estimator="magrpo", group_by="prompt_agent_turn", team_reward="sum")
     # per-turn baseline: a's turn 1 was reached only in episode 0 -> a group of one -> 0.0
     assert advs(s) == pytest.approx([1.0, 0.0, 1.0, -1.0, -1.0])
+
+
+def test_magrpo_default_team_is_the_mean_and_a_none_member_does_not_count():
+    g0 = two_agent_episodes(0, [(1, 0), (1, 1), (0, 0)])
+    run(g0, estimator="magrpo")
+    # default team_reward "mean": as test_magrpo_team_mean
+    assert advs(g0) == pytest.approx([0.0, 0.0, 0.5, 0.5, -0.5, -0.5])
+    # b's reward does not apply in episode 0: the team there is a's alone (1), not (1 + 0)/2
+    # nor 1 + 0. a's baseline: teams 1, 1, 0 -> mean 2/3 -> +1/3, +1/3, -2/3; b's (per agent,
+    # over the episodes b has a reward in): teams 1, 0 -> +1/2, -1/2; b's own sample: None
+    g0[1].reward = None
+    run(g0, estimator="magrpo")
+    assert [s.advantage for s in g0] == pytest.approx([1 / 3, None, 1 / 3, 0.5, -2 / 3, -0.5])
+    # with sum, the None member lowered its partner's team: 1, 2, 0 would give a 0.0 there
+    g0[1].reward = 0.0
+    run(g0, estimator="magrpo", team_reward="sum")
+    assert advs(g0)[0] == pytest.approx(0.0)
+
+
+def test_reinforce_pp_baseline_degenerate_group_is_exactly_zero():
+    # group 0 is constant; groups 1 and 2 are not: whitening shifts by the batch mean, which
+    # is float noise here (each group's deviations sum to ~0), and must not reach group 0
+    s = [
+        *(sample(0.7, group=0, index=i) for i in range(3)),
+        *(sample(r, group=1, index=i) for i, r in enumerate([0.1, 0.3, 0.9])),
+        *(sample(r, group=2, index=i) for i, r in enumerate([0.2, 0.7])),
+    ]
+    run(s, estimator="reinforce_pp_baseline")
+    assert [x.advantage for x in s[:3]] == [0.0, 0.0, 0.0]  # exact, not -2e-17
+    assert all(x.advantage != 0.0 for x in s[3:])
 
 
 def test_team_rewards_tensor_function():

@@ -221,6 +221,34 @@ def test_put_routes_by_agent():
 # ---- save / restore --------------------------------------------------------------------------
 
 
+def test_queued_samples_survive_a_save_and_restore():
+    buf = buffer(PROMPTS)
+    kept = Sample(
+        prompt_ids=[1, 2],
+        response_ids=[3, 4],
+        loss_mask=[1, 0],
+        rollout_logprobs=[-0.5, 0.0],
+        agent="patient",
+        group_id=7,
+        index=3,
+        status=Status.TRUNCATED,
+        raw_reward=0.25,
+        reward=0.2,
+        advantage=-1.5,
+        weight_versions=[4],
+        metadata={"row": 7, "text": "12", "odd": {1, 2}},  # a set: JSON keeps it as text
+    )
+    buf.put([kept])
+    state = json.loads(json.dumps(buf.state_dict()))  # what a checkpoint's state.json holds
+    fresh = buffer(PROMPTS)
+    fresh.load_state_dict(state)
+    (back,) = fresh.take("patient")
+    assert back.status is Status.TRUNCATED and back.metadata["odd"] == "{1, 2}"
+    back.metadata["odd"] = kept.metadata["odd"]
+    assert back == kept
+    assert fresh.pending("patient") == 0
+
+
 def test_state_mismatch_is_refused():
     state = buffer(PROMPTS, seed=1).state_dict()
     with pytest.raises(ValueError, match="seed is 2 but the saved run had 1"):

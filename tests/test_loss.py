@@ -54,7 +54,7 @@ def test_policy_loss_values_per_agg(agg):
     assert loss.item() == pytest.approx(-AGG_EXPECTED[agg])
     assert metrics["pg_loss"] == pytest.approx(-AGG_EXPECTED[agg])
     assert metrics["ratio_mean"] == pytest.approx(1.0)
-    assert metrics["clip_frac"] == 0.0
+    assert metrics["clipfrac"] == 0.0
 
 
 def test_aggregate_row_means_skip_fully_masked_rows():
@@ -130,16 +130,17 @@ def test_dual_clip_caps_negative_advantage_loss():
     assert one_token(math.log(5.0), 2.0, dual) == pytest.approx((-2.4, 0.0))
 
 
-def test_clip_fractions_metric():
+def test_clip_fractions_and_ratio_metrics():
     # Four tokens: clipped (A>0, r=1.5), unclipped (A>0, r=0.5), dual-clipped (A<0, r=5),
     # clipped (A<0, r=0.5); a fifth, clipped-looking token is masked out.
     lp = t([[math.log(1.5), math.log(0.5), math.log(5.0), math.log(0.5), math.log(9.0)]])
     adv = t([[1.0, 1.0, -1.0, -1.0, 1.0]])
     mask = t([[1, 1, 1, 1, 0]])
     _, m = policy_loss(lp, torch.zeros_like(lp), adv, mask, LossConfig(dual_clip=3.0))
-    assert m["clip_frac"] == pytest.approx(2 / 4)
-    assert m["dual_clip_frac"] == pytest.approx(1 / 4)
+    assert m["clipfrac"] == pytest.approx(2 / 4)
+    assert m["dual_clipfrac"] == pytest.approx(1 / 4)
     assert m["ratio_mean"] == pytest.approx((1.5 + 0.5 + 5.0 + 0.5) / 4)
+    assert m["ratio_max"] == pytest.approx(5.0)  # the masked token's r = 9 does not count
     # approx_kl = mean(r - 1 - log r) over the four tokens.
     want = sum(r - 1 - math.log(r) for r in (1.5, 0.5, 5.0, 0.5)) / 4
     assert m["approx_kl"] == pytest.approx(want)
@@ -205,7 +206,7 @@ def test_truncated_importance_sampling():
     loss.backward()
     assert lp.grad[0].tolist() == pytest.approx([-x / 3 for x in w])  # the weight is detached
     assert m["tis_weight_mean"] == pytest.approx(sum(w) / 3)
-    assert m["tis_clip_frac"] == pytest.approx(1 / 3)
+    assert m["tis_clipfrac"] == pytest.approx(1 / 3)
     # Without a cap, rollout logprobs are ignored.
     no_cap = LossConfig()
     loss, m = policy_loss(lp, lp, t([1.0]), t([[1, 1, 1]]), no_cap, rollout_logprobs=rollout)

@@ -63,7 +63,9 @@ def test_asymmetric_goldens():
     assert asymmetric(1.0, correct=True) == pytest.approx(1.2)  # 1.0 * 1.2
     assert asymmetric(1.0, correct=False) == pytest.approx(0.8)  # 1.0 * 0.8
     assert asymmetric(0.5, correct=True) == pytest.approx(0.6)  # 0.5 * 1.2
+    # multiplicative (Miles): on a negative reward x0.8 SHRINKS an incorrect episode's penalty
     assert asymmetric(-1.0, correct=False) == pytest.approx(-0.8)  # -1.0 * 0.8
+    assert asymmetric(-1.0, correct=True) == pytest.approx(-1.2)  # -1.0 * 1.2
     assert asymmetric(2.0, True, correct_scale=1.5, incorrect_scale=0.5) == pytest.approx(3.0)
     assert asymmetric(2.0, False, correct_scale=1.5, incorrect_scale=0.5) == pytest.approx(1.0)
 
@@ -125,6 +127,26 @@ def test_apply_weighting_default_is_identity():
     ep = bilateral(1.0, -0.5)
     apply_weighting(ep, RewardConfig(), correct=None)
     assert [s.reward for s in ep] == [1.0, -0.5]
+
+
+def test_asymmetric_sign_aware_goldens():
+    # sign-aware: the weighting always moves the reward toward the outcome
+    assert asymmetric(-1.0, False, sign_aware=True) == pytest.approx(-1.25)  # -1 / 0.8
+    assert asymmetric(-1.0, True, sign_aware=True) == pytest.approx(-1 / 1.2)  # penalty eased
+    assert asymmetric(1.0, False, sign_aware=True) == pytest.approx(0.8)  # positives as before
+    assert asymmetric(1.0, True, sign_aware=True) == pytest.approx(1.2)
+    assert asymmetric(0.0, False, sign_aware=True) == 0.0
+    assert asymmetric(-2.0, False, 1.5, 0.5, sign_aware=True) == pytest.approx(-4.0)
+
+
+def test_apply_weighting_sign_aware_negative_rewards():
+    cfg = RewardConfig(asymmetric=True, sign_aware=True, agent_scale={"patient": 0.5})
+    ep = [Sample(agent="doctor", raw_reward=-1.0), Sample(agent="patient", raw_reward=-1.0)]
+    apply_weighting(ep, cfg, correct=False)
+    # agent scale first (-1 * 0.5 = -0.5), then the outcome: -0.5 / 0.8
+    assert [s.reward for s in ep] == pytest.approx([-1.25, -0.625])
+    apply_weighting(ep, RewardConfig(asymmetric=True), correct=False)  # multiplicative
+    assert [s.reward for s in ep] == pytest.approx([-0.8, -0.8])
 
 
 def test_apply_weighting_asymmetric_and_agent_scale():

@@ -139,8 +139,8 @@ class TrainerRankActor:
         self.trainer = (MegatronTrainer if megatron else TorchTrainer)(*trainer_args)
         return os.getpid(), self.trainer.rank, self.trainer.world_size
 
-    def train_step(self, samples: list[Sample]) -> dict[str, float]:
-        return self.trainer.train_step(samples)
+    def train_step(self, samples: list[Sample], version: int | None = None) -> dict[str, float]:
+        return self.trainer.train_step(samples, version)
 
     def compute_logprobs(self, samples: list[Sample]) -> list[list[float]]:
         return self.trainer.compute_logprobs(samples)
@@ -314,13 +314,13 @@ class RayTrainerGroup:
 
     # ---------------------------------------------------------------- TorchTrainer's surface
 
-    def train_step(self, samples: list[Sample]) -> dict[str, float]:
-        """One optimiser update on a global batch: each data-parallel replica trains on its
-        shard (balanced by tokens); returns rank 0's metrics, which are global."""
+    def train_step(self, samples: list[Sample], version: int | None = None) -> dict[str, float]:
+        """Train on a global batch (TorchTrainer.train_step): each data-parallel replica trains
+        on its shard (balanced by tokens); returns rank 0's metrics, which are global."""
         if not self.actors:
             raise RuntimeError(f"the trainer group of agent {self.agent!r} is closed")
         refs = [
-            a.train_step.remote(shard_samples(samples, dp_rank, dp_size))
+            a.train_step.remote(shard_samples(samples, dp_rank, dp_size), version)
             for a, (dp_rank, dp_size) in zip(self.actors, self.replicas, strict=True)
         ]
         metrics = self._gather(refs)[0]

@@ -72,7 +72,7 @@ from kernel.train.megatron_model import (
     megatron_parallel,
 )
 from kernel.train.optim import OptimConfig, build_optimizer, build_scheduler
-from kernel.train.torch_backend import TorchTrainer
+from kernel.train.torch_backend import TorchTrainer, _aligned, _Totals
 
 
 @dataclass
@@ -87,12 +87,17 @@ class MegatronTrainerConfig:
     what is left: world size / (tensor_parallel x pipeline_parallel)."""
     max_tokens_per_microbatch: int = 8192
     """Token budget of one micro-batch of right-padded rows (rows x padded length)."""
+    num_minibatches: int = 1
+    """Optimizer updates per pass over a step's batch (as TorchTrainerConfig)."""
+    ppo_epochs: int = 1
+    """Passes over a step's batch (as TorchTrainerConfig)."""
     temperature: float = 1.0
     """The rollout sampling temperature: logits are divided by it before the softmax."""
     vocab_multiple: int = 128
     """Pad the vocab to a multiple of this times tensor_parallel (stripped on export)."""
     seed: int = 1234
-    """Seed of Megatron's tensor-/data-parallel RNG streams."""
+    """Seed of Megatron's tensor-/data-parallel RNG streams and of the mini-batch shuffling
+    (the loop sets the run's seed)."""
     optimizer: str = "torch"
     """torch: torch AdamW fed Megatron DDP's gradient buffers; megatron: Megatron's own
     optimizer (get_megatron_optimizer, Adam); distributed: Megatron's distributed optimizer
@@ -107,7 +112,7 @@ class MegatronTrainerConfig:
     def validate(self) -> MegatronTrainerConfig:
         """Raise ValueError naming the first field with a bad value."""
         names = ("tensor_parallel", "pipeline_parallel", "max_tokens_per_microbatch")
-        for name in (*names, "vocab_multiple"):
+        for name in (*names, "vocab_multiple", "num_minibatches", "ppo_epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 < self.temperature < math.inf:
@@ -170,6 +175,7 @@ class MegatronTrainer(TorchTrainer):
         self.autocast_dtype = torch.bfloat16 if optim.dtype == "bfloat16" else None
         self.share_prompts = False  # Megatron's GPTModel runs every sample whole
         self.step = 0
+        self.last_updates: list[dict[str, float]] = []
 
         self.hf_config = AutoConfig.from_pretrained(self.model_path)
         self.mcfg = MegatronModelConfig(
@@ -426,22 +432,28 @@ class MegatronTrainer(TorchTrainer):
                 out[todo[j]] = lp[row][: samples[todo[j]].response_length]
         return out
 
-    def forward_backward(self, samples: list[Sample]) -> dict[str, float]:
+    def forward_backward(
+        self,
+        samples: list[Sample],
+        old_logprobs: list[list[float]] | None = None,
+        tis_cap: float | None = None,
+    ) -> dict[str, float]:
         """TorchTrainer.forward_backward (the same loss, normaliser and metrics); under
         pipeline parallelism through Megatron's schedule, see ``_pipeline_forward_backward``."""
         if not self._pipelined():
-            return super().forward_backward(samples)
-        return self._pipeline_forward_backward(samples)
+            return super().forward_backward(samples, old_logprobs, tis_cap)
+        return self._pipeline_forward_backward(samples, old_logprobs, tis_cap)
 
-    def _pipeline_forward_backward(self, samples: list[Sample]) -> dict[str, float]:
+    def _pipeline_forward_backward(
+        self, samples: list[Sample], old_logprobs, tis_cap: float | None
+    ) -> dict[str, float]:
         """TorchTrainer.forward_backward's per-micro-batch loss (``_microbatch_loss``), run on
         the last pipeline stage inside Megatron's schedule; its metric sums then go to every
         stage and are summed over the data-parallel ranks as usual."""
         t0 = time.perf_counter()
-        kept, plan, n_tok, denom = self._begin(samples)
+        kept, plan, n_tok, denom = self._begin(samples, tis_cap)
         refs = iter(self._pipeline_logprobs(self.ref_model, plan) if self.ref_model else [])
-        sums: dict[str, float] = defaultdict(float)  # additive over micro-batches and ranks
-        token_means: set[str] = {"logprob_mean"}  # of these, sums over masked tokens
+        acc = _Totals(old=_aligned(samples, old_logprobs))
 
         def loss_of(mb, logits) -> Tensor:
             lp, ent = self._forward(
@@ -451,16 +463,18 @@ class MegatronTrainer(TorchTrainer):
                 entropy_grad=self.loss_cfg.entropy_coef > 0,
             )  # (S, R) each
             ref = next(refs) if self.ref_model is not None else None
-            return self._microbatch_loss(mb, kept, lp, ent, ref, denom, sums, token_means)
+            return self._microbatch_loss(mb, kept, lp, ent, ref, denom, acc)
 
         if plan:
             self._schedule(self.model, plan, loss_of, forward_only=False)
-        sums, token_means = self._from_last_stage((dict(sums), token_means))
-        sums = defaultdict(float, sums)
-        sums["n_samples"], sums["n_skipped"] = len(kept), len(samples) - len(kept)
-        sums["tokens"] = sums["tokens_run"] = sum(mb.n_tokens for mb in plan)
-        sums["slots"] = sum(mb.n_slots for mb in plan)
-        return self._finish(sums, token_means, n_tok, len(plan), t0)
+        sums, acc.token_means, acc.ratio_max = self._from_last_stage(
+            (dict(acc.sums), acc.token_means, acc.ratio_max)
+        )
+        acc.sums = defaultdict(float, sums)
+        acc.sums["n_samples"], acc.sums["n_skipped"] = len(kept), len(samples) - len(kept)
+        acc.sums["tokens"] = acc.sums["tokens_run"] = sum(mb.n_tokens for mb in plan)
+        acc.sums["slots"] = sum(mb.n_slots for mb in plan)
+        return self._finish(acc, n_tok, len(plan), t0)
 
     # ---------------------------------------------------------------- weights
 

@@ -1,7 +1,9 @@
 """The torch training backend: one HF causal LM, AdamW, the kernel's policy loss, FSDP2 for
 data parallelism. The embedded default on CPU, and a single-node GPU backend.
 
-One ``train_step`` is one optimiser update on a batch of samples:
+One ``train_step`` trains on a step's batch of samples: ``ppo_epochs`` passes, each split
+into ``num_minibatches`` shuffled mini-batches of one optimiser update each (one update by
+default). Each update:
 
 1. Keep the trainable samples (status COMPLETED/TRUNCATED, an advantage, a masked token).
 2. Group them into micro-batches by a token budget (``kernel.train.batching``: samples that
@@ -15,13 +17,15 @@ One ``train_step`` is one optimiser update on a batch of samples:
    one rank, whatever the budget and the world size.
 4. Clip the global gradient norm, AdamW step, learning-rate schedule.
 
-Old logprobs: there is one update per step, so the parameters that would compute the old
-logprobs in a separate pass before the update are the very parameters of the training forward.
-The old logprobs are therefore that forward's logprobs, detached: the same numbers as
-``compute_logprobs`` before the update (exactly, up to nondeterministic kernels), without a
-third of the compute. The ratio is 1 in the loss and the update is exactly on-policy w.r.t. the
-trainer; the engine's ``rollout_logprobs`` feed truncated importance sampling (``tis_cap``) and
-the logged ``logprob_diff``.
+Old logprobs: with several updates per batch they are taken once, before the first update
+(``loss.old_logprobs``: ``recompute`` with the current weights, or ``rollout``, the engine's),
+so from the second update on the PPO ratio moves off 1 and the clip binds (``clipfrac``,
+``ratio_mean``, ``ratio_max``, ``approx_kl``). With one update per batch the parameters that
+would compute them in a separate pass are the very parameters of the training forward, so the
+old logprobs are that forward's own, detached: the same numbers (up to nondeterministic
+kernels) without a third of the compute; the ratio is then exactly 1. The engine's
+``rollout_logprobs`` feed truncated importance sampling (``tis_cap``, or ``stale_tis_cap`` for
+batches holding samples of older weights) and the logged ``logprob_diff``.
 
 Precision: parameters, gradients and AdamW state stay float32; ``optim.dtype="bfloat16"`` runs
 forward and backward under bf16 autocast (pure bf16 weights would round lr=1e-6 updates away).
@@ -41,7 +45,7 @@ import time
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -84,6 +88,15 @@ class TorchTrainerConfig:
     instead of right-padding rows of similar length. No padding at all, but only varlen kernels
     (attn_implementation=flash_attention_2) skip the masked-out attention blocks; sdpa and eager
     compute attention over the whole row."""
+    num_minibatches: int = 1
+    """Optimizer updates per epoch over a step's batch: the batch is shuffled (with ``seed``)
+    and split into this many mini-batches, one update each. More than one update per batch
+    (this or ppo_epochs > 1) makes the PPO ratio move off 1, so the clip can bind."""
+    ppo_epochs: int = 1
+    """Passes over a step's batch (each num_minibatches updates, reshuffled). The old
+    logprobs of the ratio are taken once, before the first update (loss.old_logprobs)."""
+    seed: int = 0
+    """Seed of the mini-batch shuffling (the loop sets the run's seed)."""
     temperature: float = 1.0
     """The rollout sampling temperature: logits are divided by it before the softmax, so the
     trainer's logprobs are those of the distribution the engine sampled from."""
@@ -100,6 +113,11 @@ class TorchTrainerConfig:
             raise ValueError(
                 f"max_tokens_per_microbatch must be >= 1, got {self.max_tokens_per_microbatch}"
             )
+        if self.num_minibatches < 1 or self.ppo_epochs < 1:
+            raise ValueError(
+                f"num_minibatches and ppo_epochs must be >= 1, got {self.num_minibatches} and "
+                f"{self.ppo_epochs}"
+            )
         if not 0.0 < self.temperature < math.inf:
             raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")
         if self.device != "auto" and self.device.split(":")[0] not in ("cpu", "cuda"):
@@ -109,6 +127,63 @@ class TorchTrainerConfig:
 
 def _trainable(s: Sample) -> bool:
     return s.status.trainable and s.advantage is not None and any(s.loss_mask)
+
+
+def _stale(s: Sample, version: int) -> bool:
+    """Whether some token of ``s`` was sampled by weights older than ``version``."""
+    return bool(s.weight_versions) and min(s.weight_versions) < version
+
+
+def _split(items: list, n: int) -> list[list]:
+    """``items`` in ``n`` contiguous parts whose sizes differ by at most one (some may be
+    empty when there are fewer items than parts: every rank still runs n updates)."""
+    size, extra = divmod(len(items), n)
+    bounds = [i * size + min(i, extra) for i in range(n + 1)]
+    return [items[bounds[i] : bounds[i + 1]] for i in range(n)]
+
+
+def _aligned(samples: list[Sample], old: list[list[float]] | None) -> list | None:
+    """``old`` (one list per sample) restricted to the trainable samples, in their order."""
+    if old is None:
+        return None
+    if len(old) != len(samples):
+        raise ValueError(f"old_logprobs has {len(old)} entries for {len(samples)} samples")
+    return [o for s, o in zip(samples, old, strict=True) if _trainable(s)]
+
+
+@dataclass
+class _Totals:
+    """forward_backward's metrics as they accumulate over micro-batches: additive sums, the
+    keys among them that are masked-token sums, the largest ratio; and the old logprobs of the
+    trainable samples (None: each forward's own)."""
+
+    old: list[list[float]] | None = None
+    sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    token_means: set[str] = field(default_factory=lambda: {"logprob_mean"})
+    ratio_max: float = 0.0
+
+
+_WORK_SUMS = ("tokens_run", "n_microbatches", "time_s")  # the work of every update adds up
+
+
+def _merge_updates(updates: list[dict[str, float]]) -> dict[str, float]:
+    """One step's metrics from its updates' (in order): work summed, ratio_max the largest,
+    lr and step the last, everything else the mean over the updates; ``n_updates`` counts
+    them. (The batch's own counts, n_samples and tokens, are the caller's.)"""
+    keys = {k for u in updates for k in u}
+    out = {}
+    for k in keys:
+        values = [u[k] for u in updates if k in u]
+        if k in _WORK_SUMS:
+            out[k] = sum(values)
+        elif k == "ratio_max":
+            out[k] = max(values)
+        elif k in ("lr", "step"):
+            out[k] = values[-1]
+        else:
+            out[k] = sum(values) / len(values)
+    out["n_updates"] = float(len(updates))
+    return out
 
 
 def _full_attention_cache(model) -> bool:
@@ -153,6 +228,7 @@ class TorchTrainer:
         self.device = _resolve_device(cfg.device, self.rank)
         self.autocast_dtype = torch.bfloat16 if optim.dtype == "bfloat16" else None
         self.step = 0
+        self.last_updates: list[dict[str, float]] = []  # the last train_step's, per update
 
         self.model = self._load(model_path)
         self.share_prompts = (  # FSDP gathers weights per forward: ranks must run the same ones
@@ -319,28 +395,97 @@ class TorchTrainer:
 
     # ---------------------------------------------------------------- training
 
-    def train_step(self, samples: list[Sample]) -> dict[str, float]:
-        """One optimiser update on this rank's ``samples``; returns global metrics."""
-        metrics = self.forward_backward(samples)
-        if metrics["n_samples"] > 0:
-            metrics.update(self.optim_step())
-        return metrics
+    def train_step(self, samples: list[Sample], version: int | None = None) -> dict[str, float]:
+        """Train on this rank's ``samples``: ``ppo_epochs`` passes of ``num_minibatches``
+        optimizer updates each (one update by default); returns global metrics.
 
-    def forward_backward(self, samples: list[Sample]) -> dict[str, float]:
+        ``version`` is the weight version being trained: samples whose oldest token was sampled
+        by an older one are stale, and with ``loss.tis_cap`` unset they get truncated importance
+        sampling at ``loss.stale_tis_cap`` (metric ``stale_samples``).
+        """
+        cfg, lcfg = self.cfg, self.loss_cfg
+        n_stale = self._all_reduce(
+            [sum(version is not None and _stale(s, version) for s in samples)]
+        )[0]
+        tis = lcfg.stale_tis_cap if lcfg.tis_cap is None and n_stale else None  # None: config's
+        if cfg.num_minibatches == 1 and cfg.ppo_epochs == 1 and lcfg.old_logprobs == "recompute":
+            # One update: the old logprobs are this forward's own, detached (module docstring).
+            metrics = self.forward_backward(samples, tis_cap=tis)
+            stepped = metrics["n_samples"] > 0
+            if stepped:
+                metrics.update(self.optim_step())
+            self.last_updates = [metrics] if stepped else []
+            return metrics | {"n_updates": float(stepped), "stale_samples": n_stale}
+        return self._ppo_updates(samples, tis) | {"stale_samples": n_stale}
+
+    def _ppo_updates(self, samples: list[Sample], tis_cap: float | None) -> dict[str, float]:
+        """``ppo_epochs`` shuffled passes of ``num_minibatches`` updates, every one against the
+        old logprobs taken before the first; each update's own metrics stay in
+        ``last_updates``."""
+        cfg = self.cfg
+        kept = [s for s in samples if _trainable(s)]
+        old = self._old_logprobs(kept)  # before any update
+        order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
+        updates = []
+        for _ in range(cfg.ppo_epochs):
+            perm = list(range(len(kept)))  # one mini-batch: its order changes nothing
+            if cfg.num_minibatches > 1:
+                perm = torch.randperm(len(kept), generator=order).tolist()
+            for part in _split(perm, cfg.num_minibatches):
+                metrics = self.forward_backward(
+                    [kept[i] for i in part], [old[i] for i in part], tis_cap=tis_cap
+                )
+                if metrics["n_samples"] > 0:  # global: every rank steps, or none does
+                    metrics.update(self.optim_step())
+                    updates.append(metrics)
+        self.last_updates = updates
+        counts = [
+            len(kept),
+            len(samples) - len(kept),
+            sum(len(s.prompt_ids) + s.response_length for s in kept),
+            sum(sum(s.loss_mask) for s in kept),
+        ]
+        n, skipped, tokens, n_tok = self._all_reduce(counts)
+        out = _merge_updates(updates) | {"n_samples": n, "n_skipped": skipped}
+        return out | {"tokens": tokens, "loss_tokens": n_tok}
+
+    def _old_logprobs(self, kept: list[Sample]) -> list[list[float]]:
+        """The old logprobs of the PPO ratio, per sample: the current weights' (recompute) or
+        the engine's (rollout)."""
+        if self.loss_cfg.old_logprobs == "recompute":
+            return self.compute_logprobs(kept)
+        missing = [s.key for s in kept if s.rollout_logprobs is None]
+        if missing:
+            raise ValueError(
+                f"loss.old_logprobs is 'rollout' but sample(s) {missing[:3]} have no "
+                "rollout_logprobs"
+            )
+        return [list(s.rollout_logprobs) for s in kept]
+
+    def forward_backward(
+        self,
+        samples: list[Sample],
+        old_logprobs: list[list[float]] | None = None,
+        tis_cap: float | None = None,
+    ) -> dict[str, float]:
         """Accumulate the gradient of the batch's loss into ``.grad`` (no optimiser step).
 
-        Metrics: loss, the policy_loss metrics (pg_loss, ratio_mean, clip_frac, approx_kl, kl,
-        entropy, tis_*), logprob_mean (trainer logprobs of the trained tokens), logprob_diff
-        (mean |rollout - trainer| logprob, when rollout logprobs are given), n_samples,
-        n_skipped, tokens (of the samples), tokens_run (the real tokens the model ran: fewer than
-        tokens when prompts are shared), loss_tokens, n_microbatches, nonpad_frac (the share of
-        micro-batch token slots holding real tokens) and time_s. All are over every rank.
+        ``old_logprobs`` (one list per sample, over its response tokens) are the PPO ratio's
+        denominator; None: this forward's own logprobs, detached (ratio 1). ``tis_cap`` caps
+        truncated importance sampling against the rollout logprobs (None: loss.tis_cap).
+
+        Metrics: loss, the policy_loss metrics (pg_loss, ratio_mean, ratio_max, clipfrac,
+        approx_kl, kl, entropy, tis_*), logprob_mean (trainer logprobs of the trained tokens),
+        logprob_diff (mean |rollout - trainer| logprob, when rollout logprobs are given),
+        n_samples, n_skipped, tokens (of the samples), tokens_run (the real tokens the model
+        ran: fewer than tokens when prompts are shared), loss_tokens, n_microbatches,
+        nonpad_frac (the share of micro-batch token slots holding real tokens) and time_s. All
+        are over every rank.
         """
         t0 = time.perf_counter()
-        kept, plan, n_tok, denom = self._begin(samples)
-        sums: dict[str, float] = defaultdict(float)  # additive over micro-batches and ranks
-        token_means: set[str] = {"logprob_mean"}  # of these, sums over masked tokens
-        sums["n_samples"], sums["n_skipped"] = len(kept), len(samples) - len(kept)
+        kept, plan, n_tok, denom = self._begin(samples, tis_cap)
+        acc = _Totals(old=_aligned(samples, old_logprobs))
+        acc.sums["n_samples"], acc.sums["n_skipped"] = len(kept), len(samples) - len(kept)
         for i, mb in enumerate(plan):
             if self.world_size > 1:  # FSDP reduces the gradients after the last one only
                 self.model.set_requires_gradient_sync(i == len(plan) - 1)
@@ -351,38 +496,42 @@ class TorchTrainer:
             if self.ref_model is not None:
                 with torch.no_grad():
                     ref, _ = self._forward(self.ref_model, mb)
-            self._microbatch_loss(mb, kept, lp, ent, ref, denom, sums, token_means).backward()
-            sums["tokens"] += sum(
+            self._microbatch_loss(mb, kept, lp, ent, ref, denom, acc).backward()
+            acc.sums["tokens"] += sum(
                 len(kept[j].prompt_ids) + kept[j].response_length for j in mb.indices
             )
-            sums["tokens_run"] += mb.n_tokens
-            sums["slots"] += mb.n_slots
-        return self._finish(sums, token_means, n_tok, len(plan), t0)
+            acc.sums["tokens_run"] += mb.n_tokens
+            acc.sums["slots"] += mb.n_slots
+        return self._finish(acc, n_tok, len(plan), t0)
 
-    def _begin(self, samples: list[Sample]) -> tuple[list[Sample], list, float, float]:
+    def _begin(self, samples: list[Sample], tis_cap: float | None = None):
         """The trainable samples (validated), their micro-batch plan (empty when no rank has a
-        token to train on), the global count of loss tokens and the loss normaliser."""
+        token to train on), the global count of loss tokens and the loss normaliser; the loss
+        config of this batch caps TIS at ``tis_cap`` (None: loss.tis_cap's)."""
         lcfg = self.loss_cfg
+        if tis_cap is not None:
+            lcfg = replace(lcfg, tis_cap=tis_cap)
+        self._batch_loss = lcfg
         kept = [s.validate() for s in samples if _trainable(s)]
         if lcfg.tis_cap is not None:
             for s in kept:
                 if s.rollout_logprobs is None:
-                    raise ValueError(f"sample {s.key}: tis_cap is set but rollout_logprobs is None")
+                    raise ValueError(f"sample {s.key}: TIS is on but rollout_logprobs is None")
         plan = self._plan(kept)
         n_tok, n_seq = self._all_reduce([sum(sum(s.loss_mask) for s in kept), sum(1 for _ in kept)])
         denom = {"token_mean": n_tok, "seq_sum": 1.0}.get(lcfg.agg, n_seq)
         return kept, plan if n_tok > 0 else [], n_tok, denom
 
     def _microbatch_loss(
-        self, mb, kept, lp: Tensor, ent: Tensor, ref, denom: float, sums: dict, token_means: set
+        self, mb, kept, lp: Tensor, ent: Tensor, ref, denom: float, acc: _Totals
     ) -> Tensor:
         """The policy loss of micro-batch ``mb`` from its logprobs ``lp`` and entropies ``ent``
-        (S, R) (and the reference model's, ``ref``); adds its metric sums to ``sums``. Returns
-        what to backpropagate: the loss times the micro-batch's share of the global normaliser,
+        (S, R) (and the reference model's, ``ref``); adds its metrics to ``acc``. Returns what
+        to backpropagate: the loss times the micro-batch's share of the global normaliser,
         times the world size (FSDP and Megatron DDP average gradients over the ranks -- a divide
         factor of 1 would need PREMUL_SUM, which gloo lacks -- and the shares already make the
         global mean)."""
-        lcfg = self.loss_cfg
+        lcfg, sums = self._batch_loss, acc.sums
         mb_samples = [kept[j] for j in mb.indices] or [None]  # None: a dummy row
         mask = mb.loss_mask.to(self.device)  # (S, R)
         adv = torch.tensor([s.advantage if s else 0.0 for s in mb_samples])  # (S,)
@@ -391,9 +540,13 @@ class TorchTrainer:
             mb.max_response,
         ).to(self.device)  # (S, R)
         has_rollout = torch.tensor([bool(s and s.rollout_logprobs) for s in mb_samples])
+        old = lp.detach()  # (S, R) one update per batch: this forward is the old policy
+        if acc.old is not None:
+            rows = [acc.old[j] for j in mb.indices] or [[]]
+            old = to_rows(rows, mb.max_response).to(device=self.device, dtype=lp.dtype)
         loss, m = policy_loss(
             lp,
-            lp.detach(),
+            old,
             adv.to(self.device),
             mask,
             lcfg,
@@ -408,26 +561,28 @@ class TorchTrainer:
             n_mask = float(mask.sum())
             sums["loss"] += float(loss) * weight
             sums["pg_loss"] += m.pop("pg_loss") * weight
+            acc.ratio_max = max(acc.ratio_max, m.pop("ratio_max"))
             for k, v in m.items():  # masked-token means, turned back into sums
                 sums[k] += v * n_mask
-                token_means.add(k)
-            old = lp.detach()  # (S, R)
-            sums["logprob_mean"] += float((old * mask).sum())
+                acc.token_means.add(k)
+            current = lp.detach()  # (S, R)
+            sums["logprob_mean"] += float((current * mask).sum())
             rmask = mask * has_rollout.to(self.device)[:, None]  # (S, R)
-            sums["diff_sum"] += float(((rollout - old).abs() * rmask).sum())
+            sums["diff_sum"] += float(((rollout - current).abs() * rmask).sum())
             sums["diff_tokens"] += float(rmask.sum())
         return loss * (weight * self.world_size)
 
-    def _finish(
-        self, sums: dict, token_means: set, n_tok: float, n_microbatches: int, t0: float
-    ) -> dict[str, float]:
-        """forward_backward's metrics: ``sums`` summed over the ranks, token means divided by
-        the loss tokens, logprob_diff and nonpad_frac derived."""
-        keys = sorted(sums)
-        total = dict(zip(keys, self._all_reduce([sums[k] for k in keys]), strict=True))
+    def _finish(self, acc: _Totals, n_tok: float, n_microbatches: int, t0: float) -> dict:
+        """forward_backward's metrics: the sums of ``acc`` summed over the ranks (ratio_max:
+        the largest), token means divided by the loss tokens, logprob_diff and nonpad_frac
+        derived."""
+        keys = sorted(acc.sums)
+        total = dict(zip(keys, self._all_reduce([acc.sums[k] for k in keys]), strict=True))
         diff_sum, diff_tokens = total.pop("diff_sum", 0.0), total.pop("diff_tokens", 0.0)
         slots = total.pop("slots", 0.0)
-        out = {k: v / n_tok if k in token_means else v for k, v in total.items()}
+        out = {k: v / n_tok if k in acc.token_means else v for k, v in total.items()}
+        if n_tok > 0:
+            out["ratio_max"] = self._all_reduce([acc.ratio_max], op="max")[0]
         if diff_tokens > 0:
             out["logprob_diff"] = diff_sum / diff_tokens
         if slots > 0:

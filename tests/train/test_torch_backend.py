@@ -85,7 +85,7 @@ def test_microbatched_gradient_equals_one_big_batch(char_model_dir, make_samples
     )
     m = trainer.forward_backward(with_untrainable(samples))
     assert m["n_microbatches"] >= 4 and m["n_samples"] == 10 and m["n_skipped"] == 3
-    assert m["tis_clip_frac"] > 0  # the TIS cap is active on some tokens
+    assert m["tis_clipfrac"] > 0  # the TIS cap is active on some tokens
     scale = max(float(g.abs().max()) for g in expected.values())
     for name, p in trainer.model.named_parameters():
         # Float rounding of sums taken in another order: 1e-5 of the largest gradient entry.
