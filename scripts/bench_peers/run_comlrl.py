@@ -22,31 +22,21 @@ import time
 
 T0 = time.time()  # before the heavy imports: start-up is measured from here
 
-import os  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from task import AGENTS, Emitter, load_prompts, parse_args, team_reward  # noqa: E402
-
-INSTALL = "CoMLRL is not installed: pip install -e '.[peers]' (from the repository root)"
+from task import AGENTS, Emitter, load_prompts, peer_args, team_reward  # noqa: E402
 
 
 def main() -> None:
-    args = parse_args("comlrl", __doc__)
-    if args.agents != 2:
-        sys.exit("run_comlrl.py: the CoMLRL comparison is the two-agent task (--agents 2)")
-    os.environ.setdefault("WANDB_MODE", "disabled")
-    try:
-        import comlrl
-        from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
-    except ImportError:
-        print(INSTALL, file=sys.stderr)
-        sys.exit(2)
+    args = peer_args("comlrl", __doc__, agents=2)
     import random
 
+    import comlrl
     import numpy as np
     import torch
+    from comlrl.trainers.reinforce import MAGRPOConfig, MAGRPOTrainer
     from datasets import Dataset
     from transformers import AutoTokenizer
 

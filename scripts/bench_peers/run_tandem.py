@@ -3,8 +3,9 @@ Tandem path (embedded engine, request batching, trainer, weight sync), timed per
 
 Same CLI and JSON-lines output as ``run_trl.py`` / ``run_comlrl.py`` (see ``bench_vs_peers``),
 plus ``--agents 1|2``: one agent (the TRL comparison) or a doctor and a patient with a model
-each that both answer every prompt and share one team reward (the CoMLRL comparison: MAGRPO,
-aligned joint actions). The hooks below are plain Tandem hooks, loaded by dotted path.
+each that both answer every prompt and share one team reward (the CoMLRL comparison: MAGRPO's
+aligned joint actions, with the group-normalised advantages CoMLRL uses by default). The hooks
+below are plain Tandem hooks, loaded by dotted path.
 """
 
 from __future__ import annotations
@@ -96,8 +97,10 @@ def main() -> None:
     cfg.rollout.temperature, cfg.rollout.top_p = args.temperature, 1.0
     cfg.rollout.max_response_len, cfg.rollout.max_context_len = args.max_new_tokens, 1024
     cfg.optim.lr, cfg.optim.grad_clip = args.lr, 1.0
-    cfg.advantage.estimator = "grpo" if single else "magrpo"
-    cfg.advantage.team_reward = "mean"
+    # Both agents get the team reward, so GRPO per (prompt, agent) is MAGRPO's group-mean
+    # baseline with CoMLRL 1.4.3's default advantage_normalization (divide by the group std):
+    # the same advantages CoMLRL computes (Tandem's magrpo estimator skips the std division).
+    cfg.advantage.estimator = "grpo"
     cfg.engine.num_threads = 1
     reward_before = [0.0]
 

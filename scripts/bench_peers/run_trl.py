@@ -20,31 +20,21 @@ import time
 
 T0 = time.time()  # before the heavy imports: start-up is measured from here
 
-import os  # noqa: E402
 import sys  # noqa: E402
 import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from task import Emitter, digit_share, load_prompts, parse_args  # noqa: E402
-
-INSTALL = "TRL is not installed: pip install -e '.[peers]' (from the repository root)"
+from task import Emitter, digit_share, load_prompts, peer_args  # noqa: E402
 
 
 def main() -> None:
-    args = parse_args("trl", __doc__)
-    if args.agents != 1:
-        sys.exit("run_trl.py: TRL trains one agent (--agents 1)")
-    os.environ.setdefault("WANDB_MODE", "disabled")
-    try:
-        import trl
-        from trl import GRPOConfig, GRPOTrainer
-    except ImportError:
-        print(INSTALL, file=sys.stderr)
-        sys.exit(2)
+    args = peer_args("trl", __doc__, agents=1)
     import torch
+    import trl
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
 
     torch.set_num_threads(args.threads)
     emit = Emitter(args.out)

@@ -17,7 +17,10 @@ ready), and ``{"event": "end", "wall_s"}``.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import os
+import sys
 from pathlib import Path
 
 AGENTS = ("doctor", "patient")  # the two-agent task's roles, in CoMLRL's agent order
@@ -64,6 +67,23 @@ def parse_args(system: str, doc: str) -> argparse.Namespace:
     )
     p.add_argument("--out", required=True, help="JSON lines written here")
     return p.parse_args()
+
+
+def peer_args(system: str, doc: str, agents: int) -> argparse.Namespace:
+    """``parse_args`` for a peer's runner (its package is named ``system``) that trains
+    ``agents`` agents: another count is refused, W&B stays off, and a peer that is not installed
+    exits with status 2 and the command that installs it."""
+    args = parse_args(system, doc)
+    if args.agents != agents:
+        sys.exit(f"run_{system}.py: the {system} comparison trains {agents} agent(s) (--agents)")
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    if importlib.util.find_spec(system) is None:
+        print(
+            f"{system} is not installed: pip install -e '.[peers]' (from the repository root)",
+            file=sys.stderr,
+        )
+        sys.exit(2)
+    return args
 
 
 class Emitter:
