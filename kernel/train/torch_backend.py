@@ -516,7 +516,10 @@ class TorchTrainer:
         if lcfg.tis_cap is not None:
             for s in kept:
                 if s.rollout_logprobs is None:
-                    raise ValueError(f"sample {s.key}: TIS is on but rollout_logprobs is None")
+                    raise ValueError(
+                        f"sample {s.key}: tis_cap {lcfg.tis_cap} is set (TIS is on) but "
+                        "rollout_logprobs is None"
+                    )
         plan = self._plan(kept)
         n_tok, n_seq = self._all_reduce([sum(sum(s.loss_mask) for s in kept), sum(1 for _ in kept)])
         denom = {"token_mean": n_tok, "seq_sum": 1.0}.get(lcfg.agg, n_seq)
