@@ -39,10 +39,7 @@ RUNNERS = HERE / "bench_peers"
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
-PEERS = {  # peer -> (python module, Tandem's agents in the comparison)
-    "trl": ("trl", 1),
-    "comlrl": ("comlrl", 2),
-}
+PEERS = {"trl": 1, "comlrl": 2}  # peer (its python package) -> agents in the comparison
 PHASES = ("rollout_s", "reward_s", "train_s", "sync_s")
 LR = {"tiny": 2e-3, "smollm2": 2e-5}  # per size: a random tiny model takes far larger steps
 
@@ -145,7 +142,7 @@ def table(results: dict) -> str:
 
     for peer, rec in results.items():
         ours = {k[len("tandem_") :]: v for k, v in rec.items() if k.startswith("tandem_")}
-        agents = PEERS[peer][1]
+        agents = PEERS[peer]
         lines.append(row(peer, rec, f"**{rec['ratio']:.2f}**"))
         lines.append(row(f"tandem ({agents} agent{'s' * (agents > 1)})", ours, ""))
     return "\n".join(lines)
@@ -202,7 +199,7 @@ def main() -> None:
     unknown = [x for x in peers if x not in PEERS]
     if unknown or not peers:
         p.error(f"--peers: unknown {unknown or 'empty'}; choose from {sorted(PEERS)}")
-    missing = [x for x in peers if importlib.util.find_spec(PEERS[x][0]) is None]
+    missing = [x for x in peers if importlib.util.find_spec(x) is None]
     if missing:
         sys.exit(
             f"bench_vs_peers: {', '.join(missing)} not installed. Install the peers with "
@@ -227,7 +224,7 @@ def main() -> None:
 
     results = {}
     for peer in peers:
-        agents = PEERS[peer][1]
+        agents = PEERS[peer]
         runs = {peer: [], "tandem": []}
         for seed in range(args.seeds):
             order = [peer, "tandem"] if seed % 2 == 0 else ["tandem", peer]
