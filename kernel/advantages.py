@@ -23,10 +23,11 @@ Estimators (``AdvantageConfig.estimator``):
   the agents whose reward is not None, so a member the reward does not apply to neither lowers
   nor raises its partners'; ``sum`` scales with the number of agents that have a reward; an
   agent with several turns counts once, with the mean of its turns' rewards); the advantage
-  is ``team - mean``
-  of the team rewards of the group's episodes, each episode counted once per group. With
-  ``group_by="prompt_agent_turn"`` that is CoMLRL's per-turn baseline: the episodes that
-  reached the same turn. No std division (CoMLRL uses the mean baseline only).
+  is ``team - mean`` of the team rewards of the group's episodes, each episode counted once
+  per group. With ``group_by="prompt_agent_turn"`` that is CoMLRL's per-turn baseline: the
+  episodes that reached the same turn. No std division: CoMLRL's mean baseline alone (CoMLRL
+  1.4.3 also divides by the group std by default, ``advantage_normalization``; with a reward
+  hook that returns the team reward itself, ``grpo`` computes exactly that).
 
 Groups (``AdvantageConfig.group_by``): the samples sharing ``group_id`` (``"prompt"``),
 plus ``agent`` (``"prompt_agent"``, the default: Dr.MAS, no role is normalised against another
