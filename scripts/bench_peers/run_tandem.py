@@ -4,8 +4,10 @@ Tandem path (embedded engine, request batching, trainer, weight sync), timed per
 Same CLI and JSON-lines output as ``run_trl.py`` / ``run_comlrl.py`` (see ``bench_vs_peers``),
 plus ``--agents 1|2``: one agent (the TRL comparison) or a doctor and a patient with a model
 each that both answer every prompt and share one team reward (the CoMLRL comparison: MAGRPO's
-aligned joint actions, with the group-normalised advantages CoMLRL uses by default). The hooks
-below are plain Tandem hooks, loaded by dotted path.
+aligned joint actions, with the group-normalised advantages CoMLRL uses by default). Each
+comparison trains on its peer's objective: against TRL the token mean with the gradient clipped
+at 1.0, against CoMLRL each answer's logprob sum averaged over answers, unclipped, weight decay
+0.01. The hooks below are plain Tandem hooks, loaded by dotted path.
 """
 
 from __future__ import annotations
@@ -81,6 +83,7 @@ def main() -> None:
     versions = {"tandem": "0.1.0", "torch": torch.__version__}
     emit({"event": "start", "system": "tandem", "t0": T0, "versions": versions})
     single = args.agents == 1
+    out_dir = tempfile.TemporaryDirectory(prefix="bench_tandem_")  # removed at exit
     agents = ["default"] if single else [AgentSpec(n, model=args.model) for n in AGENTS]
     cfg = TrainConfig(
         recipe="bench",
@@ -90,17 +93,20 @@ def main() -> None:
         agents=agents,
         num_steps=args.steps,
         seed=args.seed,
-        output_dir=tempfile.mkdtemp(prefix="bench_tandem_"),
+        output_dir=out_dir.name,
     )
     cfg.data.path, cfg.data.label_key, cfg.data.shuffle = args.prompts, None, False
     cfg.data.n_samples_per_prompt, cfg.data.prompts_per_step = args.group, args.prompts_per_step
     cfg.rollout.temperature, cfg.rollout.top_p = args.temperature, 1.0
     cfg.rollout.max_response_len, cfg.rollout.max_context_len = args.max_new_tokens, 1024
-    cfg.optim.lr, cfg.optim.grad_clip = args.lr, 1.0
+    cfg.optim.lr, cfg.optim.grad_clip = args.lr, 1.0  # TRL: token mean, clip 1.0
     # Both agents get the team reward, so GRPO per (prompt, agent) is MAGRPO's group-mean
     # baseline with CoMLRL 1.4.3's default advantage_normalization (divide by the group std):
     # the same advantages CoMLRL computes (Tandem's magrpo estimator skips the std division).
     cfg.advantage.estimator = "grpo"
+    if not single:  # CoMLRL's objective: each answer's logprob sum, mean over answers; its
+        # AdamW has torch's default weight decay and nothing clips the gradient
+        cfg.loss.agg, cfg.optim.grad_clip, cfg.optim.weight_decay = "seq_mean_token_sum", 0.0, 0.01
     cfg.engine.num_threads = 1
     reward_before = [0.0]
 

@@ -30,6 +30,7 @@ from task import Emitter, digit_share, load_prompts, peer_args  # noqa: E402
 
 def main() -> None:
     args = peer_args("trl", __doc__, agents=1)
+    out_dir = tempfile.TemporaryDirectory(prefix="bench_trl_")  # TRL's output_dir, removed at exit
     import torch
     import trl
     from datasets import Dataset
@@ -78,7 +79,7 @@ def main() -> None:
             emit(row)
 
     config = GRPOConfig(
-        output_dir=tempfile.mkdtemp(prefix="bench_trl_"),
+        output_dir=out_dir.name,
         per_device_train_batch_size=args.prompts_per_step * args.group,
         gradient_accumulation_steps=1,
         num_generations=args.group,
