@@ -126,6 +126,11 @@ def cmd_train(cfg) -> None:
             progress.stop()
             Console(stderr=True).print(f"[red]run stopped[/]: {e}")
             sys.exit(1)
+    if rows and rows[-1]["step"] + 1 < cfg.num_steps:
+        console.print(
+            f"stopped after step {rows[-1]['step'] + 1} of {cfg.num_steps}: "
+            f"--max_minutes {cfg.max_minutes} reached (checkpointed; --resume true goes on)"
+        )
     metrics = Path(cfg.output_dir) / "metrics.jsonl"
     png = plot_metrics(metrics)
     rewards = [r["reward"] for r in rows if "reward" in r]

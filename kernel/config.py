@@ -74,10 +74,19 @@ class EvalConfig:
     """Evaluate on at most this many prompts."""
     pass_threshold: float = 1.0
     """An episode passes if metadata['correct'] is true, or else if its reward >= this."""
+    temperature: float | None = None
+    """Sampling temperature of the evaluation (0: greedy); None: each agent's rollout one."""
+    at_start: bool = False
+    """Also evaluate the starting weights, before the first step of a fresh run (logged as
+    step -1), so every run measures its own before and after."""
 
     def validate(self) -> EvalConfig:
         if self.every < 0 or self.n_samples < 1:
             raise ValueError("eval.every must be >= 0 and eval.n_samples >= 1")
+        if self.temperature is not None and not 0 <= self.temperature < float("inf"):
+            raise ValueError(f"eval.temperature must be >= 0, got {self.temperature}")
+        if self.at_start and not self.path:
+            raise ValueError("eval.at_start is set but eval.path is empty")
         if self.every and not self.path:
             raise ValueError("eval.every is set but eval.path is empty")
         return self
@@ -109,6 +118,9 @@ class TrainConfig:
     share_model_with (see kernel.agents.AgentSpec)."""
     num_steps: int = 10
     """Training steps (one step = one batch of prompt groups rolled out and trained on)."""
+    max_minutes: float = 0.0
+    """Stop early once this many minutes have passed since the first step began (0: no
+    limit): the step running then is the last, evaluated and checkpointed as such."""
     global_batch_size: int | None = None
     """Samples per step per agent; if set it must equal prompts_per_step x n_samples_per_prompt."""
     seed: int = 42
@@ -164,6 +176,8 @@ class TrainConfig:
                 section.validate()
         if self.num_steps < 1:
             raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
+        if not 0 <= self.max_minutes < float("inf"):
+            raise ValueError(f"max_minutes must be >= 0, got {self.max_minutes}")
         groups = model_groups(self.agent_specs())
         for specs in groups.values():
             settings = self.model_settings(specs[0])

@@ -14,7 +14,12 @@ Read ``train`` top to bottom. Per step:
    is trained on once); ``replay_groups`` adds recent groups again;
 5. push each trained model's weights to its own engines (pause -> update -> version ->
    continue); engines restarted after a crash get the current weights before they rejoin;
-6. log (metrics.jsonl, optional TensorBoard / W&B) and checkpoint.
+6. log (metrics.jsonl, optional TensorBoard / W&B), evaluate every ``eval.every`` steps on
+   held-out prompts (per-item results in ``<output_dir>/eval/step_<updates>.jsonl``;
+   ``eval.at_start`` adds the starting weights), and checkpoint.
+
+``max_minutes`` ends a run early: the step whose rollout ends past the limit is the last one,
+evaluated and checkpointed as such.
 
 In ``async_mode`` the rollout of step k+1 runs while step k trains (one step off-policy): the
 samples carry the weight versions that made them, the staleness is logged and bounded, and
@@ -200,9 +205,13 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
                         *(c.update_weight_version(str(m.version)) for c in m.clients)
                     )
 
+            if cfg.eval.at_start and start == 0:  # the starting weights, for before/after
+                logger.log({"step": -1, **await _evaluate(cfg, manager, ctx, 0)})
+
             next_batch = None
             replay = collections.deque(maxlen=cfg.replay_groups)  # recent groups, newest first
             startup_s = process_age()  # from the command to the first rollout
+            t_first = time.monotonic()  # max_minutes counts from here
             for step in range(start, cfg.num_steps):
                 t_step = time.perf_counter()
                 cpu_step = time.thread_time()  # the driver: clients, hooks, advantages, logging
@@ -210,7 +219,9 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
                 # 1-2. rollout with rewards (in async mode it was started during the last step)
                 batch = await (next_batch or _collect(cfg, manager, ctx, buffer, step))
                 next_batch = None
-                if cfg.async_mode and step + 1 < cfg.num_steps:
+                elapsed = time.monotonic() - t_first
+                last = step + 1 == cfg.num_steps or 0 < cfg.max_minutes * 60 <= elapsed
+                if cfg.async_mode and not last:
                     next_batch = asyncio.ensure_future(
                         _collect(cfg, manager, ctx, buffer, step + 1)
                     )
@@ -249,7 +260,7 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
                     elif restarted[m.owner] and m.trainer is not None:
                         await m.sync.push(m.trainer, m.version)
                     await m.pool.readmit(restarted[m.owner])
-                if step + 1 == cfg.num_steps:  # no rollout left to run the last checks beside
+                if last:  # no rollout left to run the last checks beside
                     for i, m in enumerate(models):
                         checks[i] |= await m.sync.checked()
 
@@ -268,10 +279,8 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
                 row["time/train_s"] = train_s
                 row["engines/restarts"] = float(sum(m.pool.restarts for m in models))
                 row["time/sync_s"] = sum(m["sync/time_s"] for m in sync_metrics)
-                if cfg.eval.every and (
-                    (step + 1) % cfg.eval.every == 0 or step + 1 == cfg.num_steps
-                ):
-                    row |= await _evaluate(cfg, manager, ctx)
+                if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or last):
+                    row |= await _evaluate(cfg, manager, ctx, step + 1)
                 row["time/step_s"] = time.perf_counter() - t_step
                 row["time/driver_cpu_s"] = time.thread_time() - cpu_step
                 sent = sum(m.batcher.stats["requests"] for m in models)
@@ -283,10 +292,11 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
                 if on_step:
                     on_step(row)
                 ctx.step = step + 1
-                last = step + 1 == cfg.num_steps
                 if last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
                     in_flight = [] if next_batch is None else await _handed_out(next_batch)
                     await _checkpoint(cfg, models, buffer, step + 1, in_flight)
+                if last:
+                    break
             return rows
         finally:
             for w in watchers:
@@ -538,9 +548,13 @@ def _agent_metrics(
     return {k: v for k, v in row.items() if v is not None}
 
 
-async def _evaluate(cfg, manager, ctx) -> dict[str, float]:
+async def _evaluate(cfg, manager, ctx, updates: int) -> dict[str, float]:
     """avg@k and pass@k per agent on the held-out prompts (no training on them), on the
-    rewards as the recipe scored them (before the kernel's weighting)."""
+    rewards as the recipe scored them (before the kernel's weighting), at ``eval.temperature``.
+    Every (prompt, agent) result goes to ``<output_dir>/eval/step_<updates>.jsonl`` (``row``:
+    the prompt's row in eval.path, ``rewards`` and ``passed`` per episode), so two evaluations
+    can be compared item by item."""
+    t0 = time.perf_counter()
     data = replace(
         cfg.data,
         path=resolve_data_path(cfg.eval.path),
@@ -549,22 +563,41 @@ async def _evaluate(cfg, manager, ctx) -> dict[str, float]:
         max_prompts=cfg.eval.max_prompts,
     )
     buffer = DataBuffer(data)
+    if cfg.eval.temperature is not None:
+        agents = {
+            name: replace(h, sampling={**h.sampling, "temperature": cfg.eval.temperature})
+            for name, h in ctx.agents.items()
+        }
+        ctx = replace(ctx, agents=agents)
     kept, _, _ = await manager.run(ctx, buffer.next_groups(len(buffer)))
     row: dict[str, float] = {}
-    agents = sorted({s.agent for r in kept for s in r.samples})
-    for agent in agents:
+    items = []
+    k = cfg.eval.n_samples
+    for agent in sorted({s.agent for r in kept for s in r.samples}):
         per_prompt = []
         for r in kept:
             mine = [s for s in r.samples if s.agent == agent and s.raw_reward is not None]
             if mine:
                 passed = [
-                    s.metadata.get("correct", s.raw_reward >= cfg.eval.pass_threshold) for s in mine
+                    bool(s.metadata.get("correct", s.raw_reward >= cfg.eval.pass_threshold))
+                    for s in mine
                 ]
                 per_prompt.append((mean(s.raw_reward for s in mine), any(passed)))
+                items.append(
+                    {
+                        "row": r.group[0].metadata["row"],
+                        "agent": agent,
+                        "rewards": [s.raw_reward for s in mine],
+                        "passed": passed,
+                    }
+                )
         if per_prompt:
-            k = cfg.eval.n_samples
             row[f"eval/{agent}/avg@{k}"] = mean(a for a, _ in per_prompt)
             row[f"eval/{agent}/pass@{k}"] = mean(float(p) for _, p in per_prompt)
+    path = Path(cfg.output_dir) / "eval" / f"step_{updates}.jsonl"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(item) + "\n" for item in items))
+    row["time/eval_s"] = time.perf_counter() - t0
     return row
 
 

@@ -81,7 +81,7 @@ class MetricsLogger:
             for k, v in numeric.items():
                 self._tb.add_scalar(k, v, step)
         if self._wandb is not None:
-            self._wandb.log(numeric, step=step)
+            self._wandb.log(numeric, step=max(step, 0))  # W&B refuses step -1 (eval.at_start)
 
     def close(self) -> None:
         self._file.close()

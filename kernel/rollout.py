@@ -68,6 +68,7 @@ class RolloutStats:
     reward_errors: int = 0
     dropped_groups: int = 0
     seconds: float = 0.0
+    reward_seconds: float = 0.0  # summed over episodes (reward hooks and weighting)
 
     def add(self, other: RolloutStats) -> None:
         for f in dataclasses.fields(self):
@@ -128,6 +129,7 @@ class RolloutManager:
                 ]
             if any(s.status is Status.ABORTED for s in samples):
                 return samples
+            t0 = time.perf_counter()
             try:
                 assign_rewards(samples, await call_reward(self.reward, ctx, samples))
                 correct = samples[0].metadata.get("correct")
@@ -138,6 +140,7 @@ class RolloutManager:
                 for s in samples:
                     s.raw_reward = s.reward = None
                     s.metadata["reward_error"] = repr(e)
+            stats.reward_seconds += time.perf_counter() - t0
             return samples
 
     async def _group(self, ctx: RolloutContext, group: list[Sample], stats) -> GroupResult:

@@ -66,6 +66,35 @@ def test_async_one_step_off_policy_learns_and_bounds_staleness(tmp_path):
     assert evals[-1]["eval/default/avg@4"] > evals[0]["eval/default/avg@4"]
 
 
+def test_eval_at_start_greedy_per_item_and_a_time_limit(tmp_path):
+    # max_minutes stops a 1000-step run after the first step that began past 0.6 s; it is
+    # evaluated and checkpointed as the last one, and the starting weights were evaluated too
+    flags = ["--eval.path=kernel/presets/toy_prompts.jsonl", "--eval.every=1000"]
+    flags += ["--eval.at_start=true", "--eval.temperature=0", "--eval.n_samples=3"]
+    cfg = toy_config(tmp_path, "--num_steps=1000", "--max_minutes=0.01", *flags)
+    rows = train(cfg)
+    assert 1 <= len(rows) < 1000
+    n = len(rows)
+    assert "eval/default/avg@3" in rows[-1] and rows[-1]["time/eval_s"] > 0
+    assert not any("eval/default/avg@3" in r for r in rows[:-1])
+    assert (tmp_path / "checkpoints" / f"step_{n}" / "state.json").exists()
+    logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert logged[0]["step"] == -1 and "eval/default/pass@3" in logged[0]
+    assert [r["step"] for r in logged[1:]] == list(range(n))
+    before, after = (
+        [json.loads(line) for line in (tmp_path / "eval" / f"step_{k}.jsonl").open()]
+        for k in (0, n)
+    )
+    n_prompts = len((ROOT / cfg.eval.path).read_text().splitlines())
+    assert sorted(i["row"] for i in before) == sorted(i["row"] for i in after)
+    assert len(before) == min(n_prompts, cfg.eval.max_prompts)
+    for item in before + after:  # greedy: the three episodes of a prompt are one answer
+        assert item["agent"] == "default" and len(item["rewards"]) == 3
+        assert len(set(item["rewards"])) == 1, item
+    mean_before = sum(i["rewards"][0] for i in before) / len(before)
+    assert logged[0]["eval/default/avg@3"] == pytest.approx(mean_before)
+
+
 @pytest.mark.parametrize("transport", ["disk", "tensor", "shared", "distributed"])
 def test_after_a_push_engine_logprobs_equal_the_trainers(tmp_path, transport):
     from kernel.agents import EnginePool

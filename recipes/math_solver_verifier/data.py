@@ -74,6 +74,33 @@ EASY_TASK_CONFIGS: dict[str, dict[str, Any]] = {
 reasoning-gym's defaults"""
 
 
+def _terms_digits(terms: int, digits: tuple[int, int]) -> dict[str, int]:
+    return {
+        "min_terms": terms,
+        "max_terms": terms,
+        "min_digits": digits[0],
+        "max_digits": digits[1],
+    }
+
+
+TIERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "add2-1d": ("chain_sum", _terms_digits(2, (1, 1))),
+    "arith2-1d": (
+        "basic_arithmetic",
+        EASY_TASK_CONFIGS["basic_arithmetic"] | _terms_digits(2, (1, 1)),
+    ),
+    "arith3-1d": ("basic_arithmetic", EASY_TASK_CONFIGS["basic_arithmetic"]),
+    "sum3-2d": ("chain_sum", EASY_TASK_CONFIGS["chain_sum"]),
+    "sum2-2d": ("chain_sum", _terms_digits(2, (2, 2))),
+    "arith2-2d": (
+        "basic_arithmetic",
+        EASY_TASK_CONFIGS["basic_arithmetic"] | _terms_digits(2, (2, 2)),
+    ),
+}
+"""Difficulty tiers: name -> (reasoning-gym task, its config). The shipped train/test sets mix
+arith3-1d and sum3-2d; ``python -m recipes.math_solver_verifier.tiers`` measures a model on each."""
+
+
 # ---- row mappers: one real row -> one buffer row ---------------------------------------------
 
 

@@ -103,7 +103,7 @@ class _Turn:
 
 
 def _answer(text: str, cfg) -> str | None:
-    return extract_answer(text, cfg.answer.markers, cfg.answer.after_think)
+    return extract_answer(text, cfg.answer.markers, cfg.answer.after_think, cfg.answer.last_number)
 
 
 def _correct(answer: str | None, label, cfg) -> bool:

@@ -55,6 +55,13 @@ def build_parser() -> argparse.ArgumentParser:
         default="basic_arithmetic,chain_sum",
         help="reasoning_gym: comma-separated task names, spread evenly",
     )
+    p.add_argument(
+        "--tier",
+        choices=sorted(data.TIERS),
+        default=None,
+        help="reasoning_gym: one difficulty tier (a task and its config, see data.TIERS) "
+        "instead of --tasks with the easy configs",
+    )
     p.add_argument("--split", default="train", help="hub split (gsm8k/math: train|test)")
     p.add_argument(
         "--path",
@@ -97,12 +104,18 @@ def collect(args: argparse.Namespace) -> list[data.Row]:
         raise ValueError(f"--n must be >= 1, got {args.n}")
     exclude = read_prompts(args.exclude) if args.exclude else set()
     if args.source == "reasoning_gym":
-        return data.generate_reasoning_gym(
-            tasks=_split_names(args.tasks, "--tasks"),
+        tasks, configs = _split_names(args.tasks, "--tasks"), None
+        if args.tier is not None:
+            task, config = data.TIERS[args.tier]
+            tasks, configs = [task], {task: config}
+        rows = data.generate_reasoning_gym(
+            tasks=tasks,
             n=256 if args.n is None else args.n,
             seed=args.seed,
             exclude=exclude,
+            task_configs=configs,
         )
+        return [r | {"tier": args.tier} for r in rows] if args.tier else rows
     path = args.path or _DEFAULT_PATHS.get(args.source)
     if path is None:
         raise ValueError("--path: --source file needs a .jsonl/.json/.parquet file")

@@ -5,9 +5,11 @@ Three layers, each usable on its own:
 
 - ``extract_answer`` finds the final answer in a response: the content of the LAST complete
   ``\\boxed{...}`` (braces matched, so ``\\boxed{\\frac{1}{\\sqrt{2}}}`` works), ``\\boxed 5``,
-  or the rest of the line after a text marker such as ``"Answer:"``; with ``after_think`` only
-  text after the last ``</think>`` counts. Extraction is the one place with hand-written string
-  handling: it decides *where* the answer is, never whether it is right.
+  or what follows a text marker such as ``"the answer is"`` up to the end of its clause; failing
+  every marker, the last number of the response (``last_number``, the recipe's default: small
+  models state the result without boxing it); with ``after_think`` only text after the last
+  ``</think>`` counts. Extraction is the one place with hand-written string handling: it
+  decides *where* the answer is, never whether it is right.
 - ``is_equivalent`` decides whether an answer equals the label, entirely through math-verify
   (``parse`` + ``verify``): 1/2 == 0.5 == \\frac{1}{2}, 1,000 == 1000, {1,2} == {2,1}, 50\\% == 0.5.
   It never raises; errors and timeouts count as "not equivalent".
@@ -52,8 +54,10 @@ _EXTRACTION = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConf
 class MathRewardConfig:
     """How a response is turned into a reward."""
 
-    markers: tuple[str, ...] = ("\\boxed",)
+    markers: tuple[str, ...] = ("\\boxed", "the answer is")
     """where the answer is: LaTeX commands (\\boxed, \\fbox) or text ('Answer:'); last match wins"""
+    last_number: bool = True
+    """failing every marker, the last number of the response is its answer"""
     after_think: bool = False
     """only text after the last </think> counts; a response without </think> has no answer"""
     format_penalty: float = 0.0
@@ -114,32 +118,50 @@ def _command_answers(text: str, command: str, pairs: dict[int, int]) -> list[tup
     return found
 
 
+# Where a text marker's answer ends: the line's end, or a full stop, comma or semicolon
+# followed by a space ("The answer is 5, since ..."; "1,000" and "2.5" stay whole).
+_CLAUSE_END = re.compile(r"[.,;](?:\s|$)")
+# A number: an optional minus that is a sign (not "10-3"), thousands separators, decimals, a
+# fraction ("3/4").
+_NUMBER = re.compile(r"(?:(?<![\w)\]}])-)?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
+
+
 def _marker_answer(text: str, marker: str) -> tuple[int, str] | None:
-    """(position, rest of the line) after the last case-insensitive ``marker``."""
+    """(position, answer) after the last case-insensitive ``marker``: the rest of its line up
+    to the end of the clause, without a leading colon or the math-mode dollars and markdown
+    bold around it ("The answer is: **$5$**." -> "5"; "5." would parse as a string)."""
     matches = list(re.finditer(re.escape(marker), text, flags=re.IGNORECASE))
     if not matches:
         return None
     last = matches[-1]
-    line = text[last.end() :].split("\n", 1)[0].strip()
-    # "The answer is 5." / "Answer: $5$": the sentence's full stop and the math-mode dollars
-    # belong to the prose, not to the answer ("5." parses as a string, not a number).
-    line = line.rstrip(".").strip()
-    if len(line) >= 2 and line[0] == "$" and line[-1] == "$":
-        line = line.strip("$").strip()
+    line = text[last.end() :].split("\n", 1)[0].strip().lstrip(":").strip()
+    line = _CLAUSE_END.split(line, 1)[0].strip().rstrip(".")
+    while len(line) >= 2 and line[0] == line[-1] and line[0] in "$*":
+        line = line.strip(line[0]).strip()
     return last.start(), line
 
 
+def last_number(text: str) -> str | None:
+    """The last number in ``text`` ("so 3 + 4 = 7." -> "7"; "= -8" -> "-8"), or None."""
+    found = _NUMBER.findall(text) if isinstance(text, str) else []
+    return found[-1] if found else None
+
+
 def extract_answer(
-    text: str, markers: tuple[str, ...] = ("\\boxed",), after_think: bool = False
+    text: str,
+    markers: tuple[str, ...] = ("\\boxed",),
+    after_think: bool = False,
+    fallback_last_number: bool = False,
 ) -> str | None:
     """The final answer in ``text``, or None if there is none.
 
     Markers starting with a backslash are LaTeX commands: their brace argument (balanced,
     nested braces included) or, without braces, the next token. Other markers are text: the
-    rest of the line after them. Of all matches, the one that starts last wins. An empty answer
-    (``\\boxed{}``) is None, and so is an unclosed ``\\boxed{...``. With ``after_think``, only
-    the text after the last ``</think>`` is searched and no ``</think>`` means None (the model
-    never finished thinking).
+    rest of the line after them, to the end of the clause. Of all matches, the one that starts
+    last wins. An empty answer (``\\boxed{}``) is None, and so is an unclosed ``\\boxed{...``.
+    With ``fallback_last_number``, a text no marker matches answers with its last number. With
+    ``after_think``, only the text after the last ``</think>`` is searched and no ``</think>``
+    means None (the model never finished thinking).
     """
     if not isinstance(text, str):
         return None
@@ -156,7 +178,7 @@ def extract_answer(
         elif (found := _marker_answer(text, marker)) is not None:
             candidates.append(found)
     if not candidates:
-        return None
+        return last_number(text) if fallback_last_number else None
     answer = max(candidates, key=lambda c: c[0])[1].strip()
     return answer or None
 
@@ -194,7 +216,7 @@ def score(text: str, label: str, cfg: MathRewardConfig | None = None) -> float:
     """1.0 if the response's final answer equals ``label``, 0.0 if not, ``cfg.format_penalty``
     if no answer can be extracted."""
     cfg = cfg or MathRewardConfig()
-    answer = extract_answer(text, cfg.markers, cfg.after_think)
+    answer = extract_answer(text, cfg.markers, cfg.after_think, cfg.last_number)
     if answer is None:
         return cfg.format_penalty
     ok = is_equivalent(answer, label, timeout_s=cfg.timeout_s, max_chars=cfg.max_answer_chars)

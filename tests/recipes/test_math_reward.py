@@ -20,6 +20,7 @@ from recipes.math_solver_verifier.reward import (
     MathRewardConfig,
     extract_answer,
     is_equivalent,
+    last_number,
     reward,
     score,
 )
@@ -108,6 +109,7 @@ def test_is_equivalent_works_off_the_main_thread():
 # ---- extract_answer: (text, markers, after_think, expected) ---------------------------------
 
 B = ("\\boxed",)
+T = ("the answer is",)
 EXTRACTION = [
     ("so \\boxed{42}.", B, False, "42"),
     ("\\boxed{\\frac{1}{\\sqrt{2}}}", B, False, "\\frac{1}{\\sqrt{2}}"),  # nested braces
@@ -133,12 +135,38 @@ EXTRACTION = [
     ("<think>still thinking \\boxed{4}", B, True, None),
     ("<think>still thinking \\boxed{4}", B, False, "4"),
     ("<think>a</think>b</think>\\boxed{9}", B, True, "9"),
+    # a text marker's answer ends with its clause; colon, dollars and bold around it go
+    ("The answer is 5, since 2 + 3 = 5.", T, False, "5"),
+    ("So the answer is: **$-8$**.", T, False, "-8"),
+    ("The answer is 1,000. Done", T, False, "1,000"),
+    ("The answer is 2.5; check it", T, False, "2.5"),
+    ("The answer is \\boxed{7}.", ("\\boxed", "the answer is"), False, "7"),  # the box is later
 ]
 
 
 @pytest.mark.parametrize(("text", "markers", "after_think", "expected"), EXTRACTION)
 def test_extract_answer_golden(text, markers, after_think, expected):
     assert extract_answer(text, markers, after_think) == expected
+
+
+LAST_NUMBER = [
+    ("So 3 + 4 = 7.", "7"),
+    ("= -8", "-8"),
+    ("10-3", "3"),  # a minus between numbers is an operator, not a sign
+    ("(2)-(5)", "5"),
+    ("It is 1,234,567 in total", "1,234,567"),
+    ("about 3.75 then 2/3", "2/3"),
+    ("no digits here", None),
+    ("", None),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), LAST_NUMBER)
+def test_last_number_golden(text, expected):
+    assert last_number(text) == expected
+    # ... and it is extract_answer's fallback only when no marker matches
+    assert extract_answer(text, B, fallback_last_number=True) == expected
+    assert extract_answer(text + " \\boxed{9}", B, fallback_last_number=True) == "9"
 
 
 def test_extract_answer_is_linear_on_huge_and_adversarial_input():
@@ -152,8 +180,9 @@ def test_extract_answer_is_linear_on_huge_and_adversarial_input():
 
 # ---- score: (text, label, cfg, expected reward) ---------------------------------------------
 
-PENALTY = MathRewardConfig(format_penalty=-1.0)
-THINK = MathRewardConfig(after_think=True, format_penalty=-1.0)
+PENALTY = MathRewardConfig(markers=B, last_number=False, format_penalty=-1.0)
+THINK = MathRewardConfig(markers=B, last_number=False, after_think=True, format_penalty=-1.0)
+DEFAULT = MathRewardConfig(format_penalty=-1.0)  # boxes, "the answer is", else the last number
 SCORES = [
     ("So the answer is \\boxed{\\frac{1}{\\sqrt{2}}}.", "\\frac{\\sqrt{2}}{2}", PENALTY, 1.0),
     ("\\boxed{0.5}", "\\dfrac{1}{2}", PENALTY, 1.0),
@@ -161,8 +190,12 @@ SCORES = [
     ("\\boxed{3} no, \\boxed{4}", "3", PENALTY, 0.0),  # ...so the first one does not count
     ("\\boxed{12}", "13", PENALTY, 0.0),  # wrong answer: 0.0, not the penalty
     ("the answer is 4", "4", PENALTY, -1.0),  # no box: the format penalty
-    ("the answer is 4", "4", MathRewardConfig(), 0.0),  # default penalty is 0.0
+    ("no answer", "4", MathRewardConfig(markers=B, last_number=False), 0.0),  # penalty 0.0
     ("the answer is 4", "4", MathRewardConfig(markers=("\\boxed", "The answer is")), 1.0),
+    ("the answer is 4.", "4", DEFAULT, 1.0),
+    ("3 + 1 = 4", "4", DEFAULT, 1.0),  # the last number, failing every marker
+    ("4, or \\boxed{5}", "4", DEFAULT, 0.0),  # a box is never overruled by a later number
+    ("no answer at all", "4", DEFAULT, -1.0),
     ("\\boxed{}", "4", PENALTY, -1.0),
     ("<think>\\boxed{3}</think>\\boxed{4}", "4", THINK, 1.0),
     ("<think>\\boxed{4}", "4", THINK, -1.0),  # never finished thinking

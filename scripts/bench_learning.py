@@ -1,0 +1,200 @@
+"""Does it learn? One recipe's ``learn`` preset on a real model: the held-out score of the
+starting weights, at most ``--minutes`` of training, the held-out score again with the same
+sampling settings, and the difference with a 95% interval.
+
+The run is a plain ``python -m kernel train --recipe R --preset learn`` with the evaluation of
+the starting weights switched on (``--eval.at_start true``) and a time limit
+(``--max_minutes``); flags after ``--`` go to it unchanged (a sweep: ``-- --optim.lr 1e-5``).
+The held-out set is the preset's ``eval.path``, never trained on. Each evaluation writes one
+line per (held-out item, agent) to ``<out>/eval/step_<updates>.jsonl``; this script pairs the
+first and the last by item, so the interval is a **paired bootstrap over held-out items**
+(``--resamples`` draws of the items with replacement; the 2.5th and 97.5th percentiles of the
+mean difference). An item's score is the mean of its episodes' rewards as the recipe scored
+them (with 0/1 rewards: accuracy).
+
+Prints before, after, difference and interval for the recipe's headline agent and every other
+evaluated agent, steps done, samples seen and wall time per phase (start-up, generate, reward,
+train, sync, eval); writes ``<out>/learning.json`` and the curves PNG ``<out>/curves.png``.
+Not run by CI (CI runs each ``learn`` preset for one step: tests/recipes/test_learn_presets.py).
+
+Example: python scripts/bench_learning.py --recipe math_solver_verifier --minutes 45
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The number a recipe's row in README's "Does it learn?" table reports."""
+
+    agent: str  # whose held-out rewards
+    metric: str  # what they mean, in words
+
+
+HEADLINES = {
+    "math_solver_verifier": Headline(
+        "solver", "solver accuracy (boxed / 'the answer is' / last number, math-verify)"
+    ),
+    "takes_two": Headline("doctor", "doctor diagnosis reward"),
+    "deep_research": Headline("agent", "exact match of the final answer"),
+}
+
+
+def paired_bootstrap(
+    before: np.ndarray, after: np.ndarray, resamples: int, seed: int = 0
+) -> tuple[float, float]:
+    """95% interval of mean(after - before), resampling the paired items with replacement."""
+    diff = np.asarray(after, float) - np.asarray(before, float)
+    rng = np.random.default_rng(seed)
+    idx = rng.integers(0, len(diff), size=(resamples, len(diff)))
+    means = diff[idx].mean(axis=1)
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def item_scores(path: Path) -> dict[str, dict[int, float]]:
+    """agent -> held-out row -> mean reward of its episodes, from one eval file."""
+    out: dict[str, dict[int, float]] = {}
+    for item in read_jsonl(path):
+        rewards = [r for r in item["rewards"] if r is not None]
+        if rewards:
+            out.setdefault(item["agent"], {})[item["row"]] = sum(rewards) / len(rewards)
+    return out
+
+
+def compare(before_path: Path, after_path: Path, resamples: int) -> dict[str, dict]:
+    """Per agent: n, before, after, diff, ci_low, ci_high over the items both files scored."""
+    before, after = item_scores(before_path), item_scores(after_path)
+    out = {}
+    for agent in sorted(set(before) & set(after)):
+        rows = sorted(set(before[agent]) & set(after[agent]))
+        if not rows:
+            continue
+        b = np.array([before[agent][r] for r in rows])
+        a = np.array([after[agent][r] for r in rows])
+        low, high = paired_bootstrap(b, a, resamples)
+        out[agent] = {
+            "n_eval": len(rows),
+            "before": float(b.mean()),
+            "after": float(a.mean()),
+            "diff": float(a.mean() - b.mean()),
+            "ci_low": low,
+            "ci_high": high,
+        }
+    return out
+
+
+def phases(rows: list[dict]) -> dict[str, float]:
+    """Wall seconds per phase, summed over the run's metrics rows."""
+
+    def total(key: str) -> float:
+        return float(sum(r.get(key, 0.0) for r in rows))
+
+    reward = total("rollout/reward_seconds")
+    return {
+        "startup": total("time/startup_s"),
+        "generate": total("time/rollout_s") - reward,
+        "reward": reward,
+        "train": total("time/train_s"),
+        "sync": total("time/sync_s"),
+        "eval": total("time/eval_s"),
+    }
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        epilog="Flags after -- go to 'python -m kernel train' (e.g. -- --optim.lr 1e-5).",
+    )
+    p.add_argument("--recipe", required=True, choices=sorted(HEADLINES))
+    p.add_argument("--minutes", type=float, default=45.0, help="training time limit")
+    p.add_argument("--seed", type=int, default=0, help="the run's seed")
+    p.add_argument("--preset", default="learn", help="the recipe's preset to train with")
+    p.add_argument("--out", default=None, help="run folder (default runs/learning/R-sS)")
+    p.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = build_parser().parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    if args.minutes <= 0 or args.resamples < 100:
+        sys.exit("bench_learning.py: --minutes must be > 0 and --resamples >= 100")
+    preset = ROOT / "recipes" / args.recipe / "presets" / f"{args.preset}.yaml"
+    if not preset.exists():
+        sys.exit(f"bench_learning.py: {preset} does not exist (no '{args.preset}' preset)")
+    out = Path(args.out or ROOT / "runs" / "learning" / f"{args.recipe}-s{args.seed}")
+    cmd = [sys.executable, "-m", "kernel", "train", "--recipe", args.recipe]
+    cmd += ["--preset", args.preset, "--seed", str(args.seed), "--output_dir", str(out)]
+    cmd += ["--max_minutes", str(args.minutes), "--eval.at_start", "true", *extra]
+    print("$ " + shlex.join(cmd), flush=True)
+    t0 = time.time()
+    if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+        sys.exit(f"bench_learning.py: the training run failed (its logs: {out})")
+    wall = time.time() - t0
+
+    rows = read_jsonl(out / "metrics.jsonl")
+    steps = sum(1 for r in rows if r["step"] >= 0)
+    results = compare(
+        out / "eval" / "step_0.jsonl", out / "eval" / f"step_{steps}.jsonl", args.resamples
+    )
+    headline = HEADLINES[args.recipe]
+    if headline.agent not in results:
+        sys.exit(f"bench_learning.py: no held-out scores of agent {headline.agent!r} in {out}/eval")
+    config = json.loads((out / "config.json").read_text())
+    samples = sum(v for r in rows for k, v in r.items() if k.endswith("/samples"))
+    times = phases(rows)
+    report = {
+        "recipe": args.recipe,
+        "model": config["model"],
+        "metric": headline.metric,
+        **results[headline.agent],
+        "minutes": round(wall / 60, 1),
+        "steps": steps,
+        "samples": int(samples),
+        "seed": args.seed,
+        "interval": f"95% paired bootstrap over held-out items ({args.resamples} resamples)",
+        "eval_temperature": config["eval"]["temperature"],
+        "agents": results,
+        "phases_s": times,
+        "command": shlex.join(["python", "scripts/bench_learning.py", *argv]),
+    }
+    (out / "learning.json").write_text(json.dumps(report, indent=1) + "\n")
+    from kernel.plot import plot_metrics
+
+    png = plot_metrics(out / "metrics.jsonl", out / "curves.png")
+
+    print(f"\n{args.recipe} on {config['model']}: {headline.metric}")
+    print(f"{'agent':<12} {'n':>5} {'before':>8} {'after':>8} {'diff':>8}  95% interval")
+    for agent, r in results.items():
+        mark = " *" if agent == headline.agent else ""
+        print(
+            f"{agent + mark:<12} {r['n_eval']:>5} {r['before']:>8.3f} {r['after']:>8.3f} "
+            f"{r['diff']:>+8.3f}  [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
+        )
+    print(f"(* headline; interval: {report['interval']})")
+    print(f"steps {steps}, samples seen {int(samples)}, wall {wall / 60:.1f} min")
+    print("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
+    print(f"wrote {out / 'learning.json'} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,108 @@
+"""Every recipe's ``learn`` preset runs through scripts/bench_learning.py for one step on its
+real model, with the held-out evaluation before and after, so neither the presets nor the
+script can rot. The evaluation is cut to two held-out items and the replies to a few tokens to
+keep this short; everything else is the preset's. The script's statistics have goldens."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+LEARN = sorted(ROOT.glob("recipes/*/presets/learn.yaml"))
+FIELDS = ("recipe", "model", "metric", "n_eval", "before", "after", "diff", "ci_low", "ci_high")
+
+
+def bench_learning():
+    spec = importlib.util.spec_from_file_location(
+        "bench_learning", ROOT / "scripts" / "bench_learning.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bench_learning"] = module  # dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_learn_presets_exist_and_hold_out_their_eval_set():
+    assert {p.parent.parent.name for p in LEARN} >= {"math_solver_verifier"}
+    for preset in LEARN:
+        cfg = yaml.safe_load(preset.read_text())
+        assert cfg["eval"]["path"] and cfg["eval"]["every"], preset
+        held_out = (ROOT / cfg["eval"]["path"]).read_text().splitlines()
+        trained = set((ROOT / cfg["data"]["path"]).read_text().splitlines())
+        assert not trained & set(held_out), f"{preset}: eval rows are in the training data"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("preset", LEARN, ids=[p.parent.parent.name for p in LEARN])
+def test_learn_preset_one_step_through_bench_learning(preset, tmp_path):
+    recipe = preset.parent.parent.name
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_learning.py"), "--recipe", recipe]
+    cmd += ["--out", str(tmp_path), "--resamples", "200", "--", "--num_steps", "1"]
+    cmd += ["--eval.max_prompts", "2", "--rollout.max_response_len", "12"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = json.loads((tmp_path / "learning.json").read_text())
+    assert all(k in report for k in FIELDS) and report["recipe"] == recipe
+    assert report["steps"] == 1 and report["n_eval"] == 2 and report["samples"] > 0
+    assert report["ci_low"] <= report["diff"] <= report["ci_high"]
+    assert report["diff"] == pytest.approx(report["after"] - report["before"])
+    assert set(report["phases_s"]) == {"startup", "generate", "reward", "train", "sync", "eval"}
+    assert report["phases_s"]["eval"] > 0 and report["phases_s"]["train"] > 0
+    assert (tmp_path / "curves.png").exists()
+    for updates in (0, 1):
+        items = [json.loads(x) for x in (tmp_path / "eval" / f"step_{updates}.jsonl").open()]
+        assert {i["row"] for i in items} == {0, 1}, items
+
+
+def test_paired_bootstrap_goldens():
+    m = bench_learning()
+    assert m.paired_bootstrap(np.zeros(50), np.ones(50), 1000) == (1.0, 1.0)
+    assert m.paired_bootstrap(np.ones(50), np.ones(50), 1000) == (0.0, 0.0)
+    # 20 of 100 items flip 0 -> 1, none the other way: mean diff 0.2, sd of the mean 0.04
+    before, after = np.zeros(100), np.r_[np.ones(20), np.zeros(80)]
+    low, high = m.paired_bootstrap(before, after, 20000)
+    assert 0.11 <= low <= 0.13 and 0.27 <= high <= 0.29
+    # pairing matters: the same marginals with every item moving together have no spread
+    b = np.r_[np.zeros(50), np.ones(50)]
+    assert m.paired_bootstrap(b, b + 0.1, 1000) == pytest.approx((0.1, 0.1))
+
+
+def test_compare_pairs_items_by_row_and_agent(tmp_path):
+    m = bench_learning()
+
+    def write(name, items):
+        path = tmp_path / name
+        path.write_text("".join(json.dumps(i) + "\n" for i in items))
+        return path
+
+    before = write(
+        "b.jsonl",
+        [
+            {"row": 0, "agent": "solver", "rewards": [0.0, 1.0], "passed": [False, True]},
+            {"row": 1, "agent": "solver", "rewards": [0.0, 0.0], "passed": [False, False]},
+            {"row": 2, "agent": "solver", "rewards": [1.0, 1.0], "passed": [True, True]},
+            {"row": 0, "agent": "selector", "rewards": [None], "passed": [False]},
+        ],
+    )
+    after = write(
+        "a.jsonl",
+        [
+            {"row": 1, "agent": "solver", "rewards": [1.0, 1.0], "passed": [True, True]},
+            {"row": 0, "agent": "solver", "rewards": [1.0, 1.0], "passed": [True, True]},
+            {"row": 0, "agent": "selector", "rewards": [1.0], "passed": [True]},
+        ],
+    )
+    out = m.compare(before, after, 500)
+    # row 2 was not scored after: left out; the selector's only item had no reward before
+    assert set(out) == {"solver"}
+    s = out["solver"]
+    assert s["n_eval"] == 2 and s["before"] == 0.25 and s["after"] == 1.0
+    assert s["diff"] == 0.75 and s["ci_low"] == 0.5 and s["ci_high"] == 1.0
