@@ -76,6 +76,10 @@ def load_causal_lm(name_or_path: str, dtype: str = "float32", device: str = "cpu
 
     path, kwargs = _gguf_kwargs(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **kwargs)
+    if kwargs and getattr(model, "hf_quantizer", None) is not None:
+        # the GGUF weights are dequantized plain tensors now, but transformers still marks the
+        # model quantized and refuses save_pretrained (so checkpoints): drop the marks
+        model.hf_quantizer.remove_quantization_config(model)
     return model.to(device)
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 from recipes.math_solver_verifier.reward import MathRewardConfig
 
-WORKFLOWS = ("solver_rewriter_selector", "solver_verifier")
+WORKFLOWS = ("solver_rewriter_selector", "solver_verifier", "solver")
 
 
 @dataclass
@@ -15,7 +15,8 @@ class RecipeConfig:
 
     workflow: str = "solver_rewriter_selector"
     """solver_rewriter_selector (parallel solvers, rewriters, one selector) or solver_verifier
-    (the solver revises until the verifier approves or max_loops)."""
+    (the solver revises until the verifier approves or max_loops) or solver (num_parallel
+    independent solvers, nothing else: the single-agent baseline)."""
     num_parallel: int = 2
     """Solvers (and rewriters) per episode in solver_rewriter_selector."""
     max_loops: int = 3
@@ -43,4 +44,6 @@ class RecipeConfig:
     def roles(self) -> tuple[str, ...]:
         if self.workflow == "solver_verifier":
             return ("solver", "verifier")
+        if self.workflow == "solver":
+            return ("solver",)
         return ("solver", "rewriter", "selector")

@@ -11,6 +11,10 @@ approve`` or ``Verdict: reject``; on reject the solver revises in the same dialo
 approval or ``max_loops``. A verdict the verifier did not state in that form is a format
 failure, never an approval. The final solution's answer is the episode's answer.
 
+``solver`` (the single-agent baseline, and what a learning run on a small budget trains):
+``num_parallel`` solvers answer independently; each is the episode's answer for its own sample
+(``metadata["correct"]``), the episode is solved if any is right.
+
 Every role keeps its own token-exact dialogue (``ctx.agents[role].conversation()``): the
 solutions quoted to other roles enter their prompts as text, masked out of their loss, and each
 role trains only on the tokens it sampled. The per-sample rewards are computed by reward.py
@@ -173,8 +177,29 @@ async def _revise(solver: _Turn, verifier: _Turn, cfg) -> str:
     return await solver.speak()
 
 
+async def solver_only(ctx: RolloutContext, seed: Sample) -> list[Sample]:
+    cfg, problem, n = ctx.config, str(seed.prompt), ctx.config.num_parallel
+    solvers = [
+        _Turn(ctx, "solver", prompts.solver(problem), prompts.SOLVER_SYSTEM) for _ in range(n)
+    ]
+    await asyncio.gather(*(t.speak() for t in solvers))
+    answers = [_answer(t.text, cfg) for t in solvers]
+    graded = [_correct(a, seed.label, cfg) for a in answers]
+    metrics = {"turns": float(n), "solver_pass@k": float(any(graded)), "solved": float(any(graded))}
+    samples = [
+        t.sample(seed, i, answer=a, correct=ok, **({"metrics": metrics} if i == 0 else {}))
+        for i, (t, a, ok) in enumerate(zip(solvers, answers, graded, strict=True))
+    ]
+    return [s for s in samples if s is not None]
+
+
+WORKFLOW_FNS = {
+    "solver_rewriter_selector": solver_rewriter_selector,
+    "solver_verifier": solver_verifier,
+    "solver": solver_only,
+}
+
+
 async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     """The recipe's generate hook: one episode of the configured workflow."""
-    if ctx.config.workflow == "solver_verifier":
-        return await solver_verifier(ctx, sample)
-    return await solver_rewriter_selector(ctx, sample)
+    return await WORKFLOW_FNS[ctx.config.workflow](ctx, sample)

@@ -5,7 +5,7 @@ Three layers, each usable on its own:
 
 - ``extract_answer`` finds the final answer in a response: the content of the LAST complete
   ``\\boxed{...}`` (braces matched, so ``\\boxed{\\frac{1}{\\sqrt{2}}}`` works), ``\\boxed 5``,
-  or what follows a text marker such as ``"the answer is"`` up to the end of its clause; failing
+  or what follows a text marker such as ``"answer is"`` up to the end of its clause; failing
   every marker, the last number of the response (``last_number``, the recipe's default: small
   models state the result without boxing it); with ``after_think`` only text after the last
   ``</think>`` counts. Extraction is the one place with hand-written string handling: it
@@ -54,7 +54,7 @@ _EXTRACTION = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConf
 class MathRewardConfig:
     """How a response is turned into a reward."""
 
-    markers: tuple[str, ...] = ("\\boxed", "the answer is")
+    markers: tuple[str, ...] = ("\\boxed", "answer is")
     """where the answer is: LaTeX commands (\\boxed, \\fbox) or text ('Answer:'); last match wins"""
     last_number: bool = True
     """failing every marker, the last number of the response is its answer"""
@@ -129,13 +129,14 @@ _NUMBER = re.compile(r"(?:(?<![\w)\]}])-)?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 def _marker_answer(text: str, marker: str) -> tuple[int, str] | None:
     """(position, answer) after the last case-insensitive ``marker``: the rest of its line up
     to the end of the clause, without a leading colon or the math-mode dollars and markdown
-    bold around it ("The answer is: **$5$**." -> "5"; "5." would parse as a string)."""
+    bold around it ("The answer is: **$5$**." -> "5"; "5." would parse as a string); of an
+    equation, its right-hand side ("the final answer is 3 + 4 = 7." -> "7")."""
     matches = list(re.finditer(re.escape(marker), text, flags=re.IGNORECASE))
     if not matches:
         return None
     last = matches[-1]
     line = text[last.end() :].split("\n", 1)[0].strip().lstrip(":").strip()
-    line = _CLAUSE_END.split(line, 1)[0].strip().rstrip(".")
+    line = _CLAUSE_END.split(line, 1)[0].rsplit("=", 1)[-1].strip().rstrip(".")
     while len(line) >= 2 and line[0] == line[-1] and line[0] in "$*":
         line = line.strip(line[0]).strip()
     return last.start(), line

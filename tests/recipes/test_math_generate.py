@@ -21,6 +21,7 @@ from recipes.math_solver_verifier.generate import (
     srs_metrics,
     verifier_metrics,
 )
+from recipes.math_solver_verifier.reward import is_equivalent
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "recipes" / "math_solver_verifier" / "presets" / "tiny.yaml"
@@ -116,6 +117,7 @@ def _own_text(sample: Sample, tok) -> str:
     [
         ("solver_rewriter_selector", ("solver", "rewriter", "selector")),
         ("solver_verifier", ("solver", "verifier")),
+        ("solver", ("solver",)),
     ],
 )
 def test_generate_against_the_embedded_engine(engine, workflow, roles):
@@ -125,6 +127,10 @@ def test_generate_against_the_embedded_engine(engine, workflow, roles):
     counts = {r: sum(s.agent == r for s in samples) for r in roles}
     if workflow == "solver_rewriter_selector":
         assert counts == {"solver": 2, "rewriter": 2, "selector": 1}
+    elif workflow == "solver":  # each answer is its own sample's outcome
+        assert counts == {"solver": 2}
+        for s in samples:
+            assert s.metadata["correct"] == is_equivalent(s.metadata["answer"], "2")
     else:
         assert counts["solver"] == 1 and counts["verifier"] == 1
     for s in samples:
@@ -164,6 +170,7 @@ async def _generate_and_close(ctx):
             ["solver", "verifier"],
             ["turns", "early_termination", "solved", "tokens"],
         ),
+        ("solver", ["solver"], ["turns", "solver_pass@k", "solved", "tokens"]),
     ],
 )
 def test_short_cpu_training_run_logs_every_metric(tmp_path, workflow, roles, episode_keys):

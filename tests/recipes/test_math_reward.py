@@ -8,9 +8,11 @@ from what a human grader might say, the case is kept with math-verify's verdict 
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -109,7 +111,7 @@ def test_is_equivalent_works_off_the_main_thread():
 # ---- extract_answer: (text, markers, after_think, expected) ---------------------------------
 
 B = ("\\boxed",)
-T = ("the answer is",)
+T = ("answer is",)
 EXTRACTION = [
     ("so \\boxed{42}.", B, False, "42"),
     ("\\boxed{\\frac{1}{\\sqrt{2}}}", B, False, "\\frac{1}{\\sqrt{2}}"),  # nested braces
@@ -140,6 +142,7 @@ EXTRACTION = [
     ("So the answer is: **$-8$**.", T, False, "-8"),
     ("The answer is 1,000. Done", T, False, "1,000"),
     ("The answer is 2.5; check it", T, False, "2.5"),
+    ("So, the final answer is -2 + 1 = -1.", T, False, "-1"),  # an equation: its result
     ("The answer is \\boxed{7}.", ("\\boxed", "the answer is"), False, "7"),  # the box is later
 ]
 
@@ -262,3 +265,33 @@ def test_reward_hook_loads_by_dotted_path():
     import asyncio
 
     assert asyncio.run(_call([_sample("selector", picked=0, correct=True)])) == [1.0]
+
+
+# ---- real replies: SmolLM2-135M-Instruct, greedy, the solver prompt -------------------------
+# tests/data/smollm2_math_replies.jsonl: 44 replies from `python -m
+# recipes.math_solver_verifier.tiers --dump` (reasoning-gym arithmetic tiers), each with the
+# answer a reader takes from it ("expected", written by hand) and whether that is the label.
+# None is boxed; they state "the (final) answer is X", an equation, or only a last number.
+
+REPLIES = [
+    json.loads(line)
+    for line in (Path(__file__).resolve().parents[1] / "data" / "smollm2_math_replies.jsonl")
+    .read_text()
+    .splitlines()
+]
+
+
+@pytest.mark.parametrize("reply", REPLIES, ids=[f"reply{i}" for i in range(len(REPLIES))])
+def test_real_smollm2_replies_extract_and_score(reply):
+    cfg = MathRewardConfig()
+    answer = extract_answer(reply["text"], cfg.markers, cfg.after_think, cfg.last_number)
+    assert answer == reply["expected"]
+    assert score(reply["text"], reply["label"], cfg) == float(reply["correct"])
+
+
+def test_real_replies_cover_every_extraction_path():
+    assert len(REPLIES) >= 30 and sum(r["correct"] for r in REPLIES) >= 10
+    marker = [r for r in REPLIES if "answer is" in r["text"].lower()]
+    assert len(marker) >= 20 and len(REPLIES) - len(marker) >= 5  # both paths, real text
+    boxed_only = MathRewardConfig(markers=("\\boxed",), last_number=False)
+    assert all(score(r["text"], r["label"], boxed_only) == 0.0 for r in REPLIES)
