@@ -48,7 +48,9 @@ HEADLINES = {
     "math_solver_verifier": Headline(
         "solver", "solver accuracy (boxed / 'the answer is' / last number, math-verify)"
     ),
-    "takes_two": Headline("doctor", "doctor diagnosis reward"),
+    "takes_two": Headline(
+        "doctor", "doctor reward (diagnosis + recommendation + information - penalties)"
+    ),
     "deep_research": Headline("agent", "exact match of the final answer"),
 }
 

@@ -2,7 +2,7 @@
 
     python -m recipes.takes_two.prepare_data --source synthetic --n 60 --seed 0 \\
         --out recipes/takes_two/data/train.jsonl
-    python -m recipes.takes_two.prepare_data --source synthetic --n 20 --seed 1 \\
+    python -m recipes.takes_two.prepare_data --source synthetic --n 128 --seed 1 \\
         --exclude recipes/takes_two/data/train.jsonl --out recipes/takes_two/data/test.jsonl
     python -m recipes.takes_two.prepare_data --source mtmeddialog \\
         --path MTMedDialog_RL.parquet --out mtmeddialog.jsonl

@@ -170,7 +170,7 @@ def test_shipped_cases_load_into_the_buffer_and_regenerate_from_their_seeds():
     train = [json.loads(line) for line in (DATA / "train.jsonl").read_text().splitlines()]
     test = [json.loads(line) for line in (DATA / "test.jsonl").read_text().splitlines()]
     assert train == data.generate_synthetic(60, seed=0)
-    assert test == data.generate_synthetic(20, seed=1, exclude=[r["prompt"] for r in train])
+    assert test == data.generate_synthetic(128, seed=1, exclude=[r["prompt"] for r in train])
     cfg = DataConfig(path=str(DATA / "train.jsonl"), metadata_keys=["facts", "self_report"])
     buffer = DataBuffer(cfg)
     assert len(buffer) == 60
