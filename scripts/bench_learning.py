@@ -5,17 +5,22 @@ sampling settings, and the difference with a 95% interval.
 The run is a plain ``python -m kernel train --recipe R --preset learn`` with the evaluation of
 the starting weights switched on (``--eval.at_start true``) and a time limit
 (``--max_minutes``); flags after ``--`` go to it unchanged (a sweep: ``-- --optim.lr 1e-5``).
-The held-out set is the preset's ``eval.path``, never trained on. Each evaluation writes one
-line per (held-out item, agent) to ``<out>/eval/step_<updates>.jsonl``; this script pairs the
-first and the last by item, so the interval is a **paired bootstrap over held-out items**
-(``--resamples`` draws of the items with replacement; the 2.5th and 97.5th percentiles of the
-mean difference). An item's score is the mean of its episodes' rewards as the recipe scored
-them (with 0/1 rewards: accuracy).
+A recipe that needs a service (deep_research: the retriever) is launched by its ``run.sh``,
+which starts the service and passes the same flags on. The held-out set is the preset's
+``eval.path``, never trained on. Each evaluation writes one line per (held-out item, agent) to
+``<out>/eval/step_<updates>.jsonl``; this script pairs the first and the last by item, so the
+interval is a **paired bootstrap over held-out items** (``--resamples`` draws of the items
+with replacement; the 2.5th and 97.5th percentiles of the mean difference). Two scores per
+item: ``reward``, the mean of its episodes' rewards as the recipe scored them, and ``passed``,
+the share of its episodes the recipe marked correct (accuracy; exact match; a diagnosis close
+enough). Each recipe names the agent and score of its headline (``HEADLINES``).
 
-Prints before, after, difference and interval for the recipe's headline agent and every other
-evaluated agent, steps done, samples seen and wall time per phase (start-up, generate, reward,
-train, sync, eval); writes ``<out>/learning.json`` and the curves PNG ``<out>/curves.png``.
-Not run by CI (CI runs each ``learn`` preset for one step: tests/recipes/test_learn_presets.py).
+Prints before, after, difference and interval of both scores for every evaluated agent, steps
+done, samples seen and wall time per phase (start-up, generate, reward, train, sync, eval);
+writes ``<out>/learning.json`` (the headline's figures at the top level, every agent's under
+``agents``) and the curves PNG ``<out>/curves.png``. ``--report-only`` reports on a finished
+run again without training. Not run by CI (CI runs each ``learn`` preset for one step:
+tests/recipes/test_learn_presets.py).
 
 Example: python scripts/bench_learning.py --recipe math_solver_verifier --minutes 45
 """
@@ -24,10 +29,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import subprocess
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,18 +45,22 @@ ROOT = Path(__file__).resolve().parent.parent
 class Headline:
     """The number a recipe's row in README's "Does it learn?" table reports."""
 
-    agent: str  # whose held-out rewards
+    agent: str  # whose held-out scores
+    score: str  # "passed" (the share of items answered correctly) or "reward" (its mean)
     metric: str  # what they mean, in words
+    run_sh: bool = False  # launched by the recipe's run.sh, which starts the services it needs
 
+
+SCORES = ("reward", "passed")  # what an evaluated item's episodes are averaged into
 
 HEADLINES = {
     "math_solver_verifier": Headline(
-        "solver", "solver accuracy (boxed / 'the answer is' / last number, math-verify)"
+        "solver", "passed", "solver accuracy (boxed / 'the answer is' / last number, math-verify)"
     ),
     "takes_two": Headline(
-        "doctor", "doctor reward (diagnosis + recommendation + information - penalties)"
+        "doctor", "reward", "doctor reward (diagnosis + recommendation + information - penalties)"
     ),
-    "deep_research": Headline("agent", "exact match of the final answer"),
+    "deep_research": Headline("agent", "passed", "exact match of the final answer", run_sh=True),
 }
 
 
@@ -70,19 +79,27 @@ def read_jsonl(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def item_scores(path: Path) -> dict[str, dict[int, float]]:
-    """agent -> held-out row -> mean reward of its episodes, from one eval file."""
+def item_scores(path: Path, score: str) -> dict[str, dict[int, float]]:
+    """agent -> held-out row -> the mean over its episodes of ``score``: the reward as the
+    recipe scored it, or ``passed`` (1/0: the recipe's ``correct``, else reward >= threshold)."""
     out: dict[str, dict[int, float]] = {}
     for item in read_jsonl(path):
-        rewards = [r for r in item["rewards"] if r is not None]
-        if rewards:
-            out.setdefault(item["agent"], {})[item["row"]] = sum(rewards) / len(rewards)
+        values = [
+            float(p if score == "passed" else r)
+            for r, p in zip(item["rewards"], item["passed"], strict=True)
+            if r is not None
+        ]
+        if values:
+            out.setdefault(item["agent"], {})[item["row"]] = sum(values) / len(values)
     return out
 
 
-def compare(before_path: Path, after_path: Path, resamples: int) -> dict[str, dict]:
-    """Per agent: n, before, after, diff, ci_low, ci_high over the items both files scored."""
-    before, after = item_scores(before_path), item_scores(after_path)
+def compare(
+    before_path: Path, after_path: Path, resamples: int, score: str = "reward"
+) -> dict[str, dict]:
+    """Per agent: n, before, after, diff, ci_low, ci_high of ``score`` over the items both
+    files scored."""
+    before, after = item_scores(before_path, score), item_scores(after_path, score)
     out = {}
     for agent in sorted(set(before) & set(after)):
         rows = sorted(set(before[agent]) & set(after[agent]))
@@ -119,6 +136,15 @@ def phases(rows: list[dict]) -> dict[str, float]:
     }
 
 
+def command(args: argparse.Namespace, extra: list[str]) -> str:
+    """The command line that reproduces this run (as given, without --report-only)."""
+    cmd = ["python", "scripts/bench_learning.py", "--recipe", args.recipe]
+    cmd += ["--minutes", f"{args.minutes:g}", "--seed", str(args.seed)]
+    cmd += [] if args.preset == "learn" else ["--preset", args.preset]
+    cmd += ["--out", args.out] if args.out else []
+    return shlex.join(cmd + (["--", *extra] if extra else []))
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0].replace("\n", " "),
@@ -130,6 +156,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default="learn", help="the recipe's preset to train with")
     p.add_argument("--out", default=None, help="run folder (default runs/learning/R-sS)")
     p.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples")
+    p.add_argument(
+        "--report-only",
+        action="store_true",
+        help="do not train: report on the finished run already in --out",
+    )
     return p
 
 
@@ -143,22 +174,31 @@ def main(argv: list[str] | None = None) -> int:
     if not preset.exists():
         sys.exit(f"bench_learning.py: {preset} does not exist (no '{args.preset}' preset)")
     out = Path(args.out or ROOT / "runs" / "learning" / f"{args.recipe}-s{args.seed}")
-    cmd = [sys.executable, "-m", "kernel", "train", "--recipe", args.recipe]
-    cmd += ["--preset", args.preset, "--seed", str(args.seed), "--output_dir", str(out)]
-    cmd += ["--max_minutes", str(args.minutes), "--eval.at_start", "true", *extra]
-    print("$ " + shlex.join(cmd), flush=True)
-    t0 = time.time()
-    if subprocess.run(cmd, cwd=ROOT).returncode != 0:
-        sys.exit(f"bench_learning.py: the training run failed (its logs: {out})")
-    wall = time.time() - t0
+    flags = ["--seed", str(args.seed), "--max_minutes", str(args.minutes)]
+    flags += ["--eval.at_start", "true", *extra]
+    env = dict(os.environ)
+    if HEADLINES[args.recipe].run_sh:  # e.g. deep_research: the retriever first
+        cmd = ["bash", f"recipes/{args.recipe}/run.sh", *flags]
+        env |= {"MODE": "cpu", "PRESET": args.preset, "OUT": str(out), "PY": sys.executable}
+        shown = f"MODE=cpu PRESET={args.preset} OUT={out} " + shlex.join(cmd)
+    else:
+        cmd = [sys.executable, "-m", "kernel", "train", "--recipe", args.recipe]
+        cmd += ["--preset", args.preset, "--output_dir", str(out), *flags]
+        shown = shlex.join(cmd)
+    if not args.report_only:
+        print("$ " + shown, flush=True)
+        if subprocess.run(cmd, cwd=ROOT, env=env).returncode != 0:
+            sys.exit(f"bench_learning.py: the training run failed (its logs: {out})")
 
     rows = read_jsonl(out / "metrics.jsonl")
     steps = sum(1 for r in rows if r["step"] >= 0)
-    results = compare(
-        out / "eval" / "step_0.jsonl", out / "eval" / f"step_{steps}.jsonl", args.resamples
-    )
+    first, last = out / "eval" / "step_0.jsonl", out / "eval" / f"step_{steps}.jsonl"
+    if not last.exists():
+        sys.exit(f"bench_learning.py: {last} is missing: the run in {out} did not finish")
+    wall = last.stat().st_mtime - (out / "config.json").stat().st_mtime  # start-up to last eval
+    results = {score: compare(first, last, args.resamples, score) for score in SCORES}
     headline = HEADLINES[args.recipe]
-    if headline.agent not in results:
+    if headline.agent not in results[headline.score]:
         sys.exit(f"bench_learning.py: no held-out scores of agent {headline.agent!r} in {out}/eval")
     config = json.loads((out / "config.json").read_text())
     samples = sum(v for r in rows for k, v in r.items() if k.endswith("/samples"))
@@ -167,16 +207,19 @@ def main(argv: list[str] | None = None) -> int:
         "recipe": args.recipe,
         "model": config["model"],
         "metric": headline.metric,
-        **results[headline.agent],
+        **results[headline.score][headline.agent],
         "minutes": round(wall / 60, 1),
         "steps": steps,
         "samples": int(samples),
         "seed": args.seed,
         "interval": f"95% paired bootstrap over held-out items ({args.resamples} resamples)",
         "eval_temperature": config["eval"]["temperature"],
-        "agents": results,
+        "agents": {
+            agent: {score: results[score][agent] for score in SCORES if agent in results[score]}
+            for agent in results["reward"]
+        },
         "phases_s": times,
-        "command": shlex.join(["python", "scripts/bench_learning.py", *argv]),
+        "command": command(args, extra),
     }
     (out / "learning.json").write_text(json.dumps(report, indent=1) + "\n")
     from kernel.plot import plot_metrics
@@ -184,13 +227,15 @@ def main(argv: list[str] | None = None) -> int:
     png = plot_metrics(out / "metrics.jsonl", out / "curves.png")
 
     print(f"\n{args.recipe} on {config['model']}: {headline.metric}")
-    print(f"{'agent':<12} {'n':>5} {'before':>8} {'after':>8} {'diff':>8}  95% interval")
-    for agent, r in results.items():
-        mark = " *" if agent == headline.agent else ""
-        print(
-            f"{agent + mark:<12} {r['n_eval']:>5} {r['before']:>8.3f} {r['after']:>8.3f} "
-            f"{r['diff']:>+8.3f}  [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
-        )
+    head = ("agent", "score", "n", "before", "after", "diff")
+    print("{:<12} {:<7} {:>5} {:>8} {:>8} {:>8}  95% interval".format(*head))
+    for agent, scores in report["agents"].items():
+        for score, r in scores.items():
+            mark = " *" if (agent, score) == (headline.agent, headline.score) else ""
+            print(
+                f"{agent + mark:<12} {score:<7} {r['n_eval']:>5} {r['before']:>8.3f} "
+                f"{r['after']:>8.3f} {r['diff']:>+8.3f}  [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
+            )
     print(f"(* headline; interval: {report['interval']})")
     print(f"steps {steps}, samples seen {int(samples)}, wall {wall / 60:.1f} min")
     print("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))

@@ -31,7 +31,7 @@ def bench_learning():
 
 
 def test_learn_presets_exist_and_hold_out_their_eval_set():
-    assert {p.parent.parent.name for p in LEARN} >= {"math_solver_verifier", "takes_two"}
+    assert {p.parent.parent.name for p in LEARN} == {"deep_research", "math_solver_verifier", "takes_two"}
     for preset in LEARN:
         cfg = yaml.safe_load(preset.read_text())
         assert cfg["eval"]["path"] and cfg["eval"]["every"], preset
@@ -106,3 +106,14 @@ def test_compare_pairs_items_by_row_and_agent(tmp_path):
     s = out["solver"]
     assert s["n_eval"] == 2 and s["before"] == 0.25 and s["after"] == 1.0
     assert s["diff"] == 0.75 and s["ci_low"] == 0.5 and s["ci_high"] == 1.0
+    # scored by correctness instead: an episode with reward 1 the recipe did not mark correct
+    # fails (row 1 after: 1 of 2 passed)
+    after = write(
+        "a2.jsonl",
+        [
+            {"row": 1, "agent": "solver", "rewards": [1.0, 1.0], "passed": [True, False]},
+            {"row": 0, "agent": "solver", "rewards": [1.0, 1.0], "passed": [True, True]},
+        ],
+    )
+    p = m.compare(before, after, 500, "passed")["solver"]
+    assert p["before"] == 0.25 and p["after"] == 0.75 and p["diff"] == 0.5
