@@ -22,7 +22,13 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
-from kernel.config import make_parser
+from kernel.advantages import ESTIMATORS
+from kernel.cluster.plan import ClusterConfig, make_plan
+from kernel.cluster.run import run_plan
+from kernel.config import TrainConfig, make_parser
+from kernel.loop import train
+from kernel.loss import AGG_MODES
+from kernel.plot import plot_metrics
 
 RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 OPTIONAL = {
@@ -57,9 +63,6 @@ def cmd_info() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from kernel.advantages import ESTIMATORS
-    from kernel.loss import AGG_MODES
-
     table = Table(title="Tandem", show_header=False)
     table.add_row("tandem", importlib.metadata.version("tandem"))
     table.add_row("python", platform.python_version())
@@ -81,9 +84,6 @@ def cmd_info() -> None:
 def cmd_train(cfg) -> None:
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from kernel.loop import train
-    from kernel.plot import plot_metrics
 
     console = Console()
     console.print(
@@ -197,7 +197,6 @@ def expand_preset(argv: list[str]) -> list[str]:
 
 
 def build_parser() -> ArgumentParser:
-    from kernel.config import TrainConfig
 
     parser = make_parser(
         ArgumentParser,
@@ -232,9 +231,6 @@ def build_parser() -> ArgumentParser:
 def _launch_parser() -> ArgumentParser:
     from jsonargparse import ActionYesNo
 
-    from kernel.cluster.plan import ClusterConfig
-    from kernel.config import TrainConfig
-
     launch = _dataclass_parser(
         TrainConfig,
         "Place a training job on a cluster: which GPU of which node trains or serves which agent, "
@@ -258,8 +254,6 @@ def _launch_parser() -> ArgumentParser:
 def cmd_launch(cfg, cluster, dry_run: bool, as_json: bool) -> None:
     from rich.console import Console
 
-    from kernel.cluster.plan import make_plan
-
     plan = make_plan(cfg, cluster)
     if as_json:
         print(plan.to_json())
@@ -270,7 +264,6 @@ def cmd_launch(cfg, cluster, dry_run: bool, as_json: bool) -> None:
     if dry_run:
         print("# valid: the plan fits the cluster", file=sys.stderr)
         return
-    from kernel.cluster.run import run_plan
 
     try:
         rows = run_plan(cfg, plan)
@@ -287,8 +280,6 @@ def cmd_launch(cfg, cluster, dry_run: bool, as_json: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from kernel.config import TrainConfig
-    from kernel.plot import plot_metrics
 
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -308,8 +299,6 @@ def main(argv: list[str] | None = None) -> None:
         elif ns.command == "plot":
             print(plot_metrics(args["metrics"], args["out"], args["keys"]))
         elif ns.command == "launch":
-            from kernel.cluster.plan import ClusterConfig
-
             cluster = ClusterConfig(**vars(args["cluster"]))
             train_cfg = _build(TrainConfig, args)
             # a launched run trains on Ray: validate it as one (each model its own processes)

@@ -16,15 +16,17 @@ from pathlib import Path
 from typing import Any
 
 from kernel.advantages import AdvantageConfig
-from kernel.agents import AgentSpec, EngineConfig, agent_specs, model_groups
+from kernel.agents import AgentSpec, agent_specs, model_groups
 from kernel.buffer import DataConfig
-from kernel.cluster.ray_group import RayConfig
+from kernel.engine.pool import EngineConfig
 from kernel.loss import LossConfig
 from kernel.metrics import LogConfig
 from kernel.rewards import RewardConfig
 from kernel.sync.push import SyncConfig
 from kernel.train.optim import OptimConfig
+from kernel.train.ray_trainer import RayConfig
 from kernel.train.torch_backend import TorchTrainerConfig
+from kernel.train.trainer import backend_config
 
 
 @dataclass
@@ -241,22 +243,10 @@ class TrainConfig:
             update_every=owner.update_every,
             optim=_override(self.optim, owner.optim, f"{where}.optim"),
             loss=_override(self.loss, owner.loss, f"{where}.loss"),
-            trainer=_override(self._trainer_base(owner), owner.trainer, f"{where}.trainer"),
+            trainer=_override(
+                backend_config(owner.backend, self.trainer), owner.trainer, f"{where}.trainer"
+            ),
             engine=_override(self.engine, owner.engine, f"{where}.engine"),
-        )
-
-    def _trainer_base(self, owner: AgentSpec):
-        """The trainer section of the owner's backend (the megatron one takes its shared
-        fields from the run's trainer section)."""
-        if owner.backend == "torch":
-            return self.trainer
-        from kernel.train.megatron_backend import MegatronTrainerConfig
-
-        t = self.trainer
-        return MegatronTrainerConfig(
-            max_tokens_per_microbatch=t.max_tokens_per_microbatch,
-            num_minibatches=t.num_minibatches,
-            ppo_epochs=t.ppo_epochs,
         )
 
 

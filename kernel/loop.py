@@ -38,22 +38,24 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import copy
 import json
 import random
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from kernel.advantages import compute_advantages
-from kernel.agents import AgentHandle, AgentSpec, EnginePool, model_groups
+from kernel.agents import AgentHandle, AgentSpec, model_groups
 from kernel.buffer import DataBuffer
 from kernel.config import ModelSettings, TrainConfig
 from kernel.engine.batcher import RequestBatcher
+from kernel.engine.pool import EnginePool
 from kernel.hooks import (
     RolloutContext,
     default_recipe_config,
@@ -66,7 +68,9 @@ from kernel.models import load_tokenizer, materialize_model
 from kernel.rollout import GroupResult, RolloutManager, RolloutStats
 from kernel.sample import Sample, Status
 from kernel.sync.push import SyncConfig, WeightSync
+from kernel.train.ray_trainer import RayTrainer
 from kernel.train.thread import TrainerThread
+from kernel.train.trainer import build_trainer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -398,24 +402,17 @@ def _build_trainer(cfg: TrainConfig, model: Model, where):
     settings = model.settings
     trainer_cfg = replace(settings.trainer, temperature=model.temperature, seed=cfg.seed)
     args = (model.path, settings.optim, settings.loss, trainer_cfg, cfg.num_steps)
-    if cfg.ray.enabled:
-        from kernel.cluster.ray_group import RayTrainerGroup
-
-        options = (
-            where.trainer_options
-            if where
-            else {
-                "world_size": model.agents[0].resources.get("train_gpus") or cfg.ray.ranks,
-                "num_cpus": cfg.ray.num_cpus_per_rank,
-                "num_gpus": cfg.ray.num_gpus_per_rank,
-            }
-        )
-        return RayTrainerGroup(model.owner, *args, **options)
-    if settings.backend == "megatron":
-        from kernel.train.megatron_backend import MegatronTrainer as Trainer
+    if not cfg.ray.enabled:
+        return build_trainer(*args)
+    if where:
+        options = where.trainer_options
     else:
-        from kernel.train.torch_backend import TorchTrainer as Trainer
-    return Trainer(*args)
+        options = {
+            "world_size": model.agents[0].resources.get("train_gpus") or cfg.ray.ranks,
+            "num_cpus": cfg.ray.num_cpus_per_rank,
+            "num_gpus": cfg.ray.num_gpus_per_rank,
+        }
+    return RayTrainer(model.owner, *args, **options)
 
 
 def _with_template(tokenizer, template: str | None):
@@ -423,8 +420,6 @@ def _with_template(tokenizer, template: str | None):
     a file path); the ids of its tokens are unchanged, so the engine and trainer agree."""
     if template is None:
         return tokenizer
-    import copy
-
     path = Path(template)
     text = path.read_text() if "{" not in template and path.is_file() else template
     if "{" not in text:
@@ -627,6 +622,4 @@ def _tuple_state(state):
 
 
 def _jsonable(cfg) -> dict:
-    import dataclasses
-
-    return json.loads(json.dumps(dataclasses.asdict(cfg), default=str))
+    return json.loads(json.dumps(asdict(cfg), default=str))

@@ -51,3 +51,106 @@ def test_import_kernel_stays_light():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout
+
+
+# The kernel's layers, lowest first (docs/design.md): a module imports only from its own layer
+# or below, never in a cycle, and at its top (only third-party heavy or optional packages --
+# transformers, Megatron-core, Ray -- are imported inside functions).
+LAYERS = {
+    "core": (
+        "sample",
+        "hooks",
+        "conversation",
+        "rewards",
+        "advantages",
+        "loss",
+        "metrics",
+        "plot",
+        "models",
+        "toy",
+        "",
+    ),
+    "data and rollout": ("buffer", "rollout"),
+    "engine": ("engine",),
+    "sync": ("sync",),
+    "train": ("train",),
+    "runtime": ("agents", "config", "runtime", "loop"),
+    "cli and cluster": ("cli", "__main__", "cluster"),
+}
+
+
+def _layer(module: str) -> int:
+    """The layer of ``kernel.x.y`` (its first component after ``kernel``)."""
+    head = module.split(".")[1] if "." in module else ""
+    for i, names in enumerate(LAYERS.values()):
+        if head in names:
+            return i
+    raise AssertionError(f"{module} is in no layer of LAYERS: place it")
+
+
+def _kernel_imports():
+    """(importer, imported, line, inside a function) for every kernel-internal import."""
+    for path in sorted((ROOT / "kernel").rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        module = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        tree = ast.parse(path.read_text())
+        lazy = {
+            id(n)
+            for f in ast.walk(tree)
+            if isinstance(f, ast.FunctionDef | ast.AsyncFunctionDef)
+            for n in ast.walk(f)
+        }
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            else:
+                continue
+            for name in names:
+                if name.split(".")[0] == "kernel" and _is_module(name):
+                    yield module, name, node.lineno, id(node) in lazy
+
+
+def _is_module(name: str) -> bool:
+    path = ROOT.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def test_kernel_imports_point_down_the_layers_without_cycles():
+    order = list(LAYERS)
+    upward, lazy, graph = [], [], {}
+    for importer, imported, line, in_function in _kernel_imports():
+        if imported == importer or importer.startswith(imported + "."):
+            continue  # a package's own __init__, or a module of a package importing it
+        if _layer(imported) > _layer(importer):
+            upward.append(
+                f"{importer}:{line} ({order[_layer(importer)]}) imports {imported} "
+                f"({order[_layer(imported)]})"
+            )
+        if in_function:
+            lazy.append(f"{importer}:{line} imports {imported} inside a function")
+        graph.setdefault(importer, set()).add(imported)
+    assert not upward, "upward imports:\n" + "\n".join(upward)
+    assert not lazy, "in-function kernel imports:\n" + "\n".join(lazy)
+    cycles = _cycles(graph)
+    assert not cycles, "import cycles:\n" + "\n".join(" -> ".join(c) for c in cycles)
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle through each module that is on one (depth-first search)."""
+    found, done = [], set()
+
+    def visit(node, path):
+        if node in path:
+            found.append([*path[path.index(node) :], node])
+            return
+        if node in done:
+            return
+        for nxt in sorted(graph.get(node, ())):
+            visit(nxt, [*path, node])
+        done.add(node)
+
+    for node in sorted(graph):
+        visit(node, [])
+    return found

@@ -97,7 +97,7 @@ def test_eval_at_start_greedy_per_item_and_a_time_limit(tmp_path):
 
 @pytest.mark.parametrize("transport", ["disk", "tensor", "shared", "distributed"])
 def test_after_a_push_engine_logprobs_equal_the_trainers(tmp_path, transport):
-    from kernel.agents import EnginePool
+    from kernel.engine.pool import EnginePool
     from kernel.models import materialize_model
     from kernel.sample import Sample, Status
     from kernel.sync.push import WeightSync
@@ -153,7 +153,7 @@ def test_post_sync_check_catches_a_wrong_conversion(tmp_path, transport):
     the run train on bad rollouts. A random tiny model's outputs are nearly flat, so the bug
     moves its logprobs by ~5e-3 per token: the fp32 tolerance (1e-3) is used, against a noise
     floor of ~1e-5."""
-    from kernel.agents import EnginePool
+    from kernel.engine.pool import EnginePool
     from kernel.models import materialize_model
     from kernel.sync.push import SyncCheckError, WeightSync
     from kernel.train.torch_backend import TorchTrainer

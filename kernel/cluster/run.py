@@ -9,7 +9,7 @@ For every model group of the plan (``kernel.cluster.plan``), in this order:
    embedded server (``cluster.engine_server``); all engines load at once;
 2. its sglang-router on node 0 at the planned router port, with those engines as workers;
 3. then the training loop (``kernel.loop.train``) runs with ``engine.urls`` = the workers and
-   ``engine.router_url`` = the router of each model, and each trainer a ``RayTrainerGroup``
+   ``engine.router_url`` = the router of each model, and each trainer a ``RayTrainer``
    whose ranks sit on the planned node and GPU. Colocated models release their engines' memory
    for each training step and resume it before the tensor weight sync; disaggregated ones sync
    by broadcast (``distributed``).
@@ -33,13 +33,21 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kernel.engine.launch import LaunchedProcess
+from kernel.engine.router import RouterConfig, wait_for_workers
+from kernel.engine.serve import server_command
+from kernel.engine.server import ServerConfig
+from kernel.loop import train
+from kernel.models import materialize_model
+from kernel.train.ray_trainer import RayConfig
+
 
 @dataclass
 class ModelPlacement:
     """How the loop places one model (``kernel.loop.train(..., placement={owner: this})``)."""
 
     trainer_options: dict[str, Any] = field(default_factory=dict)
-    """Keyword arguments of its RayTrainerGroup: world_size, scheduling, gpus, num_gpus, ..."""
+    """Keyword arguments of its RayTrainer: world_size, scheduling, gpus, num_gpus, ..."""
     colocate: bool = False
     """Its engines share the trainer's GPUs: release their memory around each training step."""
     sync_transport: str = "tensor"
@@ -54,7 +62,6 @@ class ServiceActor:
         self.process = None
 
     def start(self, name: str, url: str, command: list[str], log_path: str, env: dict) -> int:
-        from kernel.engine.launch import LaunchedProcess
 
         self.process = LaunchedProcess.start(name, url, command, log_path, env=env)
         return self.process.pid
@@ -74,7 +81,6 @@ def run_plan(cfg, plan, on_step=None) -> list[dict]:
     it, checks the cluster has the planned nodes and GPUs, starts every engine and router, trains
     (see the module docstring) and stops all it started, also on errors and Ctrl-C.
     """
-    from kernel.cluster.ray_group import RayConfig
 
     started_ray = RayConfig(address=plan.cluster.address or "local").start()
     services: list = []  # Ray actor handles of engines and routers, stopped in reverse
@@ -111,8 +117,6 @@ def run_plan(cfg, plan, on_step=None) -> list[dict]:
                 g, engines[g.owner], nodes[0], out, plan, services, record
             )
         _write(out, record)
-
-        from kernel.loop import train
 
         placement = {g.owner: _placement(cfg, g, nodes, has_gpus) for g in plan.groups if g.trainer}
         return train(_placed_config(cfg, plan, engines, routers), on_step, placement)
@@ -196,7 +200,6 @@ def _service(node: tuple[str, str], num_gpus: int):
 def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args) -> list[str]:
     """The command line of engine ``e`` of group ``g``: real SGLang (with the cluster's
     ``sglang_args``, then the model's own ``engine.sglang_args``) or the embedded server."""
-    from kernel.models import materialize_model
 
     owner = next(s for s in cfg.agent_specs() if s.name == g.owner)
     settings = cfg.model_settings(owner)
@@ -208,8 +211,6 @@ def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args) -> 
         if g.colocate:  # /release_memory_occupation needs it
             cmd += ["--enable-memory-saver"]
         return cmd + list(sglang_args) + list(settings.engine.sglang_args)
-    from kernel.engine.serve import server_command
-    from kernel.engine.server import ServerConfig
 
     eng = settings.engine
     config = ServerConfig(
@@ -227,7 +228,6 @@ def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args) -> 
 
 def _start_router(g, urls, node, out: Path, plan, services: list, record: dict) -> str:
     """Group ``g``'s sglang-router on plan node 0, with its engines registered; its URL."""
-    from kernel.engine.router import RouterConfig, wait_for_workers
 
     ip, actor = _service(node, 0)
     services.append(actor)
@@ -249,7 +249,7 @@ def _start_router(g, urls, node, out: Path, plan, services: list, record: dict) 
 
 
 def _placement(cfg, g, nodes, has_gpus: bool) -> ModelPlacement:
-    """Group ``g``'s trainer ranks as RayTrainerGroup options, its colocation and sync."""
+    """Group ``g``'s trainer ranks as RayTrainer options, its colocation and sync."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     owner = next(s for s in cfg.agent_specs() if s.name == g.owner)

@@ -29,6 +29,8 @@ from tenacity import (
     wait_exponential,
 )
 
+from kernel.engine.weights import encode_named_tensors
+
 # Transport failures before a reply: refused or timed-out connections, and a pooled keep-alive
 # connection the server closed just as it was reused (ServerDisconnectedError). Re-sending is
 # safe for every call that retries (generation has no side effect but compute; one-shot calls
@@ -290,7 +292,6 @@ class EngineClient:
     ) -> dict:
         """Send named tensors (a dict or (name, tensor) pairs) as base64 safetensors bytes,
         encoded on a pool thread (see kernel/engine/weights.py)."""
-        from kernel.engine.weights import encode_named_tensors
 
         payload = await asyncio.to_thread(encode_named_tensors, named_tensors)
         return await self.update_weights_from_serialized(

@@ -43,8 +43,16 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic.dataclasses import dataclass
 
 from kernel.engine import protocol as P
+from kernel.engine import weights as W
+from kernel.engine.process_group import (
+    GroupConfig,
+    destroy_custom_process_group,
+    init_custom_process_group,
+)
 from kernel.engine.scheduler import Request as EngineRequest
 from kernel.engine.scheduler import Scheduler, next_version
+from kernel.engine.weights import apply_named_tensors, load_model, parse_dtype, receive_broadcast
+from kernel.models import load_tokenizer
 
 log = logging.getLogger(__name__)
 VERSION = "tandem-embedded-0.1"
@@ -147,9 +155,6 @@ class Engine:
     def load(cls, settings: ServerConfig) -> Engine:
         import torch
 
-        from kernel.engine.weights import load_model
-        from kernel.models import load_tokenizer
-
         if settings.num_threads is not None:
             torch.set_num_threads(settings.num_threads)
 
@@ -162,7 +167,6 @@ class Engine:
 
     def close(self) -> None:
         self.scheduler.shutdown()
-        from kernel.sync.group import destroy_custom_process_group
 
         for group in self.groups.values():
             destroy_custom_process_group(group)
@@ -566,7 +570,6 @@ def create_app(settings: ServerConfig) -> FastAPI:
 
     @app.post("/update_weights_from_disk")
     async def update_weights_from_disk(body: P.UpdateWeightsFromDiskRequest):
-        from kernel.engine.weights import apply_named_tensors, load_model
 
         e = eng()
         try:  # load beside the running model, off the worker thread: generation goes on
@@ -585,7 +588,6 @@ def create_app(settings: ServerConfig) -> FastAPI:
 
     @app.post("/update_weights_from_tensor")
     async def update_weights_from_tensor(body: P.UpdateWeightsFromTensorRequest):
-        from kernel.engine import weights as W
 
         decoders = {None: W.decode_named_tensors, "safetensors": W.decode_named_tensors}
         decoders["flattened_bucket"] = W.decode_flattened_bucket
@@ -607,7 +609,6 @@ def create_app(settings: ServerConfig) -> FastAPI:
 
     @app.post("/init_weights_update_group")
     async def init_weights_update_group(body: P.InitWeightsUpdateGroupRequest):
-        from kernel.sync.group import GroupConfig, init_custom_process_group
 
         e = eng()
         if body.group_name in e.groups:
@@ -631,7 +632,6 @@ def create_app(settings: ServerConfig) -> FastAPI:
 
     @app.post("/destroy_weights_update_group")
     async def destroy_weights_update_group(body: P.DestroyWeightsUpdateGroupRequest):
-        from kernel.sync.group import destroy_custom_process_group
 
         group = eng().groups.pop(body.group_name, None)
         if group is None:
@@ -641,7 +641,6 @@ def create_app(settings: ServerConfig) -> FastAPI:
 
     @app.post("/update_weights_from_distributed")
     async def update_weights_from_distributed(body: P.UpdateWeightsFromDistributedRequest):
-        from kernel.engine.weights import apply_named_tensors, parse_dtype, receive_broadcast
 
         e = eng()
         group = e.groups.get(body.group_name)

@@ -34,12 +34,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from kernel.models import load_causal_lm
+
 NamedTensors = Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]
 
 
 def load_model(path: str, dtype: str = "float32", device: str = "cpu"):
     """An HF causal LM in eval mode (``smollm2`` is read from its GGUF file)."""
-    from kernel.models import load_causal_lm
 
     return load_causal_lm(path, dtype=dtype, device=device).eval()
 

@@ -1,10 +1,5 @@
-"""Weight sync from trainers to inference engines.
-
-``group``: a torch.distributed process group outside the default one, joined by the trainer
-(rank 0) and every engine, over which new weights are broadcast (``init_custom_process_group``).
-``buckets`` and ``push`` build on it and on ``kernel.engine.client`` to push a trainer's weights.
+"""Weight sync from trainers to inference engines: ``buckets`` cut the weights into pieces of a
+size budget, ``push`` (``WeightSync``) sends them to a model's engines over disk, tensor or
+distributed transports (the last over ``kernel.engine.process_group``), and ``convert`` maps
+Megatron-core weights to HF names on the way.
 """
-
-from kernel.sync.group import GroupConfig, destroy_custom_process_group, init_custom_process_group
-
-__all__ = ["GroupConfig", "destroy_custom_process_group", "init_custom_process_group"]

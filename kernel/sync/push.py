@@ -43,6 +43,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from kernel.engine.launch import free_port
+from kernel.engine.process_group import (
+    GroupConfig,
+    destroy_custom_process_group,
+    init_custom_process_group,
+)
+from kernel.engine.weights import FlatBucketWriter, encode_named_tensors
 from kernel.sample import Sample
 from kernel.sync.buckets import NamedTensor, iter_buckets
 
@@ -123,7 +130,6 @@ class LocalBroadcaster:
 
     def rendezvous(self) -> tuple[str, int]:
         """Where the group meets: this host and a port free on it."""
-        from kernel.engine.launch import free_port
 
         return self.host, free_port(self.host)
 
@@ -133,7 +139,6 @@ class LocalBroadcaster:
 
     def join(self, cfg) -> None:
         """Join the weight-sync group as rank 0 (blocks until every engine has joined)."""
-        from kernel.sync.group import init_custom_process_group
 
         self.group = init_custom_process_group(cfg, 0)
 
@@ -168,7 +173,6 @@ class LocalBroadcaster:
 
     def leave(self) -> None:
         """Leave the group (after the engines have left theirs)."""
-        from kernel.sync.group import destroy_custom_process_group
 
         if self.group is not None:
             destroy_custom_process_group(self.group)
@@ -281,12 +285,10 @@ class WeightSync:
         return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
 
     async def _push_tensor(self, trainer, version: str) -> int:
-        from kernel.engine.weights import encode_named_tensors
 
         return await self._push_buckets(trainer, version, encode_named_tensors, None)
 
     async def _push_shared(self, trainer, version: str) -> int:
-        from kernel.engine.weights import FlatBucketWriter
 
         if self._writer is None:
             self._writer = FlatBucketWriter(getattr(trainer, "device", "cpu"))
@@ -320,7 +322,6 @@ class WeightSync:
                     "trainer as rank 0; use one WeightSync per trainer"
                 )
             return
-        from kernel.sync.group import GroupConfig
 
         broadcaster = trainer.weight_broadcaster()
         host, port = await self._run(broadcaster.rendezvous)

@@ -55,6 +55,7 @@ from torch import Tensor
 from kernel.loss import LossConfig, policy_loss
 from kernel.models import load_causal_lm, load_tokenizer
 from kernel.sample import Sample
+from kernel.sync.push import LocalBroadcaster
 from kernel.train.batching import (
     MicroBatch,
     collate,
@@ -617,7 +618,6 @@ class TorchTrainer:
 
     def weight_broadcaster(self):
         """Rank 0 of the distributed weight sync: this process (kernel.sync.push)."""
-        from kernel.sync.push import LocalBroadcaster
 
         return LocalBroadcaster(self)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from kernel.buffer import DataBuffer
-from kernel.cluster.ray_group import TrainerDied
 from kernel.config import load_train_config
 from kernel.loop import resolve_data_path, train
+from kernel.train.ray_trainer import TrainerDied
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "kernel" / "presets" / "toy.yaml"

@@ -10,10 +10,10 @@ import asyncio
 import httpx
 import pytest
 
-from kernel.agents import EngineConfig, EnginePool
 from kernel.engine.batcher import RequestBatcher
 from kernel.engine.client import EngineClient, EngineError
 from kernel.engine.launch import free_port
+from kernel.engine.pool import EngineConfig, EnginePool
 from kernel.engine.serve import launch_server
 from kernel.engine.server import ServerConfig
 from kernel.rollout import EpisodeAborted

@@ -17,7 +17,11 @@ import torch.distributed as dist
 
 from kernel.engine.client import EngineClient, EngineError
 from kernel.engine.launch import free_port
-from kernel.sync import GroupConfig, destroy_custom_process_group, init_custom_process_group
+from kernel.engine.process_group import (
+    GroupConfig,
+    destroy_custom_process_group,
+    init_custom_process_group,
+)
 
 PROMPT = [3, 14, 15, 92, 65]
 GREEDY = {"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}

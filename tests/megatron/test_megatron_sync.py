@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("megatron.core")
 
-from kernel.agents import EngineConfig, EnginePool
+from kernel.engine.pool import EngineConfig, EnginePool
 from kernel.loss import LossConfig
 from kernel.models import build_tiny_model
 from kernel.sample import Sample, Status

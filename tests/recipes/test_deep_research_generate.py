@@ -18,9 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernel.agents import AgentHandle, EngineConfig, EnginePool
+from kernel.agents import AgentHandle
 from kernel.engine.client import GenerateResult
 from kernel.engine.launch import free_port
+from kernel.engine.pool import EngineConfig, EnginePool
 from kernel.hooks import RolloutContext
 from kernel.sample import Sample, Status
 from recipes.deep_research.config import RecipeConfig

@@ -31,7 +31,8 @@ def bench_learning():
 
 
 def test_learn_presets_exist_and_hold_out_their_eval_set():
-    assert {p.parent.parent.name for p in LEARN} == {"deep_research", "math_solver_verifier", "takes_two"}
+    recipes = {p.parent.parent.name for p in LEARN}
+    assert recipes == {"deep_research", "math_solver_verifier", "takes_two"}
     for preset in LEARN:
         cfg = yaml.safe_load(preset.read_text())
         assert cfg["eval"]["path"] and cfg["eval"]["every"], preset

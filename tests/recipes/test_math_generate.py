@@ -8,8 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from kernel.agents import AgentHandle, EngineConfig, EnginePool
+from kernel.agents import AgentHandle
 from kernel.config import load_train_config
+from kernel.engine.pool import EngineConfig, EnginePool
 from kernel.hooks import RolloutContext
 from kernel.loop import train
 from kernel.sample import Sample, Status

@@ -1,16 +1,13 @@
 """A trainer group on Ray: N actors, each one torch.distributed rank holding a trainer.
 
-``RayTrainerGroup`` has the surface of ``TorchTrainer`` that the training loop and WeightSync
-use -- ``train_step``, ``compute_logprobs``, ``named_parameters_for_sync``,
-``weight_broadcaster``, ``save``, ``load``, ``save_hf``, ``close`` -- so it can stand in for
-one; the distributed weight sync broadcasts from rank 0's actor (``RayBroadcaster``). Rank 0
-picks the rendezvous address (its node's IP and the planned or a free port); the ranks form one
-process group (gloo on CPU, NCCL on GPUs). The
-trainer config's type picks the backend: a ``TorchTrainerConfig`` gives each rank a TorchTrainer
-(FSDP2 shards the model over the ranks), a ``MegatronTrainerConfig`` a MegatronTrainer (tensor x
-pipeline x data parallel over the ranks, from its sizes). A global batch is split over the
-data-parallel replicas with ``kernel.train.batching.shard_samples`` here, so each actor receives
-only its replica's share (every TP/PP rank of a Megatron replica the same one).
+``RayTrainer`` is a ``kernel.train.trainer.Trainer`` like the backends it runs, so the loop
+and WeightSync use it as they use one; the distributed weight sync broadcasts from rank 0's
+actor (``RayBroadcaster``). Rank 0 picks the rendezvous address (its node's IP and the planned
+or a free port); the ranks form one process group (gloo on CPU, NCCL on GPUs). Each rank's
+trainer comes from ``build_trainer``: TorchTrainer settings shard the model over the ranks with
+FSDP2, MegatronTrainer settings split them tensor x pipeline x data parallel. A global batch is
+split over the data-parallel replicas with ``kernel.train.batching.shard_samples`` here, so each
+actor receives only its replica's share (every TP/PP rank of a Megatron replica the same one).
 
 Faults: every call waits on the ranks as they finish, so a rank whose process died is seen at
 once (Ray reports ``RayActorError``) instead of waiting on the survivors, which would block in a
@@ -30,13 +27,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from kernel.engine.launch import free_port
 from kernel.sample import Sample
+from kernel.sync.push import LocalBroadcaster
 from kernel.train.batching import shard_samples
+from kernel.train.trainer import build_trainer
 
 
 @dataclass
 class RayConfig:
-    """Training on Ray: each trainable model's trainer is a RayTrainerGroup of actors."""
+    """Training on Ray: each trainable model's trainer is a RayTrainer of actors."""
 
     enabled: bool = False
     """Train every model with Ray actors (one torch.distributed rank each) instead of in the
@@ -104,8 +104,6 @@ class TrainerRankActor:
         rank 0)."""
         import ray
 
-        from kernel.engine.launch import free_port
-
         ip = ray.util.get_node_ip_address()
         return ip, port or free_port(ip)
 
@@ -115,9 +113,6 @@ class TrainerRankActor:
         """Join the process group and build the trainer (TorchTrainer, or MegatronTrainer for a
         MegatronTrainerConfig); returns this process's PID and its data-parallel rank and size."""
         import torch.distributed as dist
-
-        from kernel.train.megatron_backend import MegatronTrainer, MegatronTrainerConfig
-        from kernel.train.torch_backend import TorchTrainer
 
         os.environ.update(
             MASTER_ADDR=master[0],
@@ -135,8 +130,7 @@ class TrainerRankActor:
                 world_size=self.world_size,
                 timeout=timedelta(seconds=timeout_s),
             )
-        megatron = isinstance(trainer_args[3], MegatronTrainerConfig)
-        self.trainer = (MegatronTrainer if megatron else TorchTrainer)(*trainer_args)
+        self.trainer = build_trainer(*trainer_args)
         return os.getpid(), self.trainer.rank, self.trainer.world_size
 
     def train_step(self, samples: list[Sample], version: int | None = None) -> dict[str, float]:
@@ -155,8 +149,6 @@ class TrainerRankActor:
 
     def broadcaster(self):
         import ray
-
-        from kernel.sync.push import LocalBroadcaster
 
         if self._broadcaster is None:
             self._broadcaster = LocalBroadcaster(self.trainer, ray.util.get_node_ip_address())
@@ -197,7 +189,7 @@ class TrainerRankActor:
         return self.trainer.step
 
 
-class RayTrainerGroup:
+class RayTrainer:
     """``world_size`` Ray actors training one model together; see the module docstring.
 
     ``optim``, ``loss``, ``cfg`` and ``total_steps`` are those of ``TorchTrainer`` (or of
@@ -236,7 +228,7 @@ class RayTrainerGroup:
         if gpus is not None and len(gpus) != world_size:
             raise ValueError(f"gpus has {len(gpus)} entries, world_size {world_size}")
         if not ray.is_initialized():
-            raise RuntimeError("RayTrainerGroup needs Ray: call ray.init(...) first")
+            raise RuntimeError("RayTrainer needs Ray: call ray.init(...) first")
         self.agent, self.world_size, self.rank = agent, world_size, 0
         self.step = 0
         remote = ray.remote(TrainerRankActor)
@@ -368,7 +360,7 @@ class RayBroadcaster:
     """``LocalBroadcaster``'s surface (kernel.sync.push), carried out by the group's rank 0 actor
     (every rank gathers each bucket, since gathering takes them all)."""
 
-    def __init__(self, group: RayTrainerGroup):
+    def __init__(self, group: RayTrainer):
         self.group = group
 
     def _rank0(self, method: str, *args):

@@ -14,7 +14,6 @@ import signal
 import pytest
 from torch.distributed import distributed_c10d as c10d
 
-from kernel.cluster.ray_group import RayTrainerGroup, TrainerDied
 from kernel.engine.client import EngineClient
 from kernel.engine.launch import free_port
 from kernel.engine.router import RouterConfig, launch_router, wait_for_workers
@@ -24,6 +23,7 @@ from kernel.loss import LossConfig
 from kernel.sample import Sample, Status
 from kernel.sync.push import SyncConfig, WeightSync
 from kernel.train.optim import OptimConfig
+from kernel.train.ray_trainer import RayTrainer, TrainerDied
 from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
 
 OPTIM = OptimConfig(lr=0.02)
@@ -75,7 +75,7 @@ def test_group_trains_syncs_engines_and_reports_a_dead_rank(
     local_ray, engines, char_model_dir, tmp_path, transport
 ):
     router_url, urls = engines
-    group = RayTrainerGroup("doctor", char_model_dir, OPTIM, LOSS, CFG, 3, world_size=2)
+    group = RayTrainer("doctor", char_model_dir, OPTIM, LOSS, CFG, 3, world_size=2)
     single = TorchTrainer(char_model_dir, OPTIM, LOSS, CFG, 3)
     assert len(set(group.pids)) == 2 and os.getpid() not in group.pids
 
@@ -156,7 +156,7 @@ def test_megatron_group_of_two_ranks_equals_one_process(local_ray, char_model_di
         ref.close()
 
     cfg = MegatronTrainerConfig(tensor_parallel=tensor_parallel, max_tokens_per_microbatch=64)
-    group = RayTrainerGroup("solver", char_model_dir, OPTIM, LOSS, cfg, 1, world_size=2)
+    group = RayTrainer("solver", char_model_dir, OPTIM, LOSS, cfg, 1, world_size=2)
     try:
         assert group.replicas == ([(0, 2), (1, 2)] if tensor_parallel == 1 else [(0, 1)] * 2)
         metrics = group.train_step(batch)

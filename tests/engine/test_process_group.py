@@ -1,5 +1,5 @@
-"""kernel.sync.group: a process group beside the default one, checked with a real second
-process (rank 1) and gloo."""
+"""kernel.engine.process_group: a process group beside the default one, checked with a real
+second process (rank 1) and gloo."""
 
 from __future__ import annotations
 
@@ -12,12 +12,18 @@ import torch
 import torch.distributed as dist
 
 from kernel.engine.launch import free_port
-from kernel.sync import GroupConfig, destroy_custom_process_group, init_custom_process_group
+from kernel.engine.process_group import (
+    GroupConfig,
+    destroy_custom_process_group,
+    init_custom_process_group,
+)
 
 RANK1 = textwrap.dedent(
     """
     import sys, torch, torch.distributed as dist
-    from kernel.sync import GroupConfig, init_custom_process_group, destroy_custom_process_group
+    from kernel.engine.process_group import (
+        GroupConfig, destroy_custom_process_group, init_custom_process_group
+    )
     cfg = GroupConfig(master_port=int(sys.argv[1]), group_name="g", timeout_s=60)
     group = init_custom_process_group(cfg, rank=1)
     t = torch.zeros(3)

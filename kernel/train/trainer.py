@@ -1,0 +1,73 @@
+"""What the loop and the weight sync ask of a trainer (``Trainer``), and the one place a
+training backend is chosen: ``backend_config`` turns the backend's name into its settings, and
+``build_trainer`` builds the trainer those settings belong to.
+
+Backends: ``torch`` (``TorchTrainer``: one HF model, FSDP2 across ranks) and ``megatron``
+(``MegatronTrainer``: Megatron-core TP/PP/DP). A ``RayTrainer`` (kernel.train.ray_trainer) is
+a trainer too: it runs one of them per Ray actor, each rank built here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Protocol
+
+from kernel.loss import LossConfig
+from kernel.sample import Sample
+from kernel.train.megatron_backend import MegatronTrainer, MegatronTrainerConfig
+from kernel.train.optim import OptimConfig
+from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+
+BACKENDS = ("torch", "megatron")
+
+
+class Trainer(Protocol):
+    """A model under training, on one process or across ranks."""
+
+    def train_step(self, samples: list[Sample], version: int | None = None) -> dict[str, float]:
+        """Train on one step's samples (made by weights ``version``, older ones are stale)."""
+
+    def compute_logprobs(self, samples: list[Sample]) -> list[list[float]]:
+        """Each sample's response-token logprobs under the current weights (sync checks)."""
+
+    def named_parameters_for_sync(self, dtype: Any = None) -> Iterator[tuple[str, Any]]:
+        """The full weights in HF names, bucket by bucket, for a push to the engines."""
+
+    def weight_broadcaster(self) -> Any:
+        """This process's end of the distributed weight sync (kernel.sync.push)."""
+
+    def save_hf(self, out_dir: str | Path) -> Path:
+        """The weights as an HF folder (disk weight sync)."""
+
+    def save(self, out_dir: str | Path) -> Path:
+        """A checkpoint: weights, optimiser, schedule, RNG."""
+
+    def load(self, ckpt_dir: str | Path) -> None:
+        """Resume from ``save``'s folder."""
+
+    def close(self) -> None:
+        """Free the process groups and workers it holds."""
+
+
+def backend_config(backend: str, base: TorchTrainerConfig) -> Any:
+    """The trainer settings of ``backend``: the run's trainer section, or the Megatron one with
+    the fields both share (micro-batch budget, mini-batches, epochs) taken from it."""
+    if backend == "torch":
+        return base
+    if backend == "megatron":
+        return MegatronTrainerConfig(
+            max_tokens_per_microbatch=base.max_tokens_per_microbatch,
+            num_minibatches=base.num_minibatches,
+            ppo_epochs=base.ppo_epochs,
+        )
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+
+
+def build_trainer(
+    model_path: str, optim: OptimConfig, loss: LossConfig, settings: Any, total_steps: int
+) -> Trainer:
+    """The trainer of one model in this process (one rank of it when torch.distributed is
+    initialised); ``settings``, made by ``backend_config``, say which backend."""
+    backend = MegatronTrainer if isinstance(settings, MegatronTrainerConfig) else TorchTrainer
+    return backend(model_path, optim, loss, settings, total_steps)
