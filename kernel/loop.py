@@ -26,85 +26,24 @@ samples carry the weight versions that made them, the staleness is logged and bo
 truncated importance sampling (``loss.tis_cap``, else ``loss.stale_tis_cap`` for batches with
 stale samples) corrects the lag.
 
-A checkpoint (``<output_dir>/checkpoints/step_N``) holds each model's trainer
-(``trainers/<owner agent>``: weights, optimiser, schedule, RNG), the buffer position with
-every prompt group handed out but not yet trained (so a crash mid-step neither skips nor
-repeats a prompt) and the samples queued for a later update, the step and each model's weight
-version.
+What the loop acts on -- per model its engines, trainer, weight sync and schedule; the data
+buffer, agent handles, rollout manager and logger -- is started, held and stopped by
+``kernel.runtime.Runtime``; checkpoints are described there.
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
-import contextlib
-import copy
-import json
-import random
-import shutil
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
-import torch
-
 from kernel.advantages import compute_advantages
-from kernel.agents import AgentHandle, AgentSpec, model_groups
-from kernel.buffer import DataBuffer
-from kernel.config import ModelSettings, TrainConfig
-from kernel.engine.batcher import RequestBatcher
-from kernel.engine.pool import EnginePool
-from kernel.hooks import (
-    RolloutContext,
-    default_recipe_config,
-    load_generate,
-    load_recipe_config,
-    load_reward,
-)
-from kernel.metrics import MetricsLogger, mean, process_age
-from kernel.models import load_tokenizer, materialize_model
-from kernel.rollout import GroupResult, RolloutManager, RolloutStats
+from kernel.config import TrainConfig
+from kernel.metrics import mean, process_age
+from kernel.runtime import Model, Runtime
 from kernel.sample import Sample, Status
-from kernel.sync.push import SyncConfig, WeightSync
-from kernel.train.ray_trainer import RayTrainer
-from kernel.train.thread import TrainerThread
-from kernel.train.trainer import build_trainer
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-@dataclass
-class Batch:
-    """The rollout of one step: kept prompt groups, and every group handed out for it."""
-
-    results: list[GroupResult]
-    handed_out: list[list[Sample]]
-    stats: RolloutStats
-    metrics: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def samples(self) -> list[Sample]:
-        return [s for r in self.results for s in r.samples]
-
-
-def resolve_data_path(path: str) -> str:
-    """A relative data path that is not under the working directory may be under the repo."""
-    if path and not Path(path).exists() and (REPO_ROOT / path).exists():
-        return str(REPO_ROOT / path)
-    return path
-
-
-def latest_checkpoint(out_dir: Path) -> Path | None:
-    steps = sorted((out_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
-    done = [p for p in steps if (p / "state.json").exists()]  # written last: complete
-    return done[-1] if done else None
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    torch.manual_seed(seed)
 
 
 def train(
@@ -120,313 +59,79 @@ def train(
 
 
 async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[dict]:
-    # Everything that can fail before a process starts fails first: hooks, recipe config.
-    generate = load_generate(cfg.generate_fn or f"recipes.{cfg.recipe}.generate.generate")
-    reward = load_reward(cfg.reward_fn or f"recipes.{cfg.recipe}.reward.reward")
-    recipe_config = load_recipe_config(
-        cfg.recipe_config or default_recipe_config(cfg.recipe), cfg.recipe_args
-    )
-    out = Path(cfg.output_dir)
-    ckpt = latest_checkpoint(out)
-    if ckpt is not None and not cfg.resume:
-        raise ValueError(
-            f"{out} already holds checkpoints ({ckpt.name}): pass --resume true to continue "
-            "that run, or choose another --output_dir"
-        )
-    out.mkdir(parents=True, exist_ok=True)
-    seed_everything(cfg.seed)
+    rows: list[dict] = []
+    async with Runtime.open(cfg, placement) as rt:
+        models = rt.models
+        if cfg.eval.at_start and rt.start == 0:  # the starting weights, for before/after
+            rt.logger.log({"step": -1, **await rt.evaluate(0)})
+        next_batch = None
+        replay = collections.deque(maxlen=cfg.replay_groups)  # recent groups, newest first
+        startup_s = process_age()  # from the command to the first rollout
+        t_first = time.monotonic()  # max_minutes counts from here
+        for step in range(rt.start, cfg.num_steps):
+            t_step, cpu_step, requests = time.perf_counter(), time.thread_time(), rt.requests
+            # 1-2. rollout with rewards (in async mode it was started during the last step)
+            batch = await (next_batch or rt.collect(step))
+            elapsed = time.monotonic() - t_first
+            last = step + 1 == cfg.num_steps or 0 < cfg.max_minutes * 60 <= elapsed
+            async_next = cfg.async_mode and not last
+            next_batch = asyncio.ensure_future(rt.collect(step + 1)) if async_next else None
+            samples, stale = _drop_stale(batch.samples, models, cfg.max_staleness)
 
-    # The models (one per agent that does not share another's): their engines start first and
-    # load while the data, tokenizers and trainers (in this process, or Ray actor groups) are
-    # read and built (a bad data row stops them again); then the state of a resumed run.
-    with contextlib.ExitStack() as stack:  # Ray, if this run starts it, stops last
-        if cfg.ray.enabled and cfg.ray.start():
-            import ray
+            # 3. advantages, per (prompt, agent[, turn])
+            adv_metrics = compute_advantages(samples, cfg.advantage)
 
-            stack.callback(ray.shutdown)
-        models = _plan_models(cfg, out, placement)
-        for m in models:
-            stack.push(m.pool)  # stopped on the way out (entering it would wait for them)
-            m.pool.launch()
-        buffer = DataBuffer(replace(cfg.data, path=resolve_data_path(cfg.data.path)))
-        for m in models:
-            m.tokenizer = load_tokenizer(m.agents[0].tokenizer or m.path)
-            stack.callback(m.thread.close)
-            m.trainer = m.thread.call(_build_trainer, cfg, m, placement.get(m.owner))
-        start = 0
-        if ckpt is not None:
-            state = json.loads((ckpt / "state.json").read_text())
-            for m in models:
-                if m.trainer is not None:
-                    m.thread.call(m.trainer.load, ckpt / "trainers" / m.owner)
-                m.version = state["weight_versions"][m.owner]
-            buffer.load_state_dict(state["buffer"])
-            start = state["step"]
-            random.setstate(_tuple_state(state["python_rng"]))
-        (out / "config.json").write_text(json.dumps(_jsonable(cfg), indent=1))
-        logger = MetricsLogger(out, cfg.log, _jsonable(cfg), start)
+            # 4. train each model due this step on the samples of the agents it plays, and on
+            # those it kept from the steps it sat out (update_every; TIS corrects the stale
+            # ones); a model not due keeps this step's
+            due = [m for m in models if m.trains_at(step)]
+            trained_versions = {m.owner: m.version for m in models}
+            batches, dropped, replayed = _batches(cfg, models, due, samples, rt.buffer, replay)
+            replay.extendleft(r.samples for r in reversed(batch.results))  # newest first
+            # the post-sync checks of the last pushes ran beside this rollout; they read the
+            # weights this step changes, so they end here (or fail the run)
+            checks = await rt.checked()
+            t0 = time.perf_counter()
+            train_metrics = await rt.train(due, batches)
+            train_s = time.perf_counter() - t0
 
-        # Engines (started above, or given by URL) per model, agent handles, rollouts, sync.
-        for m in models:
-            m.pool.wait_healthy()
-            m.generators, m.clients = m.pool.clients()
-            m.sync = WeightSync(
-                m.sync_config, m.clients, out / "sync" / m.owner, m.temperature, m.thread.run
-            )
-        agents = {}
-        for m in models:
-            window = m.settings.engine.batch_window_ms / 1000
-            m.batcher = batcher = RequestBatcher(m.generators, m.pool, window)
-            for spec in m.agents:
-                tokenizer = _with_template(m.tokenizer, spec.chat_template)
-                rollout = cfg.agent_rollout(spec)
-                sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p}
-                agents[spec.name] = AgentHandle(
-                    spec.name,
-                    m.generators,
-                    tokenizer,
-                    sampling,
-                    rollout.max_response_len,
-                    rollout.max_context_len,
-                    pool=m.pool,
-                    batcher=batcher,
-                )
-        agents = {name: agents[name] for name in (s.name for s in cfg.agent_specs())}
-        ctx = RolloutContext(agents=agents, config=recipe_config, run=cfg, step=start)
-        manager = RolloutManager(
-            generate, reward, cfg.reward, cfg.rollout.concurrency, cfg.rollout.timeout_s
-        )
-        rows: list[dict] = []
-        watchers = [asyncio.ensure_future(m.pool.watch()) for m in models]
-        try:
-            # Engines serve the trainers' weights from the first step on: a resumed run pushes
-            # its checkpoints, a fresh one only labels the base weights with version 0.
-            for m in models:
-                if start > 0 and m.trainer is not None:
-                    await m.sync.push(m.trainer, m.version)
-                else:
-                    await asyncio.gather(
-                        *(c.update_weight_version(str(m.version)) for c in m.clients)
-                    )
+            # 5. weight sync of the models that trained (and of restarted engines)
+            sync_metrics = await rt.sync(due, samples)
+            if last:  # no rollout left to run the last checks beside
+                checks = [c | after for c, after in zip(checks, await rt.checked(), strict=True)]
 
-            if cfg.eval.at_start and start == 0:  # the starting weights, for before/after
-                logger.log({"step": -1, **await _evaluate(cfg, manager, ctx, 0)})
-
-            next_batch = None
-            replay = collections.deque(maxlen=cfg.replay_groups)  # recent groups, newest first
-            startup_s = process_age()  # from the command to the first rollout
-            t_first = time.monotonic()  # max_minutes counts from here
-            for step in range(start, cfg.num_steps):
-                t_step = time.perf_counter()
-                cpu_step = time.thread_time()  # the driver: clients, hooks, advantages, logging
-                requests = sum(m.batcher.stats["requests"] for m in models)
-                # 1-2. rollout with rewards (in async mode it was started during the last step)
-                batch = await (next_batch or _collect(cfg, manager, ctx, buffer, step))
-                next_batch = None
-                elapsed = time.monotonic() - t_first
-                last = step + 1 == cfg.num_steps or 0 < cfg.max_minutes * 60 <= elapsed
-                if cfg.async_mode and not last:
-                    next_batch = asyncio.ensure_future(
-                        _collect(cfg, manager, ctx, buffer, step + 1)
-                    )
-                samples, stale = _drop_stale(batch.samples, models, cfg.max_staleness)
-
-                # 3. advantages, per (prompt, agent[, turn])
-                adv_metrics = compute_advantages(samples, cfg.advantage)
-
-                # 4. train each model due this step on the samples of the agents it plays, and
-                # on those it kept from the steps it sat out (update_every; TIS corrects the
-                # stale ones); a model not due keeps this step's. Off the event loop, so an
-                # async rollout keeps going; models train concurrently; colocated engines give
-                # their GPU memory up meanwhile.
-                due = [m for m in models if m.trains_at(step)]
-                trained_versions = {m.owner: m.version for m in models}
-                batches, dropped, replayed = _batches(cfg, models, due, samples, buffer, replay)
-                replay.extendleft(r.samples for r in reversed(batch.results))  # newest first
-                # the post-sync checks of the last pushes ran beside this rollout; they read
-                # the weights this step changes, so they end here (or fail the run)
-                checks = [await m.sync.checked() for m in models]
-                t0 = time.perf_counter()
-                train_metrics = await asyncio.gather(*(m.train_step(batches[m.owner]) for m in due))
-                train_s = time.perf_counter() - t0
-
-                # 5. weight sync of the models that trained, and of engines restarted after a
-                # crash (which rejoin the rotation only once they serve the current weights)
-                restarted = {m.owner: await m.pool.restart_dead() for m in models}
-                sync_metrics = []
-                for m in models:
-                    await m.sync.reset(restarted[m.owner])
-                    if m in due:
-                        m.version += 1
-                        # checked on the first prompt it trained on (SyncConfig.check_tokens)
-                        probe = next((s.prompt_ids for s in m.own(samples)), None)
-                        sync_metrics.append(await m.sync.push(m.trainer, m.version, probe))
-                    elif restarted[m.owner] and m.trainer is not None:
-                        await m.sync.push(m.trainer, m.version)
-                    await m.pool.readmit(restarted[m.owner])
-                if last:  # no rollout left to run the last checks beside
-                    for i, m in enumerate(models):
-                        checks[i] |= await m.sync.checked()
-
-                # 6. log and checkpoint
-                row = {"step": step, **batch.metrics}
-                if step == start:
-                    row["time/startup_s"] = startup_s
-                row |= _model_metrics(models, due, train_metrics, sync_metrics, checks)
-                row["data/rows"] = sorted(r.group[0].metadata["row"] for r in batch.results)
-                row |= _agent_metrics(samples, models, trained_versions, buffer)
-                row |= adv_metrics | batch.stats.as_metrics()
-                row["staleness/dropped"] = float(stale + dropped)
-                if cfg.replay_groups:
-                    row["replay/samples"] = float(replayed)
-                row["time/rollout_s"] = batch.stats.seconds
-                row["time/train_s"] = train_s
-                row["engines/restarts"] = float(sum(m.pool.restarts for m in models))
-                row["time/sync_s"] = sum(m["sync/time_s"] for m in sync_metrics)
-                if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or last):
-                    row |= await _evaluate(cfg, manager, ctx, step + 1)
-                row["time/step_s"] = time.perf_counter() - t_step
-                row["time/driver_cpu_s"] = time.thread_time() - cpu_step
-                sent = sum(m.batcher.stats["requests"] for m in models)
-                row["rollout/requests"] = sent - requests
-                tokens = sum(m.get("tokens", 0.0) for m in train_metrics)
-                row["tokens_per_s"] = tokens / row["time/step_s"]
-                logger.log(row)
-                rows.append(row)
-                if on_step:
-                    on_step(row)
-                ctx.step = step + 1
-                if last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
-                    in_flight = [] if next_batch is None else await _handed_out(next_batch)
-                    await _checkpoint(cfg, models, buffer, step + 1, in_flight)
-                if last:
-                    break
-            return rows
-        finally:
-            for w in watchers:
-                w.cancel()
-            for m in models:
-                if m.sync is not None:
-                    await m.sync.aclose()
-                await asyncio.gather(*(c.aclose() for c in {*m.generators, *m.clients}))
-                if m.trainer is not None and hasattr(m.trainer, "close"):
-                    await m.thread.run(m.trainer.close)
-            logger.close()
-
-
-@dataclass
-class Model:
-    """One model of the run: the agents it plays, its trainer, engines and weight version."""
-
-    owner: str  # the agent whose spec defines the model
-    agents: list[AgentSpec]  # the owner first, then the agents sharing its model
-    settings: ModelSettings
-    pool: EnginePool
-    path: str = ""  # the model's folder (or name), as its engines and trainer load it
-    tokenizer: Any = None
-    trainer: Any = None  # TorchTrainer / MegatronTrainer; None when every agent is frozen
-    thread: TrainerThread = None  # every call into the trainer runs on it (kernel.train.thread)
-    sync: WeightSync | None = None
-    batcher: Any = None  # the RequestBatcher its agents' generate calls go through
-    version: int = 0
-    generators: list = field(default_factory=list)
-    clients: list = field(default_factory=list)
-    sync_config: SyncConfig = field(default_factory=SyncConfig)  # transport, buckets, check
-    colocate: bool = False  # engines on the trainer's GPUs (kernel launch)
-    temperature: float = 1.0  # the owner's sampling temperature: the trainer's and the check's
-
-    def __post_init__(self) -> None:
-        if self.thread is None:
-            self.thread = TrainerThread(f"trainer-{self.owner}")
-
-    @property
-    def trained(self) -> set[str]:
-        """The agents whose samples this model trains on."""
-        return {s.name for s in self.agents if s.trainable}
-
-    def trains_at(self, step: int) -> bool:
-        return self.trainer is not None and step % self.settings.update_every == 0
-
-    def own(self, samples: list[Sample]) -> list[Sample]:
-        return [s for s in samples if s.agent in self.trained]
-
-    async def train_step(self, samples: list[Sample]) -> dict[str, float]:
-        """Train on ``samples`` (this model's), off the event loop, at the current weight
-        version (samples of older ones are stale: TIS). Colocated engines release their memory
-        (weights and KV cache) for it and resume it after; the weight sync that follows gives
-        them the new weights before they generate again. A release needs an idle engine, so
-        they first pause with abort: a straggler a rollout timeout gave up on ends there, and
-        nothing new starts until the sync's continue."""
-        if not self.colocate:
-            return await self.thread.run(self.trainer.train_step, samples, self.version)
-        await asyncio.gather(*(c.pause("abort") for c in self.clients))
-        await asyncio.gather(*(c.release_memory_occupation() for c in self.clients))
-        try:
-            return await self.thread.run(self.trainer.train_step, samples, self.version)
-        finally:
-            await asyncio.gather(*(c.resume_memory_occupation() for c in self.clients))
-
-
-def _plan_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> list[Model]:
-    """The models of the run, each with its folder and engine pool (not launched yet; its
-    tokenizer and trainer come later), placed as ``placement`` says for the owners it names."""
-    models = []
-    for i, specs in enumerate(model_groups(cfg.agent_specs()).values()):
-        settings = cfg.model_settings(specs[0])
-        path = materialize_model(settings.model, out / "models")
-        logs = out / "logs" / specs[0].name
-        pool = EnginePool(settings.engine, path, logs, seed=cfg.seed + 1000 * i)
-        temperature = cfg.agent_rollout(specs[0]).temperature
-        model = Model(
-            specs[0].name,
-            specs,
-            settings,
-            pool,
-            path=path,
-            sync_config=cfg.sync,
-            temperature=temperature,
-        )
-        where = placement.get(model.owner)
-        if where is not None:
-            model.colocate = where.colocate
-            model.sync_config = replace(cfg.sync, transport=where.sync_transport)
-        models.append(model)
-    return models
-
-
-def _build_trainer(cfg: TrainConfig, model: Model, where):
-    """The trainer of ``model`` (None when none of its agents trains): in this process, or a
-    Ray actor group on the ranks ``where`` (a kernel launch placement) or cfg.ray says."""
-    if not model.trained:
-        return None
-    settings = model.settings
-    trainer_cfg = replace(settings.trainer, temperature=model.temperature, seed=cfg.seed)
-    args = (model.path, settings.optim, settings.loss, trainer_cfg, cfg.num_steps)
-    if not cfg.ray.enabled:
-        return build_trainer(*args)
-    if where:
-        options = where.trainer_options
-    else:
-        options = {
-            "world_size": model.agents[0].resources.get("train_gpus") or cfg.ray.ranks,
-            "num_cpus": cfg.ray.num_cpus_per_rank,
-            "num_gpus": cfg.ray.num_gpus_per_rank,
-        }
-    return RayTrainer(model.owner, *args, **options)
-
-
-def _with_template(tokenizer, template: str | None):
-    """``tokenizer``, or a copy of it that renders dialogues with ``template`` (Jinja text or
-    a file path); the ids of its tokens are unchanged, so the engine and trainer agree."""
-    if template is None:
-        return tokenizer
-    path = Path(template)
-    text = path.read_text() if "{" not in template and path.is_file() else template
-    if "{" not in text:
-        raise ValueError(f"chat_template {template!r} is neither a Jinja template nor a file")
-    tokenizer = copy.copy(tokenizer)
-    tokenizer.chat_template = text
-    return tokenizer
+            # 6. log, evaluate, checkpoint
+            row = {"step": step, **batch.metrics}
+            if step == rt.start:
+                row["time/startup_s"] = startup_s
+            row |= _model_metrics(models, due, train_metrics, sync_metrics, checks)
+            row["data/rows"] = sorted(r.group[0].metadata["row"] for r in batch.results)
+            row |= _agent_metrics(samples, models, trained_versions, rt.buffer)
+            row |= adv_metrics | batch.stats.as_metrics()
+            row["staleness/dropped"] = float(stale + dropped)
+            if cfg.replay_groups:
+                row["replay/samples"] = float(replayed)
+            row["time/rollout_s"] = batch.stats.seconds
+            row["time/train_s"] = train_s
+            row["engines/restarts"] = float(sum(m.pool.restarts for m in models))
+            row["time/sync_s"] = sum(m["sync/time_s"] for m in sync_metrics)
+            if cfg.eval.every and ((step + 1) % cfg.eval.every == 0 or last):
+                row |= await rt.evaluate(step + 1)
+            row["time/step_s"] = time.perf_counter() - t_step
+            row["time/driver_cpu_s"] = time.thread_time() - cpu_step
+            row["rollout/requests"] = rt.requests - requests
+            tokens = sum(m.get("tokens", 0.0) for m in train_metrics)
+            row["tokens_per_s"] = tokens / row["time/step_s"]
+            rt.logger.log(row)
+            rows.append(row)
+            if on_step:
+                on_step(row)
+            rt.ctx.step = step + 1
+            if last or (cfg.save_every and (step + 1) % cfg.save_every == 0):
+                await rt.checkpoint(step + 1, next_batch)
+            if last:
+                break
+    return rows
 
 
 def _model_metrics(models, due, train_metrics, sync_metrics, checks) -> dict[str, float]:
@@ -445,31 +150,6 @@ def _model_metrics(models, due, train_metrics, sync_metrics, checks) -> dict[str
         row |= {f"train/{scope}{k}": v for k, v in train.items()}
         row |= {f"sync/{scope}{k.removeprefix('sync/')}": v for k, v in sync.items()}
     return row
-
-
-async def _collect(cfg, manager, ctx, buffer, step: int) -> Batch:
-    """Roll out prompts_per_step groups; refill groups dropped (DAPO) or aborted."""
-    want = cfg.data.prompts_per_step
-    results: list[GroupResult] = []
-    handed_out: list[list[Sample]] = []
-    total = RolloutStats()
-    for _ in range(1 + cfg.max_refill_rounds):
-        groups = buffer.next_groups(want - len(results))
-        handed_out += groups
-        kept, aborted, stats = await manager.run(ctx, groups, cfg.dynamic_sampling)
-        for r in aborted:  # rolled out again, whole, in a later round or step
-            buffer.requeue(r.group)
-        results += kept
-        total.add(stats)
-        if len(results) >= want:
-            break
-    return Batch(results, handed_out, total, {"rollout/groups": float(len(results))})
-
-
-async def _handed_out(next_batch: asyncio.Future) -> list[list[Sample]]:
-    """The groups of the rollout in flight (async mode), which a checkpoint must requeue."""
-    batch = await next_batch  # it finishes quickly once training is done; simplest and exact
-    return batch.handed_out
 
 
 def _batches(cfg, models: list[Model], due: list[Model], samples, buffer, replay):
@@ -541,85 +221,3 @@ def _agent_metrics(
     row["episode/tokens"] = mean(tokens.values())
     row["reward"] = mean(s.raw_reward for s in samples)
     return {k: v for k, v in row.items() if v is not None}
-
-
-async def _evaluate(cfg, manager, ctx, updates: int) -> dict[str, float]:
-    """avg@k and pass@k per agent on the held-out prompts (no training on them), on the
-    rewards as the recipe scored them (before the kernel's weighting), at ``eval.temperature``.
-    Every (prompt, agent) result goes to ``<output_dir>/eval/step_<updates>.jsonl`` (``row``:
-    the prompt's row in eval.path, ``rewards`` and ``passed`` per episode), so two evaluations
-    can be compared item by item."""
-    t0 = time.perf_counter()
-    data = replace(
-        cfg.data,
-        path=resolve_data_path(cfg.eval.path),
-        n_samples_per_prompt=cfg.eval.n_samples,
-        shuffle=False,
-        max_prompts=cfg.eval.max_prompts,
-    )
-    buffer = DataBuffer(data)
-    if cfg.eval.temperature is not None:
-        agents = {
-            name: replace(h, sampling={**h.sampling, "temperature": cfg.eval.temperature})
-            for name, h in ctx.agents.items()
-        }
-        ctx = replace(ctx, agents=agents)
-    kept, _, _ = await manager.run(ctx, buffer.next_groups(len(buffer)))
-    row: dict[str, float] = {}
-    items = []
-    k = cfg.eval.n_samples
-    for agent in sorted({s.agent for r in kept for s in r.samples}):
-        per_prompt = []
-        for r in kept:
-            mine = [s for s in r.samples if s.agent == agent and s.raw_reward is not None]
-            if mine:
-                passed = [
-                    bool(s.metadata.get("correct", s.raw_reward >= cfg.eval.pass_threshold))
-                    for s in mine
-                ]
-                per_prompt.append((mean(s.raw_reward for s in mine), any(passed)))
-                items.append(
-                    {
-                        "row": r.group[0].metadata["row"],
-                        "agent": agent,
-                        "rewards": [s.raw_reward for s in mine],
-                        "passed": passed,
-                    }
-                )
-        if per_prompt:
-            row[f"eval/{agent}/avg@{k}"] = mean(a for a, _ in per_prompt)
-            row[f"eval/{agent}/pass@{k}"] = mean(float(p) for _, p in per_prompt)
-    path = Path(cfg.output_dir) / "eval" / f"step_{updates}.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(item) + "\n" for item in items))
-    row["time/eval_s"] = time.perf_counter() - t0
-    return row
-
-
-async def _checkpoint(cfg, models: list[Model], buffer, step: int, in_flight) -> Path:
-    """Save everything a resume needs; state.json is written last, marking it complete."""
-    root = Path(cfg.output_dir) / "checkpoints"
-    path = root / f"step_{step}"
-    for m in models:
-        if m.trainer is not None:
-            await m.thread.run(m.trainer.save, path / "trainers" / m.owner)
-    state = {
-        "step": step,
-        "weight_versions": {m.owner: m.version for m in models},
-        "buffer": buffer.state_dict(in_flight=in_flight),
-        "python_rng": random.getstate(),
-    }
-    (path / "state.json").write_text(json.dumps(state))
-    for old in root.glob("step_*"):  # keep the newest two
-        if old != path and int(old.name[5:]) < step - max(cfg.save_every, 1):
-            shutil.rmtree(old, ignore_errors=True)
-    return path
-
-
-def _tuple_state(state):
-    """random.getstate() after a JSON round trip: lists back to tuples."""
-    return tuple(tuple(x) if isinstance(x, list) else x for x in state)
-
-
-def _jsonable(cfg) -> dict:
-    return json.loads(json.dumps(asdict(cfg), default=str))

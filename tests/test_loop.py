@@ -250,7 +250,7 @@ def test_sigkill_mid_step_then_resume_skips_and_repeats_no_prompt(tmp_path):
     cfg = toy_config(tmp_path)
     from dataclasses import replace
 
-    from kernel.loop import resolve_data_path
+    from kernel.runtime import resolve_data_path
 
     buffer = DataBuffer(replace(cfg.data, path=resolve_data_path(cfg.data.path)))
     expected = [sorted(g[0].metadata["row"] for g in buffer.next_groups()) for _ in range(6)]

@@ -204,18 +204,18 @@ def test_update_every_heterogeneous_models_and_resume(tmp_path):
 
 
 def test_an_agents_chat_template_replaces_the_tokenizers_for_its_dialogues(tmp_path):
-    from kernel.loop import _with_template
     from kernel.models import char_tokenizer
+    from kernel.runtime import with_template
 
     tok = char_tokenizer()
     template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"
     file = tmp_path / "plain.jinja"
     file.write_text(template)
     for given in (template, str(file)):
-        mine = _with_template(tok, given)
+        mine = with_template(tok, given)
         text = mine.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
         assert text == "[user] hi\n"
     assert tok.chat_template != template  # the model's own tokenizer is left as it was
-    assert _with_template(tok, None) is tok
+    assert with_template(tok, None) is tok
     with pytest.raises(ValueError, match="neither a Jinja template nor a file"):
-        _with_template(tok, str(tmp_path / "missing.jinja"))
+        with_template(tok, str(tmp_path / "missing.jinja"))

@@ -146,13 +146,13 @@ def test_dynamic_sampling_drops_constant_groups():
 
 
 def test_loop_refills_dropped_and_aborted_groups_from_the_buffer(tmp_path):
-    """kernel.loop._collect: DAPO-dropped groups are replaced by new prompts; an aborted group
-    is requeued and rolled out again in the next round; every row is used once."""
+    """kernel.runtime.Runtime.collect: DAPO-dropped groups are replaced by new prompts; an
+    aborted group is requeued and rolled out again in the next round; every row is used once."""
     import json
 
     from kernel.buffer import DataBuffer, DataConfig
     from kernel.config import TrainConfig
-    from kernel.loop import _collect
+    from kernel.runtime import Runtime
 
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(8)))
@@ -175,7 +175,8 @@ def test_loop_refills_dropped_and_aborted_groups_from_the_buffer(tmp_path):
 
     buffer = DataBuffer(data)
     manager = RolloutManager(gen, reward, RewardConfig(), concurrency=8, timeout_s=5)
-    batch = asyncio.run(_collect(cfg, manager, RolloutContext(), buffer, step=0))
+    runtime = Runtime(cfg, [], buffer, RolloutContext(), manager, logger=None, start=0)
+    batch = asyncio.run(runtime.collect(step=0))
     kept_rows = sorted(r.group[0].metadata["row"] for r in batch.results)
     assert kept_rows == [1, 3, 4]  # 1 after its abort, 3 and 4 refilled for the dropped 0 and 2
     assert attempts == {0: 1, 1: 2, 2: 1, 3: 1, 4: 1}

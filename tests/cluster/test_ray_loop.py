@@ -14,7 +14,8 @@ import pytest
 
 from kernel.buffer import DataBuffer
 from kernel.config import load_train_config
-from kernel.loop import resolve_data_path, train
+from kernel.loop import train
+from kernel.runtime import resolve_data_path
 from kernel.train.ray_trainer import TrainerDied
 
 ROOT = Path(__file__).resolve().parents[2]

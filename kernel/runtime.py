@@ -1,0 +1,458 @@
+"""What a run holds while it runs, and how it starts and stops: per model its engines, trainer,
+weight sync and update schedule (``Model``), and for the run the data buffer, the agent handles
+the hooks call, the rollout manager and the metrics logger (``Runtime``). The loop
+(kernel.loop) only says what happens in a step; everything it acts on lives here.
+
+``Runtime.open`` starts a run: the hooks and recipe config load first (a bad path fails before
+any process starts); then each model's engines launch and load while the data, tokenizers and
+trainers (in this process, or Ray actor groups) are read and built (a bad data row stops them
+again); a resumed run loads its checkpoint's state; the engines then serve the trainers'
+weights from the first step on. On the way out everything it started stops, the engines by PID.
+
+A checkpoint (``<output_dir>/checkpoints/step_N``) holds each model's trainer
+(``trainers/<owner agent>``: weights, optimiser, schedule, RNG), the buffer position with
+every prompt group handed out but not yet trained (so a crash mid-step neither skips nor
+repeats a prompt) and the samples queued for a later update, the step and each model's weight
+version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import copy
+import json
+import random
+import shutil
+import time
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kernel.agents import AgentHandle, AgentSpec, model_groups
+from kernel.buffer import DataBuffer
+from kernel.config import ModelSettings, TrainConfig
+from kernel.engine.batcher import RequestBatcher
+from kernel.engine.pool import EnginePool
+from kernel.hooks import (
+    RolloutContext,
+    default_recipe_config,
+    load_generate,
+    load_recipe_config,
+    load_reward,
+)
+from kernel.metrics import MetricsLogger, mean
+from kernel.models import load_tokenizer, materialize_model
+from kernel.rollout import GroupResult, RolloutManager, RolloutStats
+from kernel.sample import Sample
+from kernel.sync.push import SyncConfig, WeightSync
+from kernel.train.ray_trainer import RayTrainer
+from kernel.train.thread import TrainerThread
+from kernel.train.trainer import Trainer, build_trainer
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Model:
+    """One model of the run: the agents it plays, its trainer, engines and weight version."""
+
+    owner: str  # the agent whose spec defines the model
+    agents: list[AgentSpec]  # the owner first, then the agents sharing its model
+    settings: ModelSettings
+    pool: EnginePool
+    path: str = ""  # the model's folder (or name), as its engines and trainer load it
+    tokenizer: Any = None
+    trainer: Trainer | None = None  # None when every agent of the model is frozen
+    thread: TrainerThread = None  # every call into the trainer runs on it (kernel.train.thread)
+    sync: WeightSync | None = None
+    batcher: RequestBatcher | None = None  # the one its agents' generate calls go through
+    version: int = 0
+    generators: list = field(default_factory=list)
+    clients: list = field(default_factory=list)
+    sync_config: SyncConfig = field(default_factory=SyncConfig)  # transport, buckets, check
+    colocate: bool = False  # engines on the trainer's GPUs (kernel launch)
+    temperature: float = 1.0  # the owner's sampling temperature: the trainer's and the check's
+
+    def __post_init__(self) -> None:
+        if self.thread is None:
+            self.thread = TrainerThread(f"trainer-{self.owner}")
+
+    @property
+    def trained(self) -> set[str]:
+        """The agents whose samples this model trains on."""
+        return {s.name for s in self.agents if s.trainable}
+
+    def trains_at(self, step: int) -> bool:
+        return self.trainer is not None and step % self.settings.update_every == 0
+
+    def own(self, samples: list[Sample]) -> list[Sample]:
+        return [s for s in samples if s.agent in self.trained]
+
+    async def train_step(self, samples: list[Sample]) -> dict[str, float]:
+        """Train on ``samples`` (this model's), off the event loop, at the current weight
+        version (samples of older ones are stale: TIS). Colocated engines release their memory
+        (weights and KV cache) for it and resume it after; the weight sync that follows gives
+        them the new weights before they generate again. A release needs an idle engine, so
+        they first pause with abort: a straggler a rollout timeout gave up on ends there, and
+        nothing new starts until the sync's continue."""
+        if not self.colocate:
+            return await self.thread.run(self.trainer.train_step, samples, self.version)
+        await asyncio.gather(*(c.pause("abort") for c in self.clients))
+        await asyncio.gather(*(c.release_memory_occupation() for c in self.clients))
+        try:
+            return await self.thread.run(self.trainer.train_step, samples, self.version)
+        finally:
+            await asyncio.gather(*(c.resume_memory_occupation() for c in self.clients))
+
+
+@dataclass
+class Batch:
+    """The rollout of one step: kept prompt groups, and every group handed out for it."""
+
+    results: list[GroupResult]
+    handed_out: list[list[Sample]]
+    stats: RolloutStats
+    metrics: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def samples(self) -> list[Sample]:
+        return [s for r in self.results for s in r.samples]
+
+
+@dataclass
+class Runtime:
+    """A started run (``Runtime.open``): its models, data, agents, rollouts and logger."""
+
+    cfg: TrainConfig
+    models: list[Model]
+    buffer: DataBuffer
+    ctx: RolloutContext  # what the hooks see: ctx.agents[name], ctx.config, ctx.step
+    manager: RolloutManager
+    logger: MetricsLogger
+    start: int  # the first step to run (after a checkpoint's, when resumed)
+
+    @classmethod
+    @contextlib.asynccontextmanager
+    async def open(cls, cfg: TrainConfig, placement: dict[str, Any]) -> AsyncIterator[Runtime]:
+        """Start the run ``cfg`` describes (``placement``: kernel launch's, per owner agent);
+        stop everything it started on the way out."""
+        generate = load_generate(cfg.generate_fn or f"recipes.{cfg.recipe}.generate.generate")
+        reward = load_reward(cfg.reward_fn or f"recipes.{cfg.recipe}.reward.reward")
+        recipe_config = load_recipe_config(
+            cfg.recipe_config or default_recipe_config(cfg.recipe), cfg.recipe_args
+        )
+        out = Path(cfg.output_dir)
+        ckpt = latest_checkpoint(out)
+        if ckpt is not None and not cfg.resume:
+            raise ValueError(
+                f"{out} already holds checkpoints ({ckpt.name}): pass --resume true to continue "
+                "that run, or choose another --output_dir"
+            )
+        out.mkdir(parents=True, exist_ok=True)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+
+        with contextlib.ExitStack() as stack:  # Ray, if this run starts it, stops last
+            if cfg.ray.enabled and cfg.ray.start():
+                import ray  # optional: only runs on Ray need it
+
+                stack.callback(ray.shutdown)
+            models = plan_models(cfg, out, placement)
+            for m in models:
+                stack.push(m.pool)  # stopped on the way out (entering it would wait for them)
+                m.pool.launch()
+            buffer = DataBuffer(replace(cfg.data, path=resolve_data_path(cfg.data.path)))
+            for m in models:
+                m.tokenizer = load_tokenizer(m.agents[0].tokenizer or m.path)
+                stack.callback(m.thread.close)
+                m.trainer = m.thread.call(place_trainer, cfg, m, placement.get(m.owner))
+            start = 0
+            if ckpt is not None:
+                state = json.loads((ckpt / "state.json").read_text())
+                for m in models:
+                    if m.trainer is not None:
+                        m.thread.call(m.trainer.load, ckpt / "trainers" / m.owner)
+                    m.version = state["weight_versions"][m.owner]
+                buffer.load_state_dict(state["buffer"])
+                start = state["step"]
+                random.setstate(_tuple_state(state["python_rng"]))
+            (out / "config.json").write_text(json.dumps(jsonable(cfg), indent=1))
+            logger = MetricsLogger(out, cfg.log, jsonable(cfg), start)
+
+            for m in models:
+                m.pool.wait_healthy()
+                m.generators, m.clients = m.pool.clients()
+                m.sync = WeightSync(
+                    m.sync_config, m.clients, out / "sync" / m.owner, m.temperature, m.thread.run
+                )
+            ctx = RolloutContext(
+                agents=agent_handles(cfg, models), config=recipe_config, run=cfg, step=start
+            )
+            manager = RolloutManager(
+                generate, reward, cfg.reward, cfg.rollout.concurrency, cfg.rollout.timeout_s
+            )
+            runtime = cls(cfg, models, buffer, ctx, manager, logger, start)
+            watchers = [asyncio.ensure_future(m.pool.watch()) for m in models]
+            try:
+                await runtime._serve_trainer_weights()
+                yield runtime
+            finally:
+                for w in watchers:
+                    w.cancel()
+                await runtime._close()
+
+    async def _serve_trainer_weights(self) -> None:
+        """Engines serve the trainers' weights from the first step on: a resumed run pushes its
+        checkpoints, a fresh one only labels the base weights with version 0."""
+        for m in self.models:
+            if self.start > 0 and m.trainer is not None:
+                await m.sync.push(m.trainer, m.version)
+            else:
+                await asyncio.gather(*(c.update_weight_version(str(m.version)) for c in m.clients))
+
+    async def _close(self) -> None:
+        for m in self.models:
+            if m.sync is not None:
+                await m.sync.aclose()
+            await asyncio.gather(*(c.aclose() for c in {*m.generators, *m.clients}))
+            if m.trainer is not None and hasattr(m.trainer, "close"):
+                await m.thread.run(m.trainer.close)
+        self.logger.close()
+
+    @property
+    def requests(self) -> int:
+        """Generate requests sent to the engines so far."""
+        return sum(m.batcher.stats["requests"] for m in self.models)
+
+    async def collect(self, step: int) -> Batch:
+        """Roll out prompts_per_step groups; refill groups dropped (DAPO) or aborted."""
+        cfg = self.cfg
+        want = cfg.data.prompts_per_step
+        results: list[GroupResult] = []
+        handed_out: list[list[Sample]] = []
+        total = RolloutStats()
+        for _ in range(1 + cfg.max_refill_rounds):
+            groups = self.buffer.next_groups(want - len(results))
+            handed_out += groups
+            kept, aborted, stats = await self.manager.run(self.ctx, groups, cfg.dynamic_sampling)
+            for r in aborted:  # rolled out again, whole, in a later round or step
+                self.buffer.requeue(r.group)
+            results += kept
+            total.add(stats)
+            if len(results) >= want:
+                break
+        return Batch(results, handed_out, total, {"rollout/groups": float(len(results))})
+
+    async def train(self, due: list[Model], batches: dict[str, list[Sample]]) -> list[dict]:
+        """Train the models due on their batches: off the event loop, so an async rollout keeps
+        going, and concurrently; colocated engines give their GPU memory up meanwhile."""
+        return list(await asyncio.gather(*(m.train_step(batches[m.owner]) for m in due)))
+
+    async def sync(self, due: list[Model], samples: list[Sample]) -> list[dict]:
+        """Push the weights of the models that trained to their engines, and the current ones to
+        engines restarted after a crash (which rejoin the rotation only once they serve them)."""
+        restarted = {m.owner: await m.pool.restart_dead() for m in self.models}
+        metrics = []
+        for m in self.models:
+            await m.sync.reset(restarted[m.owner])
+            if m in due:
+                m.version += 1
+                # checked on the first prompt it trained on (SyncConfig.check_tokens)
+                probe = next((s.prompt_ids for s in m.own(samples)), None)
+                metrics.append(await m.sync.push(m.trainer, m.version, probe))
+            elif restarted[m.owner] and m.trainer is not None:
+                await m.sync.push(m.trainer, m.version)
+            await m.pool.readmit(restarted[m.owner])
+        return metrics
+
+    async def checked(self) -> list[dict]:
+        """Per model, the post-sync checks of its last push (run beside the rollout since)."""
+        return [await m.sync.checked() for m in self.models]
+
+    async def evaluate(self, updates: int) -> dict[str, float]:
+        """avg@k and pass@k per agent on the held-out prompts (no training on them), on the
+        rewards as the recipe scored them (before the kernel's weighting), at
+        ``eval.temperature``. Every (prompt, agent) result goes to
+        ``<output_dir>/eval/step_<updates>.jsonl`` (``row``: the prompt's row in eval.path,
+        ``rewards`` and ``passed`` per episode), so two evaluations can be compared item by
+        item."""
+        cfg, ctx = self.cfg, self.ctx
+        t0 = time.perf_counter()
+        data = replace(
+            cfg.data,
+            path=resolve_data_path(cfg.eval.path),
+            n_samples_per_prompt=cfg.eval.n_samples,
+            shuffle=False,
+            max_prompts=cfg.eval.max_prompts,
+        )
+        buffer = DataBuffer(data)
+        if cfg.eval.temperature is not None:
+            agents = {
+                name: replace(h, sampling={**h.sampling, "temperature": cfg.eval.temperature})
+                for name, h in ctx.agents.items()
+            }
+            ctx = replace(ctx, agents=agents)
+        kept, _, _ = await self.manager.run(ctx, buffer.next_groups(len(buffer)))
+        row: dict[str, float] = {}
+        items = []
+        k = cfg.eval.n_samples
+        for agent in sorted({s.agent for r in kept for s in r.samples}):
+            per_prompt = []
+            for r in kept:
+                mine = [s for s in r.samples if s.agent == agent and s.raw_reward is not None]
+                if mine:
+                    passed = [
+                        bool(s.metadata.get("correct", s.raw_reward >= cfg.eval.pass_threshold))
+                        for s in mine
+                    ]
+                    per_prompt.append((mean(s.raw_reward for s in mine), any(passed)))
+                    items.append(
+                        {
+                            "row": r.group[0].metadata["row"],
+                            "agent": agent,
+                            "rewards": [s.raw_reward for s in mine],
+                            "passed": passed,
+                        }
+                    )
+            if per_prompt:
+                row[f"eval/{agent}/avg@{k}"] = mean(a for a, _ in per_prompt)
+                row[f"eval/{agent}/pass@{k}"] = mean(float(p) for _, p in per_prompt)
+        path = Path(cfg.output_dir) / "eval" / f"step_{updates}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(item) + "\n" for item in items))
+        row["time/eval_s"] = time.perf_counter() - t0
+        return row
+
+    async def checkpoint(self, step: int, next_batch: asyncio.Future | None) -> Path:
+        """Save everything a resume needs; state.json is written last, marking it complete.
+        The groups of a rollout in flight (async mode) are requeued by it."""
+        # that rollout finishes quickly once training is done; simplest and exact
+        in_flight = [] if next_batch is None else (await next_batch).handed_out
+        root = Path(self.cfg.output_dir) / "checkpoints"
+        path = root / f"step_{step}"
+        for m in self.models:
+            if m.trainer is not None:
+                await m.thread.run(m.trainer.save, path / "trainers" / m.owner)
+        state = {
+            "step": step,
+            "weight_versions": {m.owner: m.version for m in self.models},
+            "buffer": self.buffer.state_dict(in_flight=in_flight),
+            "python_rng": random.getstate(),
+        }
+        (path / "state.json").write_text(json.dumps(state))
+        for old in root.glob("step_*"):  # keep the newest two
+            if old != path and int(old.name[5:]) < step - max(self.cfg.save_every, 1):
+                shutil.rmtree(old, ignore_errors=True)
+        return path
+
+
+def plan_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> list[Model]:
+    """The models of the run, each with its folder and engine pool (not launched yet; its
+    tokenizer and trainer come later), placed as ``placement`` says for the owners it names."""
+    models = []
+    for i, specs in enumerate(model_groups(cfg.agent_specs()).values()):
+        settings = cfg.model_settings(specs[0])
+        path = materialize_model(settings.model, out / "models")
+        logs = out / "logs" / specs[0].name
+        pool = EnginePool(settings.engine, path, logs, seed=cfg.seed + 1000 * i)
+        temperature = cfg.agent_rollout(specs[0]).temperature
+        model = Model(
+            specs[0].name,
+            specs,
+            settings,
+            pool,
+            path=path,
+            sync_config=cfg.sync,
+            temperature=temperature,
+        )
+        where = placement.get(model.owner)
+        if where is not None:
+            model.colocate = where.colocate
+            model.sync_config = replace(cfg.sync, transport=where.sync_transport)
+        models.append(model)
+    return models
+
+
+def place_trainer(cfg: TrainConfig, model: Model, where) -> Trainer | None:
+    """The trainer of ``model`` (None when none of its agents trains): in this process, or a
+    Ray actor group on the ranks ``where`` (a kernel launch placement) or cfg.ray says."""
+    if not model.trained:
+        return None
+    settings = model.settings
+    trainer_cfg = replace(settings.trainer, temperature=model.temperature, seed=cfg.seed)
+    args = (model.path, settings.optim, settings.loss, trainer_cfg, cfg.num_steps)
+    if not cfg.ray.enabled:
+        return build_trainer(*args)
+    if where:
+        options = where.trainer_options
+    else:
+        options = {
+            "world_size": model.agents[0].resources.get("train_gpus") or cfg.ray.ranks,
+            "num_cpus": cfg.ray.num_cpus_per_rank,
+            "num_gpus": cfg.ray.num_gpus_per_rank,
+        }
+    return RayTrainer(model.owner, *args, **options)
+
+
+def agent_handles(cfg: TrainConfig, models: list[Model]) -> dict[str, AgentHandle]:
+    """ctx.agents, in the order of cfg.agents: each agent samples from its model's engines
+    through the model's request batcher, with its own sampling defaults and chat template."""
+    agents = {}
+    for m in models:
+        window = m.settings.engine.batch_window_ms / 1000
+        m.batcher = batcher = RequestBatcher(m.generators, m.pool, window)
+        for spec in m.agents:
+            tokenizer = with_template(m.tokenizer, spec.chat_template)
+            rollout = cfg.agent_rollout(spec)
+            sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p}
+            agents[spec.name] = AgentHandle(
+                spec.name,
+                m.generators,
+                tokenizer,
+                sampling,
+                rollout.max_response_len,
+                rollout.max_context_len,
+                pool=m.pool,
+                batcher=batcher,
+            )
+    return {name: agents[name] for name in (s.name for s in cfg.agent_specs())}
+
+
+def with_template(tokenizer, template: str | None):
+    """``tokenizer``, or a copy of it that renders dialogues with ``template`` (Jinja text or
+    a file path); the ids of its tokens are unchanged, so the engine and trainer agree."""
+    if template is None:
+        return tokenizer
+    path = Path(template)
+    text = path.read_text() if "{" not in template and path.is_file() else template
+    if "{" not in text:
+        raise ValueError(f"chat_template {template!r} is neither a Jinja template nor a file")
+    tokenizer = copy.copy(tokenizer)
+    tokenizer.chat_template = text
+    return tokenizer
+
+
+def resolve_data_path(path: str) -> str:
+    """A relative data path that is not under the working directory may be under the repo."""
+    if path and not Path(path).exists() and (REPO_ROOT / path).exists():
+        return str(REPO_ROOT / path)
+    return path
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    steps = sorted((out_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
+    done = [p for p in steps if (p / "state.json").exists()]  # written last: complete
+    return done[-1] if done else None
+
+
+def _tuple_state(state):
+    """random.getstate() after a JSON round trip: lists back to tuples."""
+    return tuple(tuple(x) if isinstance(x, list) else x for x in state)
+
+
+def jsonable(cfg) -> dict:
+    return json.loads(json.dumps(asdict(cfg), default=str))
