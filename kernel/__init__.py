@@ -1,7 +1,9 @@
-"""Tandem's kernel: the small torch-only core for training several LLM agents together with RL.
+"""Tandem's kernel: training several LLM agents together with RL, in layers (docs/design.md):
+a torch-only core, data and rollout, engine / sync / train (torch and Megatron-core backends),
+the runtime and loop, and the CLI and cluster launcher on top.
 
-Heavy dependencies (Megatron-core, SGLang, Ray) are imported lazily inside their adapters, so
-``import kernel`` is cheap and works on any CPU machine.
+Heavy optional dependencies (Megatron-core, Ray) are imported lazily inside the functions that
+use them, so ``import kernel`` is cheap and works on any CPU machine.
 """
 
 from kernel.hooks import RolloutContext, load_function
