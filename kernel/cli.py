@@ -26,11 +26,11 @@ from kernel.advantages import ESTIMATORS
 from kernel.cluster.plan import ClusterConfig, make_plan
 from kernel.cluster.run import run_plan
 from kernel.config import TrainConfig, make_parser
+from kernel.hooks import recipes_root
 from kernel.loop import train
 from kernel.loss import AGG_MODES
 from kernel.plot import plot_metrics
 
-RECIPES_DIR = Path(__file__).resolve().parent.parent / "recipes"
 OPTIONAL = {
     "megatron-core": "production trainer",
     "sglang": "production engine (GPU)",
@@ -50,10 +50,12 @@ def _version(dist: str) -> str | None:
 
 
 def recipes() -> dict[str, bool]:
-    """Recipe folder -> whether it already has its generate hook."""
+    """Recipe folder of the importable ``recipes`` package -> whether it has its generate
+    hook."""
+    root = recipes_root()
     return {
         d.name: (d / "generate.py").exists()
-        for d in sorted(RECIPES_DIR.iterdir())
+        for d in sorted(root.iterdir() if root else [])
         if d.is_dir() and not d.name.startswith(("_", "."))
     }
 
@@ -167,8 +169,8 @@ PRESETS_DIR = Path(__file__).resolve().parent / "presets"
 def preset_path(name: str, recipe: str | None) -> Path:
     """``--preset NAME``: recipes/<recipe>/presets/NAME.yaml, else kernel/presets/NAME.yaml."""
     candidates = [PRESETS_DIR / f"{name}.yaml"]
-    if recipe:
-        candidates.insert(0, RECIPES_DIR / recipe / "presets" / f"{name}.yaml")
+    if recipe and (root := recipes_root()) is not None:
+        candidates.insert(0, root / recipe / "presets" / f"{name}.yaml")
     for path in candidates:
         if path.exists():
             return path

@@ -21,6 +21,7 @@ import importlib.util
 import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from kernel.sample import Sample
@@ -102,6 +103,33 @@ def load_recipe_config(path: str | None, args: Mapping[str, Any]) -> Any:
     if hasattr(config, "validate"):
         config.validate()
     return config
+
+
+def recipes_root() -> Path | None:
+    """The folder of the importable ``recipes`` package (wherever it is installed or on the
+    path), or None when there is none: recipes are found by import, not by this checkout."""
+    try:
+        spec = importlib.util.find_spec("recipes")
+    except ModuleNotFoundError:
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def package_file(path: str) -> str:
+    """``path`` itself when it exists or is absolute; else, a path relative to the folder that
+    holds the ``kernel`` or the ``recipes`` package (presets name their data files so:
+    ``recipes/takes_two/data/train.jsonl``) when the file is there."""
+    if not path or Path(path).is_absolute() or Path(path).exists():
+        return path
+    roots = [Path(__file__).resolve().parent.parent]
+    if (found := recipes_root()) is not None:
+        roots.insert(0, found.parent)
+    for root in roots:
+        if (root / path).exists():
+            return str(root / path)
+    return path
 
 
 def default_recipe_config(recipe: str) -> str | None:

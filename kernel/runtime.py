@@ -43,6 +43,7 @@ from kernel.hooks import (
     load_generate,
     load_recipe_config,
     load_reward,
+    package_file,
 )
 from kernel.metrics import MetricsLogger, mean
 from kernel.models import load_tokenizer, materialize_model
@@ -52,8 +53,6 @@ from kernel.sync.push import SyncConfig, WeightSync
 from kernel.train.ray_trainer import RayTrainer
 from kernel.train.thread import TrainerThread
 from kernel.train.trainer import Trainer, build_trainer
-
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -165,7 +164,7 @@ class Runtime:
             for m in models:
                 stack.push(m.pool)  # stopped on the way out (entering it would wait for them)
                 m.pool.launch()
-            buffer = DataBuffer(replace(cfg.data, path=resolve_data_path(cfg.data.path)))
+            buffer = DataBuffer(replace(cfg.data, path=package_file(cfg.data.path)))
             for m in models:
                 m.tokenizer = load_tokenizer(m.agents[0].tokenizer or m.path)
                 stack.callback(m.thread.close)
@@ -284,7 +283,7 @@ class Runtime:
         t0 = time.perf_counter()
         data = replace(
             cfg.data,
-            path=resolve_data_path(cfg.eval.path),
+            path=package_file(cfg.eval.path),
             n_samples_per_prompt=cfg.eval.n_samples,
             shuffle=False,
             max_prompts=cfg.eval.max_prompts,
@@ -434,13 +433,6 @@ def with_template(tokenizer, template: str | None):
     tokenizer = copy.copy(tokenizer)
     tokenizer.chat_template = text
     return tokenizer
-
-
-def resolve_data_path(path: str) -> str:
-    """A relative data path that is not under the working directory may be under the repo."""
-    if path and not Path(path).exists() and (REPO_ROOT / path).exists():
-        return str(REPO_ROOT / path)
-    return path
 
 
 def latest_checkpoint(out_dir: Path) -> Path | None:

@@ -1,6 +1,7 @@
 """Hook loading by dotted path: good paths resolve once; every bad one names the path."""
 
 import asyncio
+from pathlib import Path
 
 import pytest
 
@@ -55,3 +56,22 @@ def test_recipe_config_is_built_and_validated_at_start_up():
     with pytest.raises(ValueError, match=r"recipe_args\.turns must be >= 1"):
         load_recipe_config(f"{FIX}.RecipeConfig", {"turns": 0})
     assert default_recipe_config("no_such_recipe") is None
+
+
+def test_recipes_and_their_data_are_found_by_import_not_by_the_working_directory(
+    tmp_path, monkeypatch
+):
+    import recipes
+    from kernel.hooks import package_file, recipes_root
+
+    monkeypatch.chdir(tmp_path)  # nowhere near the checkout
+    assert recipes_root() == Path(recipes.__file__).parent
+    rel = "recipes/takes_two/data/train.jsonl"
+    found = Path(package_file(rel))
+    assert found.is_absolute() and found == recipes_root().parent / rel and found.exists()
+    assert Path(package_file("kernel/presets/toy.yaml")).exists()
+    (tmp_path / "recipes").mkdir()  # a file in the working directory wins
+    (tmp_path / rel.replace("takes_two/data/", "")).write_text("{}\n")
+    assert package_file("recipes/train.jsonl") == "recipes/train.jsonl"
+    assert package_file("nowhere/x.jsonl") == "nowhere/x.jsonl"  # the buffer names it
+    assert package_file(str(found)) == str(found)

@@ -250,9 +250,9 @@ def test_sigkill_mid_step_then_resume_skips_and_repeats_no_prompt(tmp_path):
     cfg = toy_config(tmp_path)
     from dataclasses import replace
 
-    from kernel.runtime import resolve_data_path
+    from kernel.hooks import package_file
 
-    buffer = DataBuffer(replace(cfg.data, path=resolve_data_path(cfg.data.path)))
+    buffer = DataBuffer(replace(cfg.data, path=package_file(cfg.data.path)))
     expected = [sorted(g[0].metadata["row"] for g in buffer.next_groups()) for _ in range(6)]
     assert [r["data/rows"] for r in rows] == expected
 

@@ -14,8 +14,8 @@ import pytest
 
 from kernel.buffer import DataBuffer
 from kernel.config import load_train_config
+from kernel.hooks import package_file
 from kernel.loop import train
-from kernel.runtime import resolve_data_path
 from kernel.train.ray_trainer import TrainerDied
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -96,7 +96,7 @@ def test_a_dead_trainer_rank_stops_the_run_by_name_and_resume_loses_no_prompt(tm
     assert [r["step"] for r in rows] == list(range(6))
     assert [r["weight_version"] for r in rows] == list(range(1, 7))
     cfg = toy(tmp_path)
-    buffer = DataBuffer(replace(cfg.data, path=resolve_data_path(cfg.data.path)))
+    buffer = DataBuffer(replace(cfg.data, path=package_file(cfg.data.path)))
     expected = [sorted(g[0].metadata["row"] for g in buffer.next_groups()) for _ in range(6)]
     assert [r["data/rows"] for r in rows] == expected
 
