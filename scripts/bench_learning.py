@@ -240,7 +240,24 @@ def main(argv: list[str] | None = None) -> int:
     print(f"steps {steps}, samples seen {int(samples)}, wall {wall / 60:.1f} min")
     print("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
     print(f"wrote {out / 'learning.json'} and {png}")
+    print("README row:\n" + readme_row(report))
     return 0
+
+
+def readme_row(r: dict) -> str:
+    """The report as a row of README's "Does it learn?" table."""
+    cells = [
+        r["recipe"],
+        r["model"],
+        r["metric"],
+        f"{r['n_eval']}",
+        f"{r['before']:.3f}",
+        f"{r['after']:.3f}",
+        f"{r['diff']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]",
+        f"{r['minutes']:.0f} ({r['steps']} steps)",
+        f"`{r['command']}`",
+    ]
+    return "| " + " | ".join(cells) + " |"
 
 
 if __name__ == "__main__":

@@ -118,3 +118,25 @@ def test_compare_pairs_items_by_row_and_agent(tmp_path):
     )
     p = m.compare(before, after, 500, "passed")["solver"]
     assert p["before"] == 0.25 and p["after"] == 0.75 and p["diff"] == 0.5
+
+
+def test_readme_row_shows_every_figure_of_the_report():
+    report = {
+        "recipe": "math_solver_verifier",
+        "model": "smollm2",
+        "metric": "solver accuracy",
+        "n_eval": 256,
+        "before": 0.234,
+        "after": 0.3516,
+        "diff": 0.1176,
+        "ci_low": 0.07,
+        "ci_high": 0.164,
+        "minutes": 46.4,
+        "steps": 61,
+        "command": "python scripts/bench_learning.py --recipe math_solver_verifier",
+    }
+    assert bench_learning().readme_row(report) == (
+        "| math_solver_verifier | smollm2 | solver accuracy | 256 | 0.234 | 0.352 | "
+        "+0.117 [+0.070, +0.164] | 46 (61 steps) | "
+        "`python scripts/bench_learning.py --recipe math_solver_verifier` |"
+    )
