@@ -137,6 +137,6 @@ def test_readme_row_shows_every_figure_of_the_report():
     }
     assert bench_learning().readme_row(report) == (
         "| math_solver_verifier | smollm2 | solver accuracy | 256 | 0.234 | 0.352 | "
-        "+0.117 [+0.070, +0.164] | 46 (61 steps) | "
+        "+0.118 [+0.070, +0.164] | 46 (61 steps) | "
         "`python scripts/bench_learning.py --recipe math_solver_verifier` |"
     )
