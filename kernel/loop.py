@@ -62,11 +62,11 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
     rows: list[dict] = []
     async with Runtime.open(cfg, placement) as rt:
         models = rt.models
+        startup_s = process_age()  # from the command to the first rollout (or eval)
         if cfg.eval.at_start and rt.start == 0:  # the starting weights, for before/after
             rt.logger.log({"step": -1, **await rt.evaluate(0)})
         next_batch = None
         replay = collections.deque(maxlen=cfg.replay_groups)  # recent groups, newest first
-        startup_s = process_age()  # from the command to the first rollout
         t_first = time.monotonic()  # max_minutes counts from here
         for step in range(rt.start, cfg.num_steps):
             t_step, cpu_step, requests = time.perf_counter(), time.thread_time(), rt.requests
