@@ -73,7 +73,9 @@ def plot_metrics(path: str | Path, out: str | Path | None = None, keys: list[str
         raise ValueError(f"{path}: {e}") from None
     if not panels:
         raise ValueError(f"{path}: none of the default metrics is present; pass keys")
-    fig, axes = plt.subplots(len(panels), 1, figsize=(7, 2.4 * len(panels)), squeeze=False)
+    fig, axes = plt.subplots(  # constrained: the suptitle keeps clear of the first panel
+        len(panels), 1, figsize=(7, 2.4 * len(panels)), squeeze=False, layout="constrained"
+    )
     for ax, (title, ks) in zip(axes[:, 0], panels, strict=True):
         for key in ks:
             pts = [(r.get("step", i), r[key]) for i, r in enumerate(rows) if r.get(key) is not None]
@@ -84,7 +86,6 @@ def plot_metrics(path: str | Path, out: str | Path | None = None, keys: list[str
             ax.legend(fontsize=7)
     axes[-1, 0].set_xlabel("step")
     fig.suptitle(str(path), fontsize=9)
-    fig.tight_layout()
     out = Path(out) if out else Path(path).with_name("curves.png")
     fig.savefig(out, dpi=100)
     plt.close(fig)
