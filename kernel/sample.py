@@ -28,6 +28,13 @@ class Status(str, enum.Enum):
     def trainable(self) -> bool:
         return self in (Status.COMPLETED, Status.TRUNCATED)
 
+    @classmethod
+    def of_turn(cls, finish_type: str | None) -> Status:
+        """The status of a sample whose last turn ended so (the engine's finish reason): a
+        stop token or string completes it, anything else (``length``) truncates it. Aborted
+        turns never get here: they raise EpisodeAborted and the group is rolled out again."""
+        return cls.COMPLETED if finish_type == "stop" else cls.TRUNCATED
+
 
 class SampleError(ValueError):
     """A sample broke one of its invariants; the message names the sample and the field."""

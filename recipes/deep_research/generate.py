@@ -28,8 +28,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kernel.agents import Dialogue
 from kernel.hooks import RolloutContext
-from kernel.sample import Sample, Status
+from kernel.sample import Sample
 from recipes.deep_research import prompts
 from recipes.deep_research.config import AGENT, SEARCHER, RecipeConfig, resolve
 from recipes.deep_research.reward import exact_match, f1_score, gold_answers
@@ -88,48 +89,12 @@ def _sampling(cfg: RecipeConfig, stop: list[str]) -> dict | None:
     return {"stop": stop, "no_stop_trim": True} if cfg.stop_at_tags else None
 
 
-@dataclass
-class _Dialogue:
-    """One agent's Conversation, and how its last turn ended."""
-
-    ctx: RolloutContext
-    name: str
-    system: str
-    first: str
-
-    def __post_init__(self) -> None:
-        self.agent = self.ctx.agents[self.name]
-        self.conv = self.agent.conversation(system=self.system)
-        self.conv.add_message("user", self.first)
-        self.finish: str | None = None  # None until a turn was sampled
-
-    async def speak(self, sampling: dict | None) -> str | None:
-        """The agent's next turn as text; None when the context budget is spent."""
-        result = await self.agent.generate_turn(self.conv, sampling)
-        if result is None:
-            return None
-        self.finish = result.finish_type
-        return self.agent.tokenizer.decode(result.output_ids, skip_special_tokens=True)
-
-    def tool(self, text: str, role: str) -> bool:
-        """A tool response (mask 0); False when it does not fit (the dialogue is truncated)."""
-        return self.conv.add_message(role, prompts.information(text))
-
-    def sample(self, seed: Sample, turn: int, **metadata) -> Sample | None:
-        if self.finish is None:  # nothing sampled: nothing to train on
-            return None
-        status = Status.COMPLETED if self.finish == "stop" else Status.TRUNCATED
-        fields = seed.seed_fields()
-        fields["metadata"].update(role=self.name, **metadata)
-        return self.conv.to_sample(agent=self.name, turn=turn, status=status, **fields)
-
-
 async def run_searcher(
     ctx: RolloutContext, retriever: RetrieverClient, sub_question: str, counts: Counts
-) -> tuple[str, _Dialogue, dict]:
+) -> tuple[str, Dialogue, dict]:
     """One searcher call: (the text handed back to the main agent, its dialogue, metadata)."""
     cfg = resolve(ctx.config)
-    d = _Dialogue(ctx, SEARCHER, prompts.SEARCHER_SYSTEM, prompts.research(sub_question))
+    d = Dialogue(ctx.agents[SEARCHER], prompts.SEARCHER_SYSTEM, prompts.research(sub_question))
     summary, queries, errors = None, [], 0
     seen: dict[str, str] = {}  # id -> title of every document retrieved
     for _ in range(cfg.searcher_max_turns):
@@ -155,7 +120,7 @@ async def run_searcher(
             else:
                 seen |= {doc["id"]: doc["title"] for docs in hits for doc in docs}
                 reply = prompts.results(list(turn.queries), hits, cfg.max_passage_chars)
-        if not d.tool(reply, cfg.tool_role):
+        if not d.say(cfg.tool_role, prompts.information(reply)):
             break
     counts.searcher_queries += len(queries)
     counts.searcher_format_errors += errors
@@ -188,10 +153,10 @@ async def read_document(
 async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     """The recipe's generate hook: one research episode (see the module docstring)."""
     cfg = resolve(ctx.config)
-    main = _Dialogue(ctx, AGENT, prompts.AGENT_SYSTEM, prompts.question(str(sample.prompt)))
+    main = Dialogue(ctx.agents[AGENT], prompts.AGENT_SYSTEM, prompts.question(str(sample.prompt)))
     counts = Counts()
     answer: str | None = None
-    searchers: list[tuple[_Dialogue, dict]] = []
+    searchers: list[tuple[Dialogue, dict]] = []
     async with RetrieverClient(cfg.retriever_url, cfg.request_timeout_s, cfg.retries) as retriever:
         for _ in range(cfg.max_turns):
             text = await main.speak(_sampling(cfg, AGENT_STOP))
@@ -212,7 +177,7 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
             else:  # read
                 counts.reads += 1
                 reply = await read_document(retriever, action.arg, cfg, counts)
-            if not main.tool(reply, cfg.tool_role):
+            if not main.say(cfg.tool_role, prompts.information(reply)):
                 break
 
     golds = gold_answers(sample.label)

@@ -26,8 +26,9 @@ from __future__ import annotations
 import asyncio
 import re
 
+from kernel.agents import Dialogue
 from kernel.hooks import RolloutContext
-from kernel.sample import Sample, Status
+from kernel.sample import Sample
 from recipes.math_solver_verifier import prompts
 from recipes.math_solver_verifier.reward import extract_answer, is_equivalent
 
@@ -81,29 +82,14 @@ def verifier_metrics(
     }
 
 
-class _Turn:
-    """One role's dialogue in the episode: conversation, sampled text, finish."""
+def _solver(ctx: RolloutContext, problem: str) -> Dialogue:
+    return Dialogue(ctx.agents["solver"], prompts.SOLVER_SYSTEM, prompts.solver(problem))
 
-    def __init__(self, ctx: RolloutContext, role: str, user: str, system: str | None = None):
-        self.role, self.agent = role, ctx.agents[role]
-        self.conv = self.agent.conversation(system=system)
-        self.conv.add_message("user", user)
-        self.text, self.finish = "", None
 
-    async def speak(self) -> str:
-        result = await self.agent.generate_turn(self.conv)
-        if result is not None:
-            self.text = self.agent.tokenizer.decode(result.output_ids, skip_special_tokens=True)
-            self.finish = result.finish_type
-        return self.text
-
-    def sample(self, seed: Sample, turn: int, **metadata) -> Sample | None:
-        if self.finish is None:  # the prompt left no room to generate: nothing to train on
-            return None
-        status = Status.COMPLETED if self.finish == "stop" else Status.TRUNCATED
-        fields = seed.seed_fields()
-        fields["metadata"].update(role=self.role, text=self.text, **metadata)
-        return self.conv.to_sample(agent=self.role, turn=turn, status=status, **fields)
+async def _speak_all(dialogues: list[Dialogue]) -> list[str]:
+    """Each dialogue's next turn, sampled together; its text ("" if it never had room)."""
+    await asyncio.gather(*(d.speak() for d in dialogues))
+    return [d.text for d in dialogues]
 
 
 def _answer(text: str, cfg) -> str | None:
@@ -118,15 +104,14 @@ def _correct(answer: str | None, label, cfg) -> bool:
 async def solver_rewriter_selector(ctx: RolloutContext, seed: Sample) -> list[Sample]:
     cfg, problem, n = ctx.config, str(seed.prompt), ctx.config.num_parallel
 
-    solvers = [
-        _Turn(ctx, "solver", prompts.solver(problem), prompts.SOLVER_SYSTEM) for _ in range(n)
-    ]
-    solutions = await asyncio.gather(*(t.speak() for t in solvers))
+    solvers = [_solver(ctx, problem) for _ in range(n)]
+    solutions = await _speak_all(solvers)
     listing = prompts.rewriter(problem, solutions, cfg.max_solution_chars)
-    rewriters = [_Turn(ctx, "rewriter", listing) for _ in range(n)]
-    rewrites = await asyncio.gather(*(t.speak() for t in rewriters))
-    selector = _Turn(ctx, "selector", prompts.selector(problem, rewrites, cfg.max_solution_chars))
-    pick = parse_judgment(await selector.speak(), n)
+    rewriters = [Dialogue(ctx.agents["rewriter"], first=listing) for _ in range(n)]
+    rewrites = await _speak_all(rewriters)
+    selection = prompts.selector(problem, rewrites, cfg.max_solution_chars)
+    selector = Dialogue(ctx.agents["selector"], first=selection)
+    pick = parse_judgment((await _speak_all([selector]))[0], n)
 
     answers = [_answer(t.text, cfg) for t in solvers + rewriters]
     graded = [_correct(a, seed.label, cfg) for a in answers]
@@ -144,22 +129,21 @@ async def solver_rewriter_selector(ctx: RolloutContext, seed: Sample) -> list[Sa
 
 async def solver_verifier(ctx: RolloutContext, seed: Sample) -> list[Sample]:
     cfg, problem = ctx.config, str(seed.prompt)
-    solver = _Turn(ctx, "solver", prompts.solver(problem), prompts.SOLVER_SYSTEM)
-    verifier: _Turn | None = None
+    solver = _solver(ctx, problem)
+    verifier: Dialogue | None = None
     verdicts: list[bool | None] = []
     for loop in range(cfg.max_loops):
-        solution = await solver.speak() if loop == 0 else await _revise(solver, verifier, cfg)
+        if loop == 0 or solver.say("user", prompts.revise(verifier.text, cfg.max_solution_chars)):
+            await solver.speak()
         if solver.conv.truncated:
             break
+        check = prompts.verifier(problem, solver.text, cfg.max_solution_chars)
         if verifier is None:
-            verifier = _Turn(
-                ctx, "verifier", prompts.verifier(problem, solution, cfg.max_solution_chars)
-            )
-        elif not verifier.conv.add_message(
-            "user", prompts.verifier(problem, solution, cfg.max_solution_chars)
-        ):
+            verifier = Dialogue(ctx.agents["verifier"], first=check)
+        elif not verifier.say("user", check):
             break
-        verdicts.append(parse_verdict(await verifier.speak()))
+        await verifier.speak()
+        verdicts.append(parse_verdict(verifier.text))
         if verdicts[-1] is True:
             break
     answer = _answer(solver.text, cfg)
@@ -171,18 +155,10 @@ async def solver_verifier(ctx: RolloutContext, seed: Sample) -> list[Sample]:
     return [s for s in samples if s is not None]
 
 
-async def _revise(solver: _Turn, verifier: _Turn, cfg) -> str:
-    if not solver.conv.add_message("user", prompts.revise(verifier.text, cfg.max_solution_chars)):
-        return solver.text
-    return await solver.speak()
-
-
 async def solver_only(ctx: RolloutContext, seed: Sample) -> list[Sample]:
     cfg, problem, n = ctx.config, str(seed.prompt), ctx.config.num_parallel
-    solvers = [
-        _Turn(ctx, "solver", prompts.solver(problem), prompts.SOLVER_SYSTEM) for _ in range(n)
-    ]
-    await asyncio.gather(*(t.speak() for t in solvers))
+    solvers = [_solver(ctx, problem) for _ in range(n)]
+    await _speak_all(solvers)
     answers = [_answer(t.text, cfg) for t in solvers]
     graded = [_correct(a, seed.label, cfg) for a in answers]
     metrics = {"turns": float(n), "solver_pass@k": float(any(graded)), "solved": float(any(graded))}

@@ -18,39 +18,13 @@ doctor's carries the episode metrics in ``metadata["metrics"]``.
 
 from __future__ import annotations
 
-from kernel.conversation import Conversation
+from kernel.agents import Dialogue
 from kernel.hooks import RolloutContext
-from kernel.sample import Sample, Status
+from kernel.sample import Sample
 from recipes.takes_two import prompts
 from recipes.takes_two.config import DOCTOR, PATIENT, as_config
 from recipes.takes_two.data import Case
 from recipes.takes_two.reward import asks_several, parse_final
-
-
-class _Speaker:
-    """One agent's side of the episode: its dialogue and how its last turn finished."""
-
-    def __init__(self, ctx: RolloutContext, name: str, system: str):
-        self.name, self.agent = name, ctx.agents[name]
-        self.conv: Conversation = self.agent.conversation(system=system)
-        self.finish: str | None = None  # None until it has spoken
-        self.turns = 0
-
-    async def speak(self) -> str | None:
-        """Its next turn as text, or None when its context budget is spent."""
-        result = await self.agent.generate_turn(self.conv)
-        if result is None:
-            return None
-        self.finish, self.turns = result.finish_type, self.turns + 1
-        return self.agent.tokenizer.decode(result.output_ids, skip_special_tokens=True)
-
-    def sample(self, seed: Sample, **metadata) -> Sample | None:
-        if self.finish is None:  # never spoke: nothing to train on
-            return None
-        status = Status.COMPLETED if self.finish == "stop" else Status.TRUNCATED
-        fields = seed.seed_fields()
-        fields["metadata"].update(role=self.name, **metadata)
-        return self.conv.to_sample(agent=self.name, turn=0, status=status, **fields)
 
 
 def episode_metrics(
@@ -75,11 +49,13 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     """The recipe's generate hook: one consultation seeded by ``sample`` (a case row)."""
     cfg = as_config(ctx.config)
     case = Case.from_sample(sample)
-    doctor = _Speaker(ctx, DOCTOR, prompts.doctor_system(cfg.max_turns))
-    patient = _Speaker(
-        ctx, PATIENT, prompts.patient_system(case.chief_complaint, case.facts, cfg.unknown_reply)
+    opening = prompts.doctor_opening(case.chief_complaint)
+    doctor = Dialogue(ctx.agents[DOCTOR], prompts.doctor_system(cfg.max_turns), opening)
+    patient = Dialogue(
+        ctx.agents[PATIENT],
+        prompts.patient_system(case.chief_complaint, case.facts, cfg.unknown_reply),
     )
-    if not doctor.conv.add_message("user", prompts.doctor_opening(case.chief_complaint)):
+    if not doctor.fits:
         raise ValueError(
             f"sample {sample.key}: the doctor's system prompt and chief complaint do not fit "
             f"max_context_len={doctor.conv.max_context_len}"
@@ -94,7 +70,7 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
         doctor_turns.append(text)
         if parse_final(text) is not None or turn == cfg.max_turns - 1:
             break  # diagnosed, or out of turns: a last question goes unanswered
-        if not patient.conv.add_message("user", prompts.to_patient(text, cfg.max_quote_chars)):
+        if not patient.say("user", prompts.to_patient(text, cfg.max_quote_chars)):
             break
         answer = await patient.speak()
         if answer is None:
@@ -102,7 +78,7 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
         answers.append(answer)
         last = turn + 1 == cfg.max_turns - 1
         message = prompts.to_doctor(answer, cfg.max_quote_chars, cfg.last_turn_notice and last)
-        if not doctor.conv.add_message("user", message):
+        if not doctor.say("user", message):
             break
 
     if not doctor_turns:
@@ -114,7 +90,7 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     dialogue = {"doctor_turns": doctor_turns, "answers": answers}
     metrics = episode_metrics(doctor_turns, answers, cfg.max_turns, exhausted)
     samples = [
-        doctor.sample(sample, text=doctor_turns[-1], metrics=metrics, **dialogue),
-        patient.sample(sample, text=answers[-1] if answers else "", **dialogue),
+        doctor.sample(sample, metrics=metrics, **dialogue),
+        patient.sample(sample, **dialogue),
     ]
     return [s for s in samples if s is not None]
