@@ -5,8 +5,8 @@ on Ray (``run``: engines, routers, the loop; the trainers on Ray are
 
 from kernel.cluster.plan import (
     ClusterConfig,
-    Engine,
-    GroupPlan,
+    EnginePlacement,
+    ModelPlan,
     Plan,
     ResourceConfig,
     TrainerRank,
@@ -15,8 +15,8 @@ from kernel.cluster.plan import (
 
 __all__ = [
     "ClusterConfig",
-    "Engine",
-    "GroupPlan",
+    "EnginePlacement",
+    "ModelPlan",
     "Plan",
     "ResourceConfig",
     "TrainerRank",

@@ -150,7 +150,7 @@ class TrainerRank:
 
 
 @dataclass
-class Engine:
+class EnginePlacement:
     """One SGLang engine: the GPUs of one node it holds and the port it serves on."""
 
     index: int
@@ -160,7 +160,7 @@ class Engine:
 
 
 @dataclass
-class GroupPlan:
+class ModelPlan:
     """The placement of one model: its trainer ranks, engines, router and sync."""
 
     owner: str
@@ -174,7 +174,7 @@ class GroupPlan:
     engine_tensor_parallel: int
     mem_fraction_static: float
     trainer: list[TrainerRank]
-    engines: list[Engine]
+    engines: list[EnginePlacement]
     router_port: int
     metrics_port: int
     master_port: int | None  # torch.distributed rendezvous on trainer rank 0's node
@@ -186,7 +186,7 @@ class Plan:
     """Where every model of a run trains and serves."""
 
     cluster: ClusterConfig
-    groups: list[GroupPlan]
+    groups: list[ModelPlan]
 
     def gpu_roles(self) -> dict[str, list[str]]:
         """``"node0/gpu3"`` -> roles on that GPU, e.g. ``["doctor train r0", "doctor engine 1"]``
@@ -359,10 +359,10 @@ def make_plan(config, cluster: ClusterConfig) -> Plan:
             blocks = _take(free, g, g.infer // etp, etp, "the engines")
         engines = []
         for k, (node, gpus) in enumerate(blocks):
-            engines.append(Engine(k, node, gpus, engine_ports[node]))
+            engines.append(EnginePlacement(k, node, gpus, engine_ports[node]))
             engine_ports[node] += 1
         plans.append(
-            GroupPlan(
+            ModelPlan(
                 owner=g.owner,
                 agents=g.agents,
                 model=g.model,

@@ -126,7 +126,7 @@ class MemoryReleased(RuntimeError):
 MEMORY_TAGS = ("weights", "kv_cache")
 
 
-class Engine:
+class ServerState:
     """What one running server holds: settings, tokenizer, scheduler (and through it the
     model), and the weight-sync groups it has joined."""
 
@@ -152,7 +152,7 @@ class Engine:
         self.memory_stats = {"num_memory_releases": 0, "num_memory_resumes": 0}
 
     @classmethod
-    def load(cls, settings: ServerConfig) -> Engine:
+    def load(cls, settings: ServerConfig) -> ServerState:
         import torch
 
         if settings.num_threads is not None:
@@ -330,7 +330,7 @@ def create_app(settings: ServerConfig) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        engine = await asyncio.to_thread(Engine.load, settings)
+        engine = await asyncio.to_thread(ServerState.load, settings)
         engine.scheduler.start()
         app.state.engine = engine
         yield
@@ -338,7 +338,7 @@ def create_app(settings: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="Tandem embedded engine (SGLang protocol)", lifespan=lifespan)
 
-    def eng() -> Engine:
+    def eng() -> ServerState:
         return app.state.engine
 
     @app.exception_handler(RequestValidationError)
