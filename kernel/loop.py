@@ -1,6 +1,6 @@
 """The training loop: Generate -> Reward -> Advantages -> Train -> Sync, step after step.
 
-Read ``train`` top to bottom. Per step:
+Read ``_train`` top to bottom. Per step:
 
 1. pull prompt groups from the DataBuffer and roll them out through the recipe's generate hook
    on the engines (bounded concurrency, per-episode timeouts, failures masked, aborted groups
