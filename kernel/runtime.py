@@ -203,6 +203,8 @@ class Runtime:
                 for w in watchers:
                     w.cancel()
                 await runtime._close()
+                for m in models:  # every engine and router ends at once; the stack waits
+                    m.pool.terminate()
 
     async def _serve_trainer_weights(self) -> None:
         """Engines serve the trainers' weights from the first step on: a resumed run pushes its

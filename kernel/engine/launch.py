@@ -101,6 +101,12 @@ class LaunchedProcess:
                     )
                 time.sleep(0.05)
 
+    def terminate(self) -> None:
+        """Ask this process to end (SIGTERM) without waiting: several processes stopped
+        together then shut down at once (``stop`` waits for each)."""
+        if self.popen.poll() is None:
+            self.popen.terminate()
+
     def stop(self, grace_s: float = 10.0) -> None:
         """End this process (SIGTERM, then SIGKILL after ``grace_s``)."""
         if self.popen.poll() is None:

@@ -149,9 +149,16 @@ class EnginePool:
             self.__exit__()
             raise
 
-    def __exit__(self, *exc) -> None:
+    def terminate(self) -> None:
+        """Ask every process this pool started to end (SIGTERM, by PID), without waiting: a
+        run's pools shut down at once, so a Ctrl-C ends it within one grace period."""
         for p in [*self.processes, *([self.router] if self.router else [])]:
-            p.stop()  # only what this pool started, by PID
+            p.terminate()
+
+    def __exit__(self, *exc) -> None:
+        self.terminate()
+        for p in [*self.processes, *([self.router] if self.router else [])]:
+            p.stop()  # only what this pool started, by PID (SIGKILL after the grace period)
         self.processes, self.router = [], None
 
     def clients(self) -> tuple[list, list]:
