@@ -14,9 +14,11 @@ naming the flag on bad input.
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import importlib.metadata
 import os
 import platform
+import signal
 import sys
 from pathlib import Path
 
@@ -282,7 +284,8 @@ def cmd_launch(cfg, cluster, dry_run: bool, as_json: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-
+    # `kill -USR1 PID` prints every thread's stack to stderr: where a run that hangs is stuck
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     try:

@@ -85,7 +85,15 @@ def test_ctrl_c_stops_every_process_the_run_started_and_nothing_else(tmp_path):
     # far more steps than the test lasts: only the SIGINT can end the run (200 steps of the
     # toy took under a minute, so a run that lost the signal could still end with exit 0)
     cmd += [f"--output_dir={tmp_path}", "--num_steps=100000", "--engine.start_router=true"]
-    run = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # a Ctrl-C reaches it even when this test runs in the background, where the shell has told
+    # background jobs (and so their children) to ignore SIGINT
+    run = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     try:
         deadline = time.monotonic() + 240
         while not (metrics.exists() and metrics.read_text().strip()):
@@ -99,7 +107,11 @@ def test_ctrl_c_stops_every_process_the_run_started_and_nothing_else(tmp_path):
         try:
             _, err = run.communicate(timeout=60)
         except subprocess.TimeoutExpired:
-            pytest.fail("the run went on for a minute after SIGINT")
+            run.send_signal(signal.SIGUSR1)  # its threads' stacks: where it is stuck
+            time.sleep(2)
+            run.kill()
+            _, err = run.communicate()
+            pytest.fail("the run went on for a minute after SIGINT:\n" + err.decode()[-6000:])
         assert run.returncode == 130, err.decode()[-2000:]
         assert b"interrupted" in err.lower(), err.decode()[-2000:]
         deadline = time.monotonic() + 20
