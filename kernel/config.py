@@ -123,8 +123,6 @@ class TrainConfig:
     max_minutes: float = 0.0
     """Stop early once this many minutes have passed since the first step began (0: no
     limit): the step running then is the last, evaluated and checkpointed as such."""
-    global_batch_size: int | None = None
-    """Samples per step per agent; if set it must equal prompts_per_step x n_samples_per_prompt."""
     seed: int = 42
     """Seed of every random generator (data order, sampling, init)."""
     output_dir: str = "runs/latest"
@@ -158,7 +156,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     """Optimiser."""
     trainer: TorchTrainerConfig = field(default_factory=TorchTrainerConfig)
-    """Torch training backend (its temperature is set from rollout.temperature)."""
+    """Training backend settings (its sampling temperature is the agents' rollout.temperature)."""
     engine: EngineConfig = field(default_factory=EngineConfig)
     """Inference engines."""
     sync: SyncConfig = field(default_factory=SyncConfig)
@@ -195,14 +193,6 @@ class TrainConfig:
                     f"agents[{specs[0].name!r}]: rollout.temperature must be > 0 for training "
                     "(greedy has no policy); freeze the agent (trainable: false) to sample greedily"
                 )
-            if self.ray.enabled and settings.backend == "megatron":
-                ranks = specs[0].resources.get("train_gpus") or self.ray.ranks
-                tp, pp = settings.trainer.tensor_parallel, settings.trainer.pipeline_parallel
-                if ranks % (tp * pp):
-                    raise ValueError(
-                        f"agents[{specs[0].name!r}]: {ranks} trainer ranks are not divisible by "
-                        f"trainer.tensor_parallel x trainer.pipeline_parallel = {tp} x {pp}"
-                    )
             if settings.backend == "megatron" and len(groups) > 1 and not self.ray.enabled:
                 raise ValueError(
                     "agents: the megatron backend trains one model per process; give the other "
@@ -217,13 +207,6 @@ class TrainConfig:
             raise ValueError("async_mode needs max_staleness >= 1 (its samples are one step old)")
         if not self.data.path:
             raise ValueError("data.path is empty: give a .jsonl/.parquet file or a dataset name")
-        expected = self.data.prompts_per_step * self.data.n_samples_per_prompt
-        if self.global_batch_size is not None and self.global_batch_size != expected:
-            raise ValueError(
-                f"global_batch_size={self.global_batch_size} but data.prompts_per_step x "
-                f"data.n_samples_per_prompt = {self.data.prompts_per_step} x "
-                f"{self.data.n_samples_per_prompt} = {expected}"
-            )
         return self
 
     def agent_specs(self) -> list[AgentSpec]:

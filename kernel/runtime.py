@@ -220,7 +220,7 @@ class Runtime:
             if m.sync is not None:
                 await m.sync.aclose()
             await asyncio.gather(*(c.aclose() for c in {*m.generators, *m.clients}))
-            if m.trainer is not None and hasattr(m.trainer, "close"):
+            if m.trainer is not None:
                 await m.thread.run(m.trainer.close)
         self.logger.close()
 
@@ -384,15 +384,23 @@ def place_trainer(cfg: TrainConfig, model: Model, where) -> Trainer | None:
     if not model.trained:
         return None
     settings = model.settings
-    trainer_cfg = replace(settings.trainer, temperature=model.temperature, seed=cfg.seed)
-    args = (model.path, settings.optim, settings.loss, trainer_cfg, cfg.num_steps)
+    args = (model.path, settings.optim, settings.loss, settings.trainer, cfg.num_steps)
+    args += (model.temperature, cfg.seed)
     if not cfg.ray.enabled:
         return build_trainer(*args)
     if where:
         options = where.trainer_options
     else:
+        ranks = model.agents[0].resources.get("train_gpus") or cfg.ray.ranks
+        tp, pp = (getattr(settings.trainer, f"{k}_parallel", 1) for k in ("tensor", "pipeline"))
+        if ranks % (tp * pp):
+            raise ValueError(
+                f"agents[{model.owner!r}]: {ranks} trainer ranks (resources.train_gpus or "
+                f"ray.ranks) are not divisible by trainer.tensor_parallel x "
+                f"trainer.pipeline_parallel = {tp} x {pp}"
+            )
         options = {
-            "world_size": model.agents[0].resources.get("train_gpus") or cfg.ray.ranks,
+            "world_size": ranks,
             "num_cpus": cfg.ray.num_cpus_per_rank,
             "num_gpus": cfg.ray.num_gpus_per_rank,
         }

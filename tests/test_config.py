@@ -1,12 +1,16 @@
 """Typed config: YAML and flags into dataclasses, validation naming the flag, the CLI."""
 
+import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import yaml
 
 from kernel.config import TrainConfig, load_train_config
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_yaml_then_flags_override(tmp_path):
@@ -21,16 +25,15 @@ def test_yaml_then_flags_override(tmp_path):
             }
         )
     )
-    cfg = load_train_config(["--optim.lr=2e-5", "--global_batch_size=6"], yaml_path=cfg_file)
+    cfg = load_train_config(["--optim.lr=2e-5"], yaml_path=cfg_file)
     assert isinstance(cfg, TrainConfig)
-    assert cfg.num_steps == 5 and cfg.optim.lr == 2e-5 and cfg.global_batch_size == 6
+    assert cfg.num_steps == 5 and cfg.optim.lr == 2e-5
     assert cfg.advantage.estimator == "rloo" and cfg.data.path == "x.jsonl"
 
 
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [
-        (["--global_batch_size=5"], "global_batch_size=5 but data.prompts_per_step x"),
         (["--optim.lr=0"], "optim.lr must be > 0"),
         (["--rollout.max_context_len=8", "--rollout.max_response_len=16"], "max_context_len"),
         (["--num_steps=0"], "num_steps must be >= 1"),
@@ -68,3 +71,23 @@ def test_cli_help_info_and_config_errors():
     assert no_preset.returncode == 2 and "--preset nope" in no_preset.stderr
     bad_hook = _cli("train", "--preset", "toy", "--generate_fn=kernel.toy.nothing")
     assert bad_hook.returncode == 2 and "kernel.toy.nothing" in bad_hook.stderr
+
+
+def test_ray_trainer_ranks_must_split_over_the_trainers_parallel_sizes(tmp_path):
+    """Training on Ray without a plan: the ranks (ray.ranks) must divide by TP x PP of the
+    agent's trainer section, refused before any actor starts."""
+    from kernel.runtime import place_trainer, plan_models
+
+    agents = json.dumps(
+        [{"name": "default", "backend": "megatron", "trainer": {"tensor_parallel": 2}}]
+    )
+    flags = [
+        f"--output_dir={tmp_path}",
+        f"--agents={agents}",
+        "--ray.enabled=true",
+        "--ray.ranks=3",
+    ]
+    cfg = load_train_config(flags, yaml_path=ROOT / "kernel" / "presets" / "toy.yaml")
+    (model,) = plan_models(cfg, tmp_path, {})
+    with pytest.raises(ValueError, match=r"agents\['default'\]: 3 trainer ranks .* = 2 x 1"):
+        place_trainer(cfg, model, None)

@@ -12,8 +12,10 @@ Each model group (the agents that share one model) gets
 GPUs are handed out first-fit, node by node, group by group in the order of ``agents``: a trainer
 takes blocks of ``tensor_parallel`` GPUs (a tensor-parallel group never spans nodes, its
 all-reduces need NVLink; data and pipeline parallel may span nodes), an engine takes one block of
-``engine_tensor_parallel`` GPUs. An agent spec's ``resources`` dict holds a ``ResourceConfig``;
-left empty, every group takes an even share of the GPUs, half to train and half to serve.
+``engine_tensor_parallel`` GPUs. An agent spec's ``resources`` dict holds a ``ResourceConfig``
+(GPU counts, colocation, engine size); left empty, every group takes an even share of the GPUs,
+half to train and half to serve. The trainer's tensor- and pipeline-parallel sizes are its
+``trainer`` section's (megatron backend), the one place they are set.
 
 ``make_plan`` validates everything a launch would trip on later, with errors naming the agent and
 field; ``Plan.table()`` renders it for ``kernel launch --dry-run`` and ``Plan.to_dict()`` as JSON.
@@ -48,10 +50,6 @@ class ResourceConfig:
     """Train and serve on the same GPUs (SGLang releases and resumes its memory around each
     training step; weights go over by tensor); False puts engines on GPUs of their own
     (weights go over by an NCCL broadcast)."""
-    tensor_parallel: int = 1
-    """Trainer tensor-parallel size (megatron backend); a TP group stays inside one node."""
-    pipeline_parallel: int = 1
-    """Trainer pipeline-parallel size (megatron backend); data parallel = train_gpus / (TP x PP)."""
     engine_tensor_parallel: int = 1
     """GPUs of one SGLang engine (its --tp-size); an engine stays inside one node."""
     mem_fraction_static: float = 0.8
@@ -66,9 +64,10 @@ class ResourceConfig:
             value = getattr(self, name)
             if value is not None and value < 0:
                 raise ValueError(f"{name} must be >= 0, got {value}")
-        for name in ("tensor_parallel", "pipeline_parallel", "engine_tensor_parallel"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.engine_tensor_parallel < 1:
+            raise ValueError(
+                f"engine_tensor_parallel must be >= 1, got {self.engine_tensor_parallel}"
+            )
         if not 0.0 < self.mem_fraction_static < 1.0:
             raise ValueError(
                 f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}"
@@ -295,6 +294,8 @@ class _Group:
     backend: str
     trainable: bool
     res: ResourceConfig
+    tp: int = 1  # the trainer's tensor- and pipeline-parallel sizes (agent's trainer section)
+    pp: int = 1
     train: int = 0
     infer: int = 0
     where: str = field(default="")
@@ -311,6 +312,15 @@ def resources_of(spec: AgentSpec) -> ResourceConfig:
         return ResourceConfig(**spec.resources).validate()
     except (TypeError, ValueError) as e:
         raise ValueError(f"{where}.{e}") from None
+
+
+def _trainer_size(spec: AgentSpec, name: str) -> int:
+    """A parallel size of the model's trainer: its ``trainer`` section's (megatron backend),
+    the one place it is set; 1 when unset."""
+    value = spec.trainer.get(name, 1)
+    if not isinstance(value, int) or value < 1:
+        raise ValueError(f"agents[{spec.name!r}].trainer.{name} must be an int >= 1, got {value!r}")
+    return value
 
 
 def make_plan(config, cluster: ClusterConfig) -> Plan:
@@ -333,6 +343,8 @@ def make_plan(config, cluster: ClusterConfig) -> Plan:
                 backend=head.backend,
                 trainable=any(s.trainable for s in members),
                 res=resources_of(head),
+                tp=_trainer_size(head, "tensor_parallel"),
+                pp=_trainer_size(head, "pipeline_parallel"),
                 where=f"agents[{owner!r}].resources",
             )
         )
@@ -343,7 +355,7 @@ def make_plan(config, cluster: ClusterConfig) -> Plan:
     for i, g in enumerate(groups):
         r = g.res
         _check_heads(g)
-        tp, pp = r.tensor_parallel, r.pipeline_parallel
+        tp, pp = g.tp, g.pp
         trainer = []
         for b, (node, gpus) in enumerate(_take(free, g, g.train // tp, tp, "the trainer")):
             for t, gpu in enumerate(gpus):
@@ -443,23 +455,24 @@ def _size(groups: list[_Group], cluster: ClusterConfig) -> None:
                 f"{g.where}.infer_gpus: every model needs >= 1 engine GPU; its share "
                 f"of the cluster leaves {g.infer}"
             )
-        if g.backend == "torch" and (r.tensor_parallel > 1 or r.pipeline_parallel > 1):
+        trainer_where = f"agents[{g.owner!r}].trainer"
+        if g.backend == "torch" and (g.tp > 1 or g.pp > 1):
             raise ValueError(
-                f"{g.where}.tensor_parallel/pipeline_parallel: the torch backend is data parallel "
-                f"only (got TP {r.tensor_parallel}, PP {r.pipeline_parallel}); use backend megatron"
+                f"{trainer_where}.tensor_parallel/pipeline_parallel: the torch backend is data "
+                f"parallel only (got TP {g.tp}, PP {g.pp}); use backend megatron"
             )
-        for name in ("tensor_parallel", "engine_tensor_parallel"):
-            if getattr(r, name) > cluster.gpus_per_node:
+        sizes = {f"{trainer_where}.tensor_parallel": g.tp}
+        sizes[f"{g.where}.engine_tensor_parallel"] = r.engine_tensor_parallel
+        for name, size in sizes.items():
+            if size > cluster.gpus_per_node:
                 raise ValueError(
-                    f"{g.where}.{name} = {getattr(r, name)} exceeds "
-                    f"cluster.gpus_per_node = {cluster.gpus_per_node}: it must fit in "
-                    "one node"
+                    f"{name} = {size} exceeds cluster.gpus_per_node = {cluster.gpus_per_node}: "
+                    "it must fit in one node"
                 )
-        model_par = r.tensor_parallel * r.pipeline_parallel
-        if g.train % model_par:
+        if g.train % (g.tp * g.pp):
             raise ValueError(
-                f"{g.where}: tensor_parallel x pipeline_parallel = {r.tensor_parallel} x "
-                f"{r.pipeline_parallel} = {model_par} must divide train_gpus = {g.train}"
+                f"{trainer_where}: tensor_parallel x pipeline_parallel = {g.tp} x {g.pp} = "
+                f"{g.tp * g.pp} must divide {g.where}.train_gpus = {g.train}"
             )
         if g.infer % r.engine_tensor_parallel:
             what = "train_gpus (colocated)" if r.colocate else "infer_gpus"
@@ -519,11 +532,11 @@ def _check_heads(g: _Group) -> None:
     heads = cfg.get("num_key_value_heads") or cfg.get("num_attention_heads")
     if not heads:
         return
-    tp, etp = g.res.tensor_parallel, g.res.engine_tensor_parallel
+    tp, etp = g.tp, g.res.engine_tensor_parallel
     if heads % tp:
         raise ValueError(
-            f"{g.where}.tensor_parallel = {tp} must divide the model's {heads} key/value heads "
-            f"({config})"
+            f"agents[{g.owner!r}].trainer.tensor_parallel = {tp} must divide the model's "
+            f"{heads} key/value heads ({config})"
         )
     if heads % etp and etp % heads:
         raise ValueError(

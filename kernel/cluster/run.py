@@ -269,18 +269,12 @@ def _placement(cfg, g, nodes, has_gpus: bool) -> ModelPlacement:
 
 
 def _placed_config(cfg, plan, engines: dict[str, list[str]], routers: dict[str, str]):
-    """``cfg`` whose model owners use the started engines (``engine.urls``) and router, and
-    whose Megatron trainers take the plan's tensor- and pipeline-parallel sizes."""
-    groups = {g.owner: g for g in plan.groups}
+    """``cfg`` whose model owners use the started engines (``engine.urls``) and router."""
     agents = []
     for spec in cfg.agent_specs():
         if spec.name in engines:
             started = {"urls": engines[spec.name], "router_url": routers[spec.name]}
             spec = replace(spec, engine={**spec.engine, **started, "start_router": False})
-        g = groups.get(spec.name)
-        if g is not None and g.backend == "megatron":
-            sizes = {"tensor_parallel": g.tensor_parallel, "pipeline_parallel": g.pipeline_parallel}
-            spec = replace(spec, trainer={**spec.trainer, **sizes})
         agents.append(spec)
     return replace(cfg, agents=agents).validate()
 

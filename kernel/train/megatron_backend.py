@@ -1,18 +1,16 @@
 """The Megatron training backend: a Megatron-core GPTModel with the kernel's policy loss.
 
-``MegatronTrainer`` has the surface the loop uses on ``TorchTrainer`` (``train_step``,
-``compute_logprobs``, ``named_parameters_for_sync``, ``save_hf``, ``save``/``load``) and
-inherits its micro-batching and loss path (``forward_backward``: the same
-``kernel.loss.policy_loss`` on the same per-token logprobs, the same normalisers and metrics).
-Only what differs is overridden:
+``MegatronTrainer`` is a ``kernel.train.trainer.Trainer`` beside ``TorchTrainer``: both run the
+update of ``kernel.train.update`` (the same micro-batching, the same ``kernel.loss.policy_loss``
+on the same per-token logprobs, the same normalisers and metrics). What is Megatron's own:
 
 - the model is ``build_gpt_model`` + ``load_hf_weights`` (``kernel.train.megatron_model``) from
   the HF checkpoint folder, this rank's pipeline stage and tensor shard, wrapped in Megatron's
   ``DistributedDataParallel`` (gradients land in its contiguous fp32 ``main_grad`` buffers;
   overlap off, since overlapping uses CUDA streams);
 - the forward runs the padded rows through Megatron (causal attention: right padding never
-  reaches a real token) and takes the temperature-scaled logprobs of the response tokens with
-  ``kernel.train.logprobs.token_logprobs``, exactly as the torch backend does;
+  reaches a real token); the temperature-scaled logprobs of the response tokens are
+  ``kernel.train.update.response_logprobs``, exactly as in the torch backend;
 - weights leave in HF names and layouts through ``kernel.sync.convert`` (shards gathered).
 
 Parallelism (sizes from Megatron's ``parallel_state``; every rank calls every method):
@@ -64,6 +62,8 @@ from torch import Tensor
 from kernel.loss import LossConfig
 from kernel.models import load_tokenizer
 from kernel.sample import Sample
+from kernel.sync.push import LocalBroadcaster
+from kernel.train import update
 from kernel.train.megatron_model import (
     MegatronModelConfig,
     build_gpt_model,
@@ -72,13 +72,12 @@ from kernel.train.megatron_model import (
     megatron_parallel,
 )
 from kernel.train.optim import OptimConfig, build_optimizer, build_scheduler
-from kernel.train.torch_backend import TorchTrainer, _aligned, _Totals
 
 
 @dataclass
 class MegatronTrainerConfig:
-    """Megatron training backend: model layout, micro-batching and temperature (the optimiser
-    is set by OptimConfig, the loss by LossConfig)."""
+    """Megatron training backend: model layout and micro-batching (the optimiser is set by
+    OptimConfig, the loss by LossConfig, the temperature by the agent's rollout)."""
 
     tensor_parallel: int = 1
     """Tensor-parallel size (must divide the key/value heads and the ffn size)."""
@@ -91,13 +90,8 @@ class MegatronTrainerConfig:
     """Optimizer updates per pass over a step's batch (as TorchTrainerConfig)."""
     ppo_epochs: int = 1
     """Passes over a step's batch (as TorchTrainerConfig)."""
-    temperature: float = 1.0
-    """The rollout sampling temperature: logits are divided by it before the softmax."""
     vocab_multiple: int = 128
     """Pad the vocab to a multiple of this times tensor_parallel (stripped on export)."""
-    seed: int = 1234
-    """Seed of Megatron's tensor-/data-parallel RNG streams and of the mini-batch shuffling
-    (the loop sets the run's seed)."""
     optimizer: str = "torch"
     """torch: torch AdamW fed Megatron DDP's gradient buffers; megatron: Megatron's own
     optimizer (get_megatron_optimizer, Adam); distributed: Megatron's distributed optimizer
@@ -115,8 +109,6 @@ class MegatronTrainerConfig:
         for name in (*names, "vocab_multiple", "num_minibatches", "ppo_epochs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if not 0.0 < self.temperature < math.inf:
-            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")
         if self.optimizer not in OPTIMIZERS:
             raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
         return self
@@ -125,7 +117,7 @@ class MegatronTrainerConfig:
 OPTIMIZERS = ("torch", "megatron", "distributed")
 
 
-class MegatronTrainer(TorchTrainer):
+class MegatronTrainer:
     """Trains a Megatron GPTModel built from an HF checkpoint; see the module docstring.
 
     If Megatron's ``parallel_state`` is not initialised, the trainer initialises it (and a
@@ -139,14 +131,21 @@ class MegatronTrainer(TorchTrainer):
         loss: LossConfig,
         cfg: MegatronTrainerConfig,
         total_steps: int,
+        temperature: float = 1.0,
+        seed: int = 0,
     ):
+        """``temperature``: the rollout's (logits are divided by it before the softmax);
+        ``seed``: of Megatron's tensor-/data-parallel RNG streams and of the mini-batch
+        shuffling (the run's seed)."""
         from megatron.core import parallel_state as ps
 
-        self._set_config(model_path, optim, loss, cfg, total_steps)
+        update.check_settings(optim, loss, cfg, total_steps, temperature)
+        self.model_path, self.optim_cfg, self.loss_cfg, self.cfg = model_path, optim, loss, cfg
+        self.temperature, self.seed = temperature, seed
         self._stack = contextlib.ExitStack()
         if not ps.model_parallel_is_initialized():
             self._stack.enter_context(
-                megatron_parallel(cfg.tensor_parallel, cfg.pipeline_parallel, cfg.seed)
+                megatron_parallel(cfg.tensor_parallel, cfg.pipeline_parallel, seed)
             )
         try:
             self._setup(total_steps)
@@ -168,8 +167,8 @@ class MegatronTrainer(TorchTrainer):
                 raise ValueError(
                     f"{name} is {getattr(cfg, name)} but parallel_state was initialised with {size}"
                 )
-        # The inherited loss path sees the data-parallel replicas as its ranks (every TP / PP
-        # rank of one replica holds the same samples); _all_reduce reduces over their group.
+        # The update sees the data-parallel replicas as its ranks (every TP / PP rank of one
+        # replica holds the same samples); all_reduce reduces over their group.
         self.rank, self.world_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
         self.autocast_dtype = torch.bfloat16 if optim.dtype == "bfloat16" else None
@@ -182,7 +181,7 @@ class MegatronTrainer(TorchTrainer):
             tensor_parallel=cfg.tensor_parallel,
             pipeline_parallel=cfg.pipeline_parallel,
             vocab_multiple=cfg.vocab_multiple,
-            seed=cfg.seed,
+            seed=self.seed,
         )
         self.module, self.arch = self._build()
         self.model = self._wrap_ddp(self.module)
@@ -245,12 +244,6 @@ class MegatronTrainer(TorchTrainer):
     def _wrap_ddp(self, module):
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 
-        class DDP(DistributedDataParallel):
-            def set_requires_gradient_sync(self, requires_gradient_sync: bool) -> None:
-                """TorchTrainer.forward_backward's FSDP switch, called per micro-batch. With
-                overlap off, Megatron's DDP reduces only in ``finish_grad_sync`` (optim_step):
-                there is nothing to switch."""
-
         # Averages the gradients over the data-parallel group (like FSDP; forward_backward
         # multiplies the loss by the DP size to turn the average back into the global sum).
         ddp_cfg = DistributedDataParallelConfig(
@@ -258,40 +251,50 @@ class MegatronTrainer(TorchTrainer):
             overlap_grad_reduce=False,
             use_distributed_optimizer=self.cfg.optimizer == "distributed",
         )
-        return DDP(module.config, ddp_cfg, module)
+        return DistributedDataParallel(module.config, ddp_cfg, module)
 
     def close(self) -> None:
         """Tear down the parallel state this trainer initialised (if it did)."""
         self._stack.close()
 
-    def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
+    def all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
         """Sum (or max) of each value over the data-parallel ranks: the TP / PP ranks of one
         replica hold the same samples, so reducing over every rank would count them again."""
         from megatron.core import parallel_state as ps
 
-        if self.world_size == 1:
-            return [float(v) for v in values]
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        op_ = dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM
-        dist.all_reduce(t, op=op_, group=ps.get_data_parallel_group())
-        return t.tolist()
+        group = ps.get_data_parallel_group() if self.world_size > 1 else None
+        return update.all_reduce(values, op, self.device, self.world_size, group)
+
+    def grad_sync(self, last: bool) -> None:
+        """Nothing to switch: with overlap off, Megatron's DDP reduces the gradients only in
+        ``finish_grad_sync`` (optim_step)."""
 
     # ---------------------------------------------------------------- forward
 
-    def _logits(self, model, mb) -> Tensor:
+    def logits(self, model, mb) -> Tensor:
         """Logits (N, V) at the positions predicting a response token, TP-gathered, with the
-        vocab padding stripped (the rest of ``_forward`` is TorchTrainer's)."""
+        vocab padding stripped."""
+        dev = self.device
+        with update.autocast(dev, self.autocast_dtype):
+            logits = model(mb.input_ids.to(dev), mb.position_ids.to(dev), attention_mask=None)
+        return self._response_logits(logits, mb)
+
+    def _response_logits(self, logits: Tensor, mb) -> Tensor:
+        """The model's output (B, L, V_pad / TP) -> logits (N, V) at ``mb``'s response
+        positions, gathered over the tensor-parallel ranks, vocab padding stripped."""
         from megatron.core import parallel_state as ps
         from megatron.core.tensor_parallel import gather_from_tensor_model_parallel_region
 
-        dev = self.device
-        with self._autocast():
-            logits = model(mb.input_ids.to(dev), mb.position_ids.to(dev), attention_mask=None)
         if ps.get_tensor_model_parallel_world_size() > 1:
             logits = gather_from_tensor_model_parallel_region(logits)  # (B, L, V_pad)
-        return logits[mb.keep.to(dev)][:, : self.arch.vocab_size]  # (N, V)
+        return logits[mb.keep.to(self.device)][:, : self.arch.vocab_size]  # (N, V)
 
     # ---------------------------------------------------------------- training
+
+    def train_step(self, samples: list[Sample], version: int | None = None) -> dict[str, float]:
+        """Train on this replica's ``samples`` (made by weights ``version``); global metrics
+        (``kernel.train.update.train_step``)."""
+        return update.train_step(self, samples, version)
 
     def optim_step(self) -> dict[str, float]:
         """Reduce the DDP gradient buffers, clip, step AdamW and the schedule, zero the buffers.
@@ -408,7 +411,7 @@ class MegatronTrainer(TorchTrainer):
         out: list[Tensor] = []
 
         def keep(mb, logits):
-            lp, _ = self._forward(lambda *_, **__: logits, mb)  # (S, R)
+            lp, _ = update.response_logprobs(self, self._response_logits(logits, mb), mb)
             out.append(lp.detach())
             return lp.sum()
 
@@ -421,9 +424,9 @@ class MegatronTrainer(TorchTrainer):
         """The policy's logprob of every response token of each sample (same order as given).
         Every rank must call it (data-parallel ranks with their own samples)."""
         if not self._pipelined():
-            return super().compute_logprobs(samples)
+            return update.compute_logprobs(self, samples)
         todo = [i for i, s in enumerate(samples) if s.response_length > 0]
-        plan = self._plan([samples[i] for i in todo])
+        plan = update.plan(self, [samples[i] for i in todo])
         rows = [lp.float().cpu().tolist() for lp in self._pipeline_logprobs(self.model, plan)]
         rows = self._from_last_stage(rows)
         out: list[list[float]] = [[] for _ in samples]
@@ -438,32 +441,34 @@ class MegatronTrainer(TorchTrainer):
         old_logprobs: list[list[float]] | None = None,
         tis_cap: float | None = None,
     ) -> dict[str, float]:
-        """TorchTrainer.forward_backward (the same loss, normaliser and metrics); under
-        pipeline parallelism through Megatron's schedule, see ``_pipeline_forward_backward``."""
+        """``kernel.train.update.forward_backward`` (the same loss, normaliser and metrics);
+        under pipeline parallelism through Megatron's schedule, see
+        ``_pipeline_forward_backward``."""
         if not self._pipelined():
-            return super().forward_backward(samples, old_logprobs, tis_cap)
+            return update.forward_backward(self, samples, old_logprobs, tis_cap)
         return self._pipeline_forward_backward(samples, old_logprobs, tis_cap)
 
     def _pipeline_forward_backward(
         self, samples: list[Sample], old_logprobs, tis_cap: float | None
     ) -> dict[str, float]:
-        """TorchTrainer.forward_backward's per-micro-batch loss (``_microbatch_loss``), run on
-        the last pipeline stage inside Megatron's schedule; its metric sums then go to every
-        stage and are summed over the data-parallel ranks as usual."""
+        """The update's per-micro-batch loss (``update.microbatch_loss``), run on the last
+        pipeline stage inside Megatron's schedule; its metric sums then go to every stage and
+        are summed over the data-parallel ranks as usual."""
         t0 = time.perf_counter()
-        kept, plan, n_tok, denom = self._begin(samples, tis_cap)
+        lcfg, kept, plan, n_tok, denom = update.begin(self, samples, tis_cap)
         refs = iter(self._pipeline_logprobs(self.ref_model, plan) if self.ref_model else [])
-        acc = _Totals(old=_aligned(samples, old_logprobs))
+        acc = update.Totals.of(samples, old_logprobs)
 
         def loss_of(mb, logits) -> Tensor:
-            lp, ent = self._forward(
-                lambda *_, **__: logits,
+            lp, ent = update.response_logprobs(
+                self,
+                self._response_logits(logits, mb),
                 mb,
                 entropy=True,
                 entropy_grad=self.loss_cfg.entropy_coef > 0,
             )  # (S, R) each
             ref = next(refs) if self.ref_model is not None else None
-            return self._microbatch_loss(mb, kept, lp, ent, ref, denom, acc)
+            return update.microbatch_loss(self, lcfg, mb, kept, lp, ent, ref, denom, acc)
 
         if plan:
             self._schedule(self.model, plan, loss_of, forward_only=False)
@@ -474,9 +479,13 @@ class MegatronTrainer(TorchTrainer):
         acc.sums["n_samples"], acc.sums["n_skipped"] = len(kept), len(samples) - len(kept)
         acc.sums["tokens"] = acc.sums["tokens_run"] = sum(mb.n_tokens for mb in plan)
         acc.sums["slots"] = sum(mb.n_slots for mb in plan)
-        return self._finish(acc, n_tok, len(plan), t0)
+        return update.finish(self, acc, n_tok, len(plan), t0)
 
     # ---------------------------------------------------------------- weights
+
+    def weight_broadcaster(self) -> LocalBroadcaster:
+        """Rank 0 of the distributed weight sync: this process (kernel.sync.push)."""
+        return LocalBroadcaster(self)
 
     def hf_state_dict(self) -> dict[str, Tensor]:
         """The full HF state dict (TP shards gathered, vocab padding stripped)."""

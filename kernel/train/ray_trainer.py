@@ -192,8 +192,9 @@ class TrainerRankActor:
 class RayTrainer:
     """``world_size`` Ray actors training one model together; see the module docstring.
 
-    ``optim``, ``loss``, ``cfg`` and ``total_steps`` are those of ``TorchTrainer`` (or of
-    ``MegatronTrainer``, when ``cfg`` is a MegatronTrainerConfig).
+    ``optim``, ``loss``, ``cfg``, ``total_steps``, ``temperature`` and ``seed`` are those of
+    ``build_trainer`` (``MegatronTrainer`` when ``cfg`` is a MegatronTrainerConfig, else
+    ``TorchTrainer``).
     ``num_cpus`` / ``num_gpus`` are each actor's Ray resource request; ``backend`` is the
     process group's (None: NCCL where a rank sees CUDA, gloo elsewhere); ``scheduling`` is an
     optional list of one Ray
@@ -210,6 +211,8 @@ class RayTrainer:
         loss,
         cfg,
         total_steps: int,
+        temperature: float = 1.0,
+        seed: int = 0,
         world_size: int = 1,
         num_cpus: float = 0.0,
         num_gpus: float = 0.0,
@@ -243,7 +246,7 @@ class RayTrainer:
         ]
         try:
             (master,) = self._gather([self.actors[0].address.remote(master_port)], ranks=[0])
-            args = (model_path, optim, loss, cfg, total_steps)
+            args = (model_path, optim, loss, cfg, total_steps, temperature, seed)
             ranks = self._gather(
                 [a.setup.remote(master, backend, timeout_s, *args) for a in self.actors]
             )

@@ -1,31 +1,10 @@
 """The torch training backend: one HF causal LM, AdamW, the kernel's policy loss, FSDP2 for
 data parallelism. The embedded default on CPU, and a single-node GPU backend.
 
-One ``train_step`` trains on a step's batch of samples: ``ppo_epochs`` passes, each split
-into ``num_minibatches`` shuffled mini-batches of one optimiser update each (one update by
-default). Each update:
-
-1. Keep the trainable samples (status COMPLETED/TRUNCATED, an advantage, a masked token).
-2. Group them into micro-batches by a token budget (``kernel.train.batching``: samples that
-   share their prompt run it once -- the default --, else padded rows of similar length, or
-   packed rows). Every rank runs the same number of micro-batches.
-3. Per micro-batch: forward, logprobs of the response tokens at the rollout temperature,
-   ``kernel.loss.policy_loss``, backward. Each micro-batch's loss is weighted by its share of
-   the GLOBAL normaliser of the aggregation mode (masked tokens for token_mean, sequences with a
-   masked token for seq_mean_*, 1 for seq_sum), counted over all ranks, times the world size
-   that FSDP's average over ranks divides by; so the gradient equals that of one big batch on
-   one rank, whatever the budget and the world size.
-4. Clip the global gradient norm, AdamW step, learning-rate schedule.
-
-Old logprobs: with several updates per batch they are taken once, before the first update
-(``loss.old_logprobs``: ``recompute`` with the current weights, or ``rollout``, the engine's),
-so from the second update on the PPO ratio moves off 1 and the clip binds (``clipfrac``,
-``ratio_mean``, ``ratio_max``, ``approx_kl``). With one update per batch the parameters that
-would compute them in a separate pass are the very parameters of the training forward, so the
-old logprobs are that forward's own, detached: the same numbers (up to nondeterministic
-kernels) without a third of the compute; the ratio is then exactly 1. The engine's
-``rollout_logprobs`` feed truncated importance sampling (``tis_cap``, or ``stale_tis_cap`` for
-batches holding samples of older weights) and the logged ``logprob_diff``.
+The update itself (micro-batches by a token budget, the policy loss weighted by the global
+normaliser, PPO epochs and mini-batches, old logprobs) is ``kernel.train.update``, shared with
+the Megatron backend; this module provides the model, its forward, FSDP and the optimiser step.
+Samples of one prompt group run their shared prompt once per micro-batch (``share_prompts``).
 
 Precision: parameters, gradients and AdamW state stay float32; ``optim.dtype="bfloat16"`` runs
 forward and backward under bf16 autocast (pure bf16 weights would round lr=1e-6 updates away).
@@ -41,38 +20,27 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
-from collections import defaultdict
 from collections.abc import Iterator
-from contextlib import nullcontext
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from kernel.loss import LossConfig, policy_loss
+from kernel.loss import LossConfig
 from kernel.models import load_causal_lm, load_tokenizer
 from kernel.sample import Sample
 from kernel.sync.push import LocalBroadcaster
-from kernel.train.batching import (
-    MicroBatch,
-    collate,
-    collate_shared,
-    dummy_microbatch,
-    plan_microbatches,
-    plan_shared,
-    to_rows,
-)
-from kernel.train.logprobs import entropy_from_logits, token_logprobs
+from kernel.train import update
+from kernel.train.batching import MicroBatch
 from kernel.train.optim import OptimConfig, build_optimizer
 
 
 @dataclass
 class TorchTrainerConfig:
-    """Torch training backend: micro-batching, packing, temperature, memory and device (the
-    optimiser is set by OptimConfig, the loss by LossConfig)."""
+    """Torch training backend: micro-batching, packing, memory and device (the optimiser is
+    set by OptimConfig, the loss by LossConfig, the temperature by the agent's rollout)."""
 
     max_tokens_per_microbatch: int = 8192
     """Token budget of one micro-batch (rows x padded length, or one packed row); sets how many
@@ -96,11 +64,6 @@ class TorchTrainerConfig:
     ppo_epochs: int = 1
     """Passes over a step's batch (each num_minibatches updates, reshuffled). The old
     logprobs of the ratio are taken once, before the first update (loss.old_logprobs)."""
-    seed: int = 0
-    """Seed of the mini-batch shuffling (the loop sets the run's seed)."""
-    temperature: float = 1.0
-    """The rollout sampling temperature: logits are divided by it before the softmax, so the
-    trainer's logprobs are those of the distribution the engine sampled from."""
     gradient_checkpointing: bool = False
     """Recompute each layer's activations in the backward pass: less memory, more compute."""
     device: str = "auto"
@@ -119,72 +82,9 @@ class TorchTrainerConfig:
                 f"num_minibatches and ppo_epochs must be >= 1, got {self.num_minibatches} and "
                 f"{self.ppo_epochs}"
             )
-        if not 0.0 < self.temperature < math.inf:
-            raise ValueError(f"temperature must be a finite number > 0, got {self.temperature}")
         if self.device != "auto" and self.device.split(":")[0] not in ("cpu", "cuda"):
             raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
         return self
-
-
-def _trainable(s: Sample) -> bool:
-    return s.status.trainable and s.advantage is not None and any(s.loss_mask)
-
-
-def _stale(s: Sample, version: int) -> bool:
-    """Whether some token of ``s`` was sampled by weights older than ``version``."""
-    return bool(s.weight_versions) and min(s.weight_versions) < version
-
-
-def _split(items: list, n: int) -> list[list]:
-    """``items`` in ``n`` contiguous parts whose sizes differ by at most one (some may be
-    empty when there are fewer items than parts: every rank still runs n updates)."""
-    size, extra = divmod(len(items), n)
-    bounds = [i * size + min(i, extra) for i in range(n + 1)]
-    return [items[bounds[i] : bounds[i + 1]] for i in range(n)]
-
-
-def _aligned(samples: list[Sample], old: list[list[float]] | None) -> list | None:
-    """``old`` (one list per sample) restricted to the trainable samples, in their order."""
-    if old is None:
-        return None
-    if len(old) != len(samples):
-        raise ValueError(f"old_logprobs has {len(old)} entries for {len(samples)} samples")
-    return [o for s, o in zip(samples, old, strict=True) if _trainable(s)]
-
-
-@dataclass
-class _Totals:
-    """forward_backward's metrics as they accumulate over micro-batches: additive sums, the
-    keys among them that are masked-token sums, the largest ratio; and the old logprobs of the
-    trainable samples (None: each forward's own)."""
-
-    old: list[list[float]] | None = None
-    sums: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    token_means: set[str] = field(default_factory=lambda: {"logprob_mean"})
-    ratio_max: float = 0.0
-
-
-_WORK_SUMS = ("tokens_run", "n_microbatches", "time_s")  # the work of every update adds up
-
-
-def _merge_updates(updates: list[dict[str, float]]) -> dict[str, float]:
-    """One step's metrics from its updates' (in order): work summed, ratio_max the largest,
-    lr and step the last, everything else the mean over the updates; ``n_updates`` counts
-    them. (The batch's own counts, n_samples and tokens, are the caller's.)"""
-    keys = {k for u in updates for k in u}
-    out = {}
-    for k in keys:
-        values = [u[k] for u in updates if k in u]
-        if k in _WORK_SUMS:
-            out[k] = sum(values)
-        elif k == "ratio_max":
-            out[k] = max(values)
-        elif k in ("lr", "step"):
-            out[k] = values[-1]
-        else:
-            out[k] = sum(values) / len(values)
-    out["n_updates"] = float(len(updates))
-    return out
 
 
 def _full_attention_cache(model) -> bool:
@@ -221,8 +121,15 @@ class TorchTrainer:
         loss: LossConfig,
         cfg: TorchTrainerConfig,
         total_steps: int,
+        temperature: float = 1.0,
+        seed: int = 0,
     ):
-        self._set_config(model_path, optim, loss, cfg, total_steps)
+        """``temperature``: the rollout's, which logits are divided by before the softmax (so
+        the trainer's logprobs are those of the distribution the engine sampled from);
+        ``seed``: of the mini-batch shuffling (the run's seed)."""
+        update.check_settings(optim, loss, cfg, total_steps, temperature)
+        self.model_path, self.optim_cfg, self.loss_cfg, self.cfg = model_path, optim, loss, cfg
+        self.temperature, self.seed = temperature, seed
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1
@@ -258,15 +165,6 @@ class TorchTrainer:
 
     # ---------------------------------------------------------------- set-up
 
-    def _set_config(self, model_path, optim: OptimConfig, loss: LossConfig, cfg, total_steps):
-        """Validate every section before anything is loaded, then keep them."""
-        optim.validate()
-        loss.validate()
-        cfg.validate()
-        if total_steps < 1:
-            raise ValueError(f"total_steps must be >= 1, got {total_steps}")
-        self.model_path, self.optim_cfg, self.loss_cfg, self.cfg = model_path, optim, loss, cfg
-
     def _load(self, path: str):
         model = load_causal_lm(path, dtype="float32", device=str(self.device))
         if self.cfg.attn_implementation is not None:
@@ -284,41 +182,14 @@ class TorchTrainer:
                 fully_shard(module, mesh=mesh)
         fully_shard(model, mesh=mesh)
 
-    def _autocast(self):
-        if self.autocast_dtype is None:
-            return nullcontext()
-        return torch.autocast(device_type=self.device.type, dtype=self.autocast_dtype)
-
-    def _all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
-        """Sum (or max) of each value over ranks, as floats."""
-        if self.world_size == 1:
-            return [float(v) for v in values]
-        t = torch.tensor(values, dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
-        return t.tolist()
-
     # ---------------------------------------------------------------- forward
 
-    def _plan(self, samples: list[Sample]) -> list[MicroBatch]:
-        """Micro-batches of ``samples``, padded with dummies to the most any rank runs."""
-        budget, pack = self.cfg.max_tokens_per_microbatch, self.cfg.pack_sequences
-        distinct = len({tuple(s.prompt_ids) for s in samples})
-        if self.share_prompts and distinct < len(samples):  # some prompt is shared
-            groups = plan_shared(samples, budget)
-            mbs = [collate_shared([samples[i] for i in g], g) for g in groups]
-        else:
-            lengths = [len(s.prompt_ids) + s.response_length for s in samples]
-            groups = plan_microbatches(lengths, budget, pack)
-            mbs = [collate([samples[i] for i in g], g, pack) for g in groups]
-        n = int(self._all_reduce([len(mbs)], op="max")[0])
-        return mbs + [dummy_microbatch() for _ in range(n - len(mbs))]
-
-    def _logits(self, model, mb: MicroBatch) -> Tensor:
+    def logits(self, model, mb: MicroBatch) -> Tensor:
         """Logits (N, V) at the N positions that predict a response token."""
         if mb.prompts is not None:
             return self._shared_logits(model, mb)
         dev = self.device
-        with self._autocast():
+        with update.autocast(self.device, self.autocast_dtype):
             out = model(
                 input_ids=mb.input_ids.to(dev),
                 attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(dev),
@@ -337,7 +208,7 @@ class TorchTrainer:
         dev, p = self.device, mb.prompts
         rows = p.rows.to(dev)  # (S,)
         cache = DynamicCache(config=model.config)
-        with self._autocast():
+        with update.autocast(self.device, self.autocast_dtype):
             out = model(
                 input_ids=p.input_ids.to(dev),
                 attention_mask=p.attention_mask.to(dev),
@@ -360,108 +231,20 @@ class TorchTrainer:
             )
         return torch.cat([first, out.logits])  # (N, V)
 
-    def _forward(
-        self, model, mb: MicroBatch, entropy: bool = False, entropy_grad: bool = False
-    ) -> tuple[Tensor, Tensor | None]:
-        """Logprobs (S, R) of each sample's response tokens, and their entropy (S, R) if asked."""
-        dev = self.device
-        logits = self._logits(model, mb)  # (N, V)
-        shape = tuple(mb.loss_mask.shape)
-        index = (mb.seq.to(dev), mb.pos.to(dev))
+    def grad_sync(self, last: bool) -> None:
+        """Under FSDP, reduce the gradients after an update's last micro-batch only."""
+        if self.world_size > 1:
+            self.model.set_requires_gradient_sync(last)
 
-        def per_sample(flat: Tensor) -> Tensor:  # (N,) -> (S, R), zeros past each response
-            return flat.new_zeros(shape).index_put(index, flat)
+    def all_reduce(self, values: list[float], op: str = "sum") -> list[float]:
+        """Sum (or max) of each value over the ranks, as floats."""
+        return update.all_reduce(values, op, self.device, self.world_size)
 
-        lp = per_sample(token_logprobs(logits, mb.targets.to(dev), self.cfg.temperature))
-        ent = None
-        if entropy:
-            with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-                ent = per_sample(entropy_from_logits(logits, self.cfg.temperature))
-        return lp, ent
-
-    @torch.no_grad()
-    def compute_logprobs(self, samples: list[Sample]) -> list[list[float]]:
-        """The policy's logprob of every response token of each sample (same order as given).
-
-        Under data parallelism every rank must call it (with its own samples).
-        """
-        todo = [i for i, s in enumerate(samples) if s.response_length > 0]
-        out: list[list[float]] = [[] for _ in samples]
-        for mb in self._plan([samples[i] for i in todo]):
-            lp, _ = self._forward(self.model, mb)
-            for row, j in enumerate(mb.indices):
-                n = samples[todo[j]].response_length
-                out[todo[j]] = lp[row, :n].float().cpu().tolist()
-        return out
-
-    # ---------------------------------------------------------------- training
+    # ---------------------------------------------------------------- training: kernel.train.update
 
     def train_step(self, samples: list[Sample], version: int | None = None) -> dict[str, float]:
-        """Train on this rank's ``samples``: ``ppo_epochs`` passes of ``num_minibatches``
-        optimizer updates each (one update by default); returns global metrics.
-
-        ``version`` is the weight version being trained: samples whose oldest token was sampled
-        by an older one are stale, and with ``loss.tis_cap`` unset they get truncated importance
-        sampling at ``loss.stale_tis_cap`` (metric ``stale_samples``).
-        """
-        cfg, lcfg = self.cfg, self.loss_cfg
-        n_stale = self._all_reduce(
-            [sum(version is not None and _stale(s, version) for s in samples)]
-        )[0]
-        tis = lcfg.stale_tis_cap if lcfg.tis_cap is None and n_stale else None  # None: config's
-        if cfg.num_minibatches == 1 and cfg.ppo_epochs == 1 and lcfg.old_logprobs == "recompute":
-            # One update: the old logprobs are this forward's own, detached (module docstring).
-            metrics = self.forward_backward(samples, tis_cap=tis)
-            stepped = metrics["n_samples"] > 0
-            if stepped:
-                metrics.update(self.optim_step())
-            self.last_updates = [metrics] if stepped else []
-            return metrics | {"n_updates": float(stepped), "stale_samples": n_stale}
-        return self._ppo_updates(samples, tis) | {"stale_samples": n_stale}
-
-    def _ppo_updates(self, samples: list[Sample], tis_cap: float | None) -> dict[str, float]:
-        """``ppo_epochs`` shuffled passes of ``num_minibatches`` updates, every one against the
-        old logprobs taken before the first; each update's own metrics stay in
-        ``last_updates``."""
-        cfg = self.cfg
-        kept = [s for s in samples if _trainable(s)]
-        old = self._old_logprobs(kept)  # before any update
-        order = torch.Generator().manual_seed(cfg.seed * 1_000_003 + self.step)
-        updates = []
-        for _ in range(cfg.ppo_epochs):
-            perm = list(range(len(kept)))  # one mini-batch: its order changes nothing
-            if cfg.num_minibatches > 1:
-                perm = torch.randperm(len(kept), generator=order).tolist()
-            for part in _split(perm, cfg.num_minibatches):
-                metrics = self.forward_backward(
-                    [kept[i] for i in part], [old[i] for i in part], tis_cap=tis_cap
-                )
-                if metrics["n_samples"] > 0:  # global: every rank steps, or none does
-                    metrics.update(self.optim_step())
-                    updates.append(metrics)
-        self.last_updates = updates
-        counts = [
-            len(kept),
-            len(samples) - len(kept),
-            sum(len(s.prompt_ids) + s.response_length for s in kept),
-            sum(sum(s.loss_mask) for s in kept),
-        ]
-        n, skipped, tokens, n_tok = self._all_reduce(counts)
-        out = _merge_updates(updates) | {"n_samples": n, "n_skipped": skipped}
-        return out | {"tokens": tokens, "loss_tokens": n_tok}
-
-    def _old_logprobs(self, kept: list[Sample]) -> list[list[float]]:
-        """The old logprobs of the PPO ratio, per sample: the current weights' (recompute) or
-        the engine's (rollout)."""
-        if self.loss_cfg.old_logprobs == "recompute":
-            return self.compute_logprobs(kept)
-        missing = [s.key for s in kept if s.rollout_logprobs is None]
-        if missing:
-            raise ValueError(
-                f"loss.old_logprobs is 'rollout' but sample(s) {missing[:3]} have no "
-                "rollout_logprobs"
-            )
-        return [list(s.rollout_logprobs) for s in kept]
+        """Train on this rank's ``samples`` (made by weights ``version``); global metrics."""
+        return update.train_step(self, samples, version)
 
     def forward_backward(
         self,
@@ -469,132 +252,13 @@ class TorchTrainer:
         old_logprobs: list[list[float]] | None = None,
         tis_cap: float | None = None,
     ) -> dict[str, float]:
-        """Accumulate the gradient of the batch's loss into ``.grad`` (no optimiser step).
+        """Accumulate the gradient of the samples' loss (no optimiser step)."""
+        return update.forward_backward(self, samples, old_logprobs, tis_cap)
 
-        ``old_logprobs`` (one list per sample, over its response tokens) are the PPO ratio's
-        denominator; None: this forward's own logprobs, detached (ratio 1). ``tis_cap`` caps
-        truncated importance sampling against the rollout logprobs (None: loss.tis_cap).
-
-        Metrics: loss, the policy_loss metrics (pg_loss, ratio_mean, ratio_max, clipfrac,
-        approx_kl, kl, entropy, tis_*), logprob_mean (trainer logprobs of the trained tokens),
-        logprob_diff (mean |rollout - trainer| logprob, when rollout logprobs are given),
-        n_samples, n_skipped, tokens (of the samples), tokens_run (the real tokens the model
-        ran: fewer than tokens when prompts are shared), loss_tokens, n_microbatches,
-        nonpad_frac (the share of micro-batch token slots holding real tokens) and time_s. All
-        are over every rank.
-        """
-        t0 = time.perf_counter()
-        kept, plan, n_tok, denom = self._begin(samples, tis_cap)
-        acc = _Totals(old=_aligned(samples, old_logprobs))
-        acc.sums["n_samples"], acc.sums["n_skipped"] = len(kept), len(samples) - len(kept)
-        for i, mb in enumerate(plan):
-            if self.world_size > 1:  # FSDP reduces the gradients after the last one only
-                self.model.set_requires_gradient_sync(i == len(plan) - 1)
-            lp, ent = self._forward(
-                self.model, mb, entropy=True, entropy_grad=self.loss_cfg.entropy_coef > 0
-            )
-            ref = None
-            if self.ref_model is not None:
-                with torch.no_grad():
-                    ref, _ = self._forward(self.ref_model, mb)
-            self._microbatch_loss(mb, kept, lp, ent, ref, denom, acc).backward()
-            acc.sums["tokens"] += sum(
-                len(kept[j].prompt_ids) + kept[j].response_length for j in mb.indices
-            )
-            acc.sums["tokens_run"] += mb.n_tokens
-            acc.sums["slots"] += mb.n_slots
-        return self._finish(acc, n_tok, len(plan), t0)
-
-    def _begin(self, samples: list[Sample], tis_cap: float | None = None):
-        """The trainable samples (validated), their micro-batch plan (empty when no rank has a
-        token to train on), the global count of loss tokens and the loss normaliser; the loss
-        config of this batch caps TIS at ``tis_cap`` (None: loss.tis_cap's)."""
-        lcfg = self.loss_cfg
-        if tis_cap is not None:
-            lcfg = replace(lcfg, tis_cap=tis_cap)
-        self._batch_loss = lcfg
-        kept = [s.validate() for s in samples if _trainable(s)]
-        if lcfg.tis_cap is not None:
-            for s in kept:
-                if s.rollout_logprobs is None:
-                    raise ValueError(
-                        f"sample {s.key}: tis_cap {lcfg.tis_cap} is set (TIS is on) but "
-                        "rollout_logprobs is None"
-                    )
-        plan = self._plan(kept)
-        n_tok, n_seq = self._all_reduce([sum(sum(s.loss_mask) for s in kept), sum(1 for _ in kept)])
-        denom = {"token_mean": n_tok, "seq_sum": 1.0}.get(lcfg.agg, n_seq)
-        return kept, plan if n_tok > 0 else [], n_tok, denom
-
-    def _microbatch_loss(
-        self, mb, kept, lp: Tensor, ent: Tensor, ref, denom: float, acc: _Totals
-    ) -> Tensor:
-        """The policy loss of micro-batch ``mb`` from its logprobs ``lp`` and entropies ``ent``
-        (S, R) (and the reference model's, ``ref``); adds its metrics to ``acc``. Returns what
-        to backpropagate: the loss times the micro-batch's share of the global normaliser,
-        times the world size (FSDP and Megatron DDP average gradients over the ranks -- a divide
-        factor of 1 would need PREMUL_SUM, which gloo lacks -- and the shares already make the
-        global mean)."""
-        lcfg, sums = self._batch_loss, acc.sums
-        mb_samples = [kept[j] for j in mb.indices] or [None]  # None: a dummy row
-        mask = mb.loss_mask.to(self.device)  # (S, R)
-        adv = torch.tensor([s.advantage if s else 0.0 for s in mb_samples])  # (S,)
-        rollout = to_rows(
-            [s.rollout_logprobs if s and s.rollout_logprobs else [] for s in mb_samples],
-            mb.max_response,
-        ).to(self.device)  # (S, R)
-        has_rollout = torch.tensor([bool(s and s.rollout_logprobs) for s in mb_samples])
-        old = lp.detach()  # (S, R) one update per batch: this forward is the old policy
-        if acc.old is not None:
-            rows = [acc.old[j] for j in mb.indices] or [[]]
-            old = to_rows(rows, mb.max_response).to(device=self.device, dtype=lp.dtype)
-        loss, m = policy_loss(
-            lp,
-            old,
-            adv.to(self.device),
-            mask,
-            lcfg,
-            ref_logprobs=ref,
-            entropy=ent,
-            rollout_logprobs=rollout if lcfg.tis_cap is not None else None,
-        )
-        # The micro-batch's share of the global normaliser (seq_sum: every share is 1).
-        count = {"token_mean": mask.sum(), "seq_sum": 1.0}.get(lcfg.agg, (mask.sum(-1) > 0).sum())
-        weight = float(count) / denom
-        with torch.no_grad():
-            n_mask = float(mask.sum())
-            sums["loss"] += float(loss) * weight
-            sums["pg_loss"] += m.pop("pg_loss") * weight
-            acc.ratio_max = max(acc.ratio_max, m.pop("ratio_max"))
-            for k, v in m.items():  # masked-token means, turned back into sums
-                sums[k] += v * n_mask
-                acc.token_means.add(k)
-            current = lp.detach()  # (S, R)
-            sums["logprob_mean"] += float((current * mask).sum())
-            rmask = mask * has_rollout.to(self.device)[:, None]  # (S, R)
-            sums["diff_sum"] += float(((rollout - current).abs() * rmask).sum())
-            sums["diff_tokens"] += float(rmask.sum())
-        return loss * (weight * self.world_size)
-
-    def _finish(self, acc: _Totals, n_tok: float, n_microbatches: int, t0: float) -> dict:
-        """forward_backward's metrics: the sums of ``acc`` summed over the ranks (ratio_max:
-        the largest), token means divided by the loss tokens, logprob_diff and nonpad_frac
-        derived."""
-        keys = sorted(acc.sums)
-        total = dict(zip(keys, self._all_reduce([acc.sums[k] for k in keys]), strict=True))
-        diff_sum, diff_tokens = total.pop("diff_sum", 0.0), total.pop("diff_tokens", 0.0)
-        slots = total.pop("slots", 0.0)
-        out = {k: v / n_tok if k in acc.token_means else v for k, v in total.items()}
-        if n_tok > 0:
-            out["ratio_max"] = self._all_reduce([acc.ratio_max], op="max")[0]
-        if diff_tokens > 0:
-            out["logprob_diff"] = diff_sum / diff_tokens
-        if slots > 0:
-            out["nonpad_frac"] = out["tokens_run"] / slots
-        out["loss_tokens"] = n_tok
-        out["n_microbatches"] = float(n_microbatches)  # per rank, dummies included: the same
-        out["time_s"] = time.perf_counter() - t0
-        return out
+    def compute_logprobs(self, samples: list[Sample]) -> list[list[float]]:
+        """Each sample's response-token logprobs under the current weights (every rank calls
+        it under data parallelism, with its own samples)."""
+        return update.compute_logprobs(self, samples)
 
     def optim_step(self) -> dict[str, float]:
         """Clip the gradient norm, step AdamW and the schedule, zero the gradients.
@@ -618,7 +282,6 @@ class TorchTrainer:
 
     def weight_broadcaster(self):
         """Rank 0 of the distributed weight sync: this process (kernel.sync.push)."""
-
         return LocalBroadcaster(self)
 
     def named_parameters_for_sync(self, dtype: torch.dtype | None = None) -> Iterator[tuple]:
@@ -713,3 +376,6 @@ class TorchTrainer:
     def _barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier()
+
+    def close(self) -> None:
+        """Nothing to free: the process group, if any, is the caller's."""

@@ -3,8 +3,10 @@ training backend is chosen: ``backend_config`` turns the backend's name into its
 ``build_trainer`` builds the trainer those settings belong to.
 
 Backends: ``torch`` (``TorchTrainer``: one HF model, FSDP2 across ranks) and ``megatron``
-(``MegatronTrainer``: Megatron-core TP/PP/DP). A ``RayTrainer`` (kernel.train.ray_trainer) is
-a trainer too: it runs one of them per Ray actor, each rank built here.
+(``MegatronTrainer``: Megatron-core TP/PP/DP), side by side: each provides its model's forward,
+reductions and optimiser step, and both run the update of ``kernel.train.update``. A
+``RayTrainer`` (kernel.train.ray_trainer) is a trainer too: it runs one of them per Ray actor,
+each rank built here.
 """
 
 from __future__ import annotations
@@ -65,9 +67,17 @@ def backend_config(backend: str, base: TorchTrainerConfig) -> Any:
 
 
 def build_trainer(
-    model_path: str, optim: OptimConfig, loss: LossConfig, settings: Any, total_steps: int
+    model_path: str,
+    optim: OptimConfig,
+    loss: LossConfig,
+    settings: Any,
+    total_steps: int,
+    temperature: float = 1.0,
+    seed: int = 0,
 ) -> Trainer:
     """The trainer of one model in this process (one rank of it when torch.distributed is
-    initialised); ``settings``, made by ``backend_config``, say which backend."""
+    initialised); ``settings``, made by ``backend_config``, say which backend. ``temperature``
+    is the agent's rollout temperature (the trainer's logprobs divide the logits by it),
+    ``seed`` the run's."""
     backend = MegatronTrainer if isinstance(settings, MegatronTrainerConfig) else TorchTrainer
-    return backend(model_path, optim, loss, settings, total_steps)
+    return backend(model_path, optim, loss, settings, total_steps, temperature, seed)

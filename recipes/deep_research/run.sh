@@ -39,10 +39,13 @@ if [ "$MODE" = gpu ]; then
   GPUS="${GPUS:-8}" NODES="${NODES:-1}"
   train=${TRAIN_GPUS:-$((GPUS * NODES / 2))}
   res="\"train_gpus\":$train,\"infer_gpus\":$((GPUS * NODES - train))"
-  res+=",\"tensor_parallel\":${TP:-1},\"pipeline_parallel\":${PP:-1}"
   res+=",\"engine_tensor_parallel\":${ENGINE_TP:-1}"
+  # the Megatron trainer's parallel sizes (its trainer section: the one place they are set)
+  trainer=""
+  [ "${BACKEND:-megatron}" = megatron ] &&
+    trainer=",\"trainer\":{\"tensor_parallel\":${TP:-1},\"pipeline_parallel\":${PP:-1}}"
   # agent and searcher share one model: the agent's spec places it
-  agents="[{\"name\":\"agent\",\"backend\":\"${BACKEND:-megatron}\",\"resources\":{$res}},"
+  agents="[{\"name\":\"agent\",\"backend\":\"${BACKEND:-megatron}\",\"resources\":{$res}$trainer},"
   agents+="\"searcher\"]"
   launch=("$PY" -m kernel launch --recipe deep_research --preset "$PRESET" --model "$MODEL"
     --output_dir "$OUT" --agents "$agents" --cluster.nodes "$NODES" --cluster.gpus_per_node "$GPUS"

@@ -32,8 +32,11 @@ fi
 [ "$MODE" = gpu ] || { echo "MODE must be cpu or gpu, got '$MODE'" >&2; exit 2; }
 MODEL="${MODEL:?set MODEL to an HF checkpoint path for MODE=gpu}"
 GPUS="${GPUS:-8}" NODES="${NODES:-1}"
-resources="\"tensor_parallel\":${TP:-1},\"pipeline_parallel\":${PP:-1}"
-resources+=",\"engine_tensor_parallel\":${ENGINE_TP:-1}"
+resources="\"engine_tensor_parallel\":${ENGINE_TP:-1}"
+# the Megatron trainer's parallel sizes (its trainer section: the one place they are set)
+trainer=""
+[ "${BACKEND:-megatron}" = megatron ] &&
+  trainer=",\"trainer\":{\"tensor_parallel\":${TP:-1},\"pipeline_parallel\":${PP:-1}}"
 case "${PLACEMENT:-split}" in
   split)
     train=${TRAIN_GPUS:-$((GPUS * NODES / 2))}
@@ -42,7 +45,7 @@ case "${PLACEMENT:-split}" in
   *) echo "PLACEMENT must be split or colocate, got '$PLACEMENT'" >&2; exit 2 ;;
 esac
 # One model plays every role: the solver's spec places it, the other roles share it.
-agents="[{\"name\":\"solver\",\"backend\":\"${BACKEND:-megatron}\",\"resources\":{$resources}},"
+agents="[{\"name\":\"solver\",\"backend\":\"${BACKEND:-megatron}\",\"resources\":{$resources}$trainer},"
 agents+="\"rewriter\",\"selector\"]"
 dry=()
 case "${DRY_RUN:-}" in

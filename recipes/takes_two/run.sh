@@ -35,11 +35,14 @@ PATIENT_MODEL="${PATIENT_MODEL:?set PATIENT_MODEL to an HF checkpoint path for M
 
 # spec NAME MODEL TRAIN_GPUS INFER_GPUS: one agent with its own model, placed by the plan.
 spec() {
-  local res="\"tensor_parallel\":${TP:-1},\"pipeline_parallel\":${PP:-1}"
-  [ -n "$3" ] && res+=",\"train_gpus\":$3"
-  [ -n "$4" ] && res+=",\"infer_gpus\":$4"
-  printf '{"name":"%s","model":"%s","backend":"%s","resources":{%s}}' \
-    "$1" "$2" "${BACKEND:-megatron}" "$res"
+  local res="" trainer=""
+  [ -n "$3" ] && res+="\"train_gpus\":$3"
+  [ -n "$4" ] && res+="${res:+,}\"infer_gpus\":$4"
+  # the Megatron trainer's parallel sizes (its trainer section: the one place they are set)
+  [ "${BACKEND:-megatron}" = megatron ] &&
+    trainer=",\"trainer\":{\"tensor_parallel\":${TP:-1},\"pipeline_parallel\":${PP:-1}}"
+  printf '{"name":"%s","model":"%s","backend":"%s","resources":{%s}%s}' \
+    "$1" "$2" "${BACKEND:-megatron}" "$res" "$trainer"
 }
 agents="[$(spec doctor "$DOCTOR_MODEL" "${DOCTOR_TRAIN_GPUS:-}" "${DOCTOR_INFER_GPUS:-}"),"
 agents+="$(spec patient "$PATIENT_MODEL" "${PATIENT_TRAIN_GPUS:-}" "${PATIENT_INFER_GPUS:-}")]"

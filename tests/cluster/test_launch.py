@@ -27,8 +27,9 @@ TOY = ROOT / "kernel" / "presets" / "toy.yaml"
 STEPS = 3
 
 
-def toy(tmp_path, resources: dict, backend: str = "torch"):
-    agents = json.dumps([{"name": "default", "backend": backend, "resources": resources}])
+def toy(tmp_path, resources: dict, backend: str = "torch", trainer: dict | None = None):
+    spec = {"name": "default", "backend": backend, "resources": resources}
+    agents = json.dumps([spec | {"trainer": trainer or {}}])
     flags = [
         f"--output_dir={tmp_path}",
         f"--num_steps={STEPS}",
@@ -154,11 +155,13 @@ def test_launch_colocated_releases_and_resumes_engine_memory_around_training(
 
 
 def test_launch_trains_megatron_at_the_planned_tensor_parallel_size(tmp_path, fake_gpu_ray):
-    """backend megatron: the plan's TP=2 reaches the trainer (the two Ray ranks split every
-    layer), its weights are gathered into HF layout for the distributed sync, and the engines
-    then sample with the trainer's logprobs (the rollout/train gap and the post-sync check)."""
+    """backend megatron: the trainer section's TP=2 sizes the plan and reaches the trainer (the
+    two Ray ranks split every layer), its weights are gathered into HF layout for the
+    distributed sync, and the engines then sample with the trainer's logprobs (the rollout/train
+    gap and the post-sync check)."""
     pytest.importorskip("megatron.core")
-    cfg = toy(tmp_path, {"train_gpus": 2, "infer_gpus": 2, "tensor_parallel": 2}, "megatron")
+    sizes = {"tensor_parallel": 2}
+    cfg = toy(tmp_path, {"train_gpus": 2, "infer_gpus": 2}, "megatron", trainer=sizes)
     plan = make_plan(cfg, cluster(4))
     (g,) = plan.groups
     assert (g.backend, g.tensor_parallel, g.data_parallel) == ("megatron", 2, 1)

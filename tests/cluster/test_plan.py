@@ -176,9 +176,9 @@ def test_deep_research_default_preset_shares_one_model():
 
 
 def test_megatron_tp_pp_dp_coordinates_and_explicit_counts():
-    res = {"train_gpus": 8, "infer_gpus": 4, "tensor_parallel": 2, "pipeline_parallel": 2,
-           "engine_tensor_parallel": 2}  # fmt: skip
-    specs = [AgentSpec("doctor", model="m", backend="megatron", resources=res)]
+    res = {"train_gpus": 8, "infer_gpus": 4, "engine_tensor_parallel": 2}
+    sizes = {"tensor_parallel": 2, "pipeline_parallel": 2}  # the trainer's, set there only
+    specs = [AgentSpec("doctor", model="m", backend="megatron", resources=res, trainer=sizes)]
     plan = make_plan(specs, ClusterConfig(nodes=2, gpus_per_node=8))
     (g,) = plan.groups
     # DP = 8 / (TP 2 x PP 2) = 2; Megatron order: TP fastest, then DP, then PP
@@ -207,8 +207,12 @@ def test_nodes_pin_a_model():
 # ------------------------------------------------------------------ errors
 
 
-def spec(**resources):
-    return [AgentSpec("solver", model="m", backend="megatron", resources=resources)]
+def spec(trainer: dict | None = None, **resources):
+    return [
+        AgentSpec(
+            "solver", model="m", backend="megatron", resources=resources, trainer=trainer or {}
+        )
+    ]
 
 
 @pytest.mark.parametrize(
@@ -223,10 +227,10 @@ def spec(**resources):
             "needs 16 GPUs .* cluster.nodes x cluster.gpus_per_node = 1 x 8 = 8",
         ),
         (
-            spec(train_gpus=6, infer_gpus=2, tensor_parallel=2, pipeline_parallel=2),
+            spec({"tensor_parallel": 2, "pipeline_parallel": 2}, train_gpus=6, infer_gpus=2),
             ONE,
-            r"agents\['solver'\].resources: tensor_parallel x pipeline_parallel = 2 x 2 = 4 must "
-            "divide train_gpus = 6",
+            r"agents\['solver'\].trainer: tensor_parallel x pipeline_parallel = 2 x 2 = 4 must "
+            r"divide agents\['solver'\].resources.train_gpus = 6",
         ),
         (
             spec(train_gpus=4, infer_gpus=3, engine_tensor_parallel=2),
@@ -240,10 +244,15 @@ def spec(**resources):
         ),
         (spec(gpus=4), ONE, r"agents\['solver'\].resources: unknown key\(s\) \['gpus'\]"),
         (
-            [AgentSpec("solver", resources={"tensor_parallel": 2})],
+            [AgentSpec("solver", trainer={"tensor_parallel": 2})],
             ONE,
-            r"agents\['solver'\].resources.tensor_parallel/pipeline_parallel: the torch backend "
+            r"agents\['solver'\].trainer.tensor_parallel/pipeline_parallel: the torch backend "
             "is data parallel only",
+        ),
+        (
+            spec({"pipeline_parallel": 0}),
+            ONE,
+            r"agents\['solver'\].trainer.pipeline_parallel must be an int >= 1, got 0",
         ),
         (
             spec(train_gpus=0, infer_gpus=8),
@@ -282,7 +291,8 @@ def test_key_value_heads_must_split_over_tensor_parallel(tmp_path):
             "solver",
             model=str(tmp_path),
             backend="megatron",
-            resources={"train_gpus": 4, "infer_gpus": 4, "tensor_parallel": 4},
+            resources={"train_gpus": 4, "infer_gpus": 4},
+            trainer={"tensor_parallel": 4},
         )
     ]
     with pytest.raises(ValueError, match=r"tensor_parallel = 4 must divide the model's 2 key/val"):
@@ -304,8 +314,8 @@ def test_key_value_heads_must_split_over_tensor_parallel(tmp_path):
 def test_resource_config_validate_names_the_field():
     with pytest.raises(ValueError, match="infer_gpus=2 but colocate is true"):
         ResourceConfig(colocate=True, infer_gpus=2).validate()
-    with pytest.raises(ValueError, match="pipeline_parallel must be >= 1"):
-        ResourceConfig(pipeline_parallel=0).validate()
+    with pytest.raises(ValueError, match="engine_tensor_parallel must be >= 1"):
+        ResourceConfig(engine_tensor_parallel=0).validate()
 
 
 def test_plan_to_dict_is_json_and_table_names_every_gpu():

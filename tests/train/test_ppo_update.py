@@ -1,6 +1,6 @@
-"""The PPO update schedule of the trainers (kernel/train/torch_backend.py, inherited by the
-Megatron trainer): several mini-batch updates per batch against old logprobs taken once, the
-clip decision token by token, the metrics, and TIS for stale samples. Tiny real model, CPU."""
+"""The PPO update schedule both trainers run (kernel/train/update.py): several mini-batch
+updates per batch against old logprobs taken once, the clip decision token by token, the
+metrics, and TIS for stale samples. Tiny real model, CPU."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from kernel.loss import LossConfig
+from kernel.train import update
 from kernel.train.optim import OptimConfig
 from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
 
@@ -18,8 +19,8 @@ LR = 5e-3  # large on purpose: one update moves the ratios of the next beyond a 
 
 @pytest.fixture(params=["torch", "megatron"])
 def trainer(request, char_model_dir):
-    """``trainer(loss=None, **trainer_cfg)`` builds a trainer of the backend under test on the
-    tiny char model (Megatron: one process, TP=1, over gloo); every one is closed after."""
+    """``trainer(loss=None, seed=0, **trainer_cfg)`` builds a trainer of the backend under test
+    on the tiny char model (Megatron: one process, TP=1, over gloo); every one is closed after."""
     made = []
     if request.param == "megatron":
         pytest.importorskip("megatron.core")
@@ -29,7 +30,7 @@ def trainer(request, char_model_dir):
     else:
         cls, cfg_cls = TorchTrainer, TorchTrainerConfig
 
-    def make(loss: LossConfig | None = None, **cfg):
+    def make(loss: LossConfig | None = None, seed: int = 0, **cfg):
         torch.manual_seed(0)
         t = cls(
             char_model_dir,
@@ -37,14 +38,14 @@ def trainer(request, char_model_dir):
             loss or LossConfig(),
             cfg_cls(max_tokens_per_microbatch=64, **cfg),
             total_steps=10,
+            seed=seed,
         )
         made.append(t)
         return t
 
     yield make
     for t in reversed(made):  # the first Megatron trainer set up the parallel state
-        if hasattr(t, "close"):
-            t.close()
+        t.close()
 
 
 def params(t) -> dict[str, torch.Tensor]:
@@ -58,7 +59,8 @@ def test_one_minibatch_one_epoch_through_the_ppo_path_equals_the_single_update(
     fast = trainer()
     fast.train_step(samples)  # today's update: old logprobs = the forward's own, detached
     general = trainer()
-    m = general._ppo_updates(samples, None)  # old logprobs recomputed first, then one update
+    # old logprobs recomputed first, then one update
+    m = update._ppo_updates(general, samples, None)
     assert m["n_updates"] == 1 and m["n_samples"] == 12
     assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and m["clipfrac"] == 0.0
     expected = params(fast)

@@ -8,7 +8,6 @@ trainer's micro-batching, weighting and packing must reproduce it to float round
 from __future__ import annotations
 
 import math
-from dataclasses import replace
 
 import pytest
 import torch
@@ -80,8 +79,9 @@ def test_microbatched_gradient_equals_one_big_batch(char_model_dir, make_samples
         char_model_dir,
         OptimConfig(),
         cfg,
-        TorchTrainerConfig(max_tokens_per_microbatch=30, pack_sequences=pack, temperature=0.7),
+        TorchTrainerConfig(max_tokens_per_microbatch=30, pack_sequences=pack),
         total_steps=1,
+        temperature=0.7,
     )
     m = trainer.forward_backward(with_untrainable(samples))
     assert m["n_microbatches"] >= 4 and m["n_samples"] == 10 and m["n_skipped"] == 3
@@ -115,9 +115,7 @@ def test_shared_prompts_give_the_gradient_of_whole_samples(
     runs = {}
     for share in (True, False):
         tcfg = TorchTrainerConfig(share_prompts=share, max_tokens_per_microbatch=budget)
-        trainer = TorchTrainer(
-            char_model_dir, OptimConfig(), cfg, replace(tcfg, temperature=0.7), 1
-        )
+        trainer = TorchTrainer(char_model_dir, OptimConfig(), cfg, tcfg, 1, temperature=0.7)
         assert trainer.share_prompts is share
         runs[share] = (trainer.forward_backward(samples), trainer.compute_logprobs(samples))
         if share:
@@ -291,10 +289,38 @@ def test_tis_without_rollout_logprobs_names_the_sample(char_model_dir, make_samp
         trainer.train_step(make_samples(2, rollout=False))
 
 
-@pytest.mark.parametrize(
-    ("field", "value"),
-    [("max_tokens_per_microbatch", 0), ("temperature", 0.0), ("device", "tpu")],
-)
+@pytest.mark.parametrize(("field", "value"), [("max_tokens_per_microbatch", 0), ("device", "tpu")])
 def test_config_validation_names_the_field(field, value):
     with pytest.raises(ValueError, match=field):
         TorchTrainerConfig(**{field: value}).validate()
+
+
+def test_a_greedy_temperature_is_refused_before_the_model_loads(char_model_dir):
+    with pytest.raises(ValueError, match=r"temperature \(the rollout's.*> 0, got 0.0"):
+        TorchTrainer(char_model_dir, OptimConfig(), LossConfig(), TorchTrainerConfig(), 1, 0.0)
+
+
+def test_a_runs_trainer_takes_its_agents_rollout_temperature(tmp_path, make_samples):
+    """One source per fact: the trainer a run builds (runtime.place_trainer) divides the
+    logits by the temperature its agent samples at (here an agent override, 0.7), so its
+    logprobs are those of the engine's distribution, not of temperature 1."""
+    from pathlib import Path
+
+    from kernel.config import load_train_config
+    from kernel.runtime import place_trainer, plan_models
+
+    agents = '[{"name": "default", "rollout": {"temperature": 0.7}}]'
+    toy = Path(__file__).resolve().parents[2] / "kernel" / "presets" / "toy.yaml"
+    cfg = load_train_config([f"--output_dir={tmp_path}", f"--agents={agents}"], yaml_path=toy)
+    (model,) = plan_models(cfg, tmp_path, {})
+    trainer = place_trainer(cfg, model, None)
+    samples = make_samples(3, seed=2)
+    got = trainer.compute_logprobs(samples)
+    hf = AutoModelForCausalLM.from_pretrained(model.path, dtype=torch.float32)
+    for s, lp in zip(samples, got, strict=True):
+        ids = torch.tensor([s.prompt_ids + s.response_ids])  # (1, L)
+        logits = hf(input_ids=ids).logits[0, len(s.prompt_ids) - 1 : -1]  # (R, V)
+        targets = torch.tensor(s.response_ids)
+        at = {t: token_logprobs(logits, targets, t) for t in (0.7, 1.0)}
+        torch.testing.assert_close(torch.tensor(lp), at[0.7], rtol=1e-4, atol=1e-5)
+        assert (at[1.0] - at[0.7]).abs().max() > 1e-3  # temperature 1 would be told apart
