@@ -120,8 +120,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from jsonargparse import ArgumentParser, set_parsing_settings
 
-    from kernel.engine.launch import free_port
-    from kernel.engine.serve import launch_server
+    from kernel.engine.launch import free_port, launch_server
     from kernel.engine.server import ServerConfig
     from kernel.engine.weights import load_model
 

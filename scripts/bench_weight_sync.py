@@ -87,8 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     dtype = DTYPES[args.dtype]
 
     from kernel.engine.client import EngineClient
-    from kernel.engine.launch import free_port
-    from kernel.engine.serve import launch_server
+    from kernel.engine.launch import free_port, launch_server
     from kernel.engine.server import ServerConfig
     from kernel.models import char_tokenizer
     from kernel.sync.buckets import iter_buckets

@@ -200,7 +200,7 @@ def _engines_of(run_dir: Path) -> list[int]:
             cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if proc.name.isdigit() and "kernel.engine.serve" in cmd and str(run_dir) in cmd:
+        if proc.name.isdigit() and "\0kernel.engine\0" in cmd and str(run_dir) in cmd:
             pids.append(int(proc.name))
     return pids
 
@@ -264,9 +264,8 @@ def test_training_through_the_real_sglang_router(tmp_path):
     engines directly (both end on the trainer's version, which the post-sync check probes)."""
     import httpx
 
-    from kernel.engine.launch import free_port
+    from kernel.engine.launch import free_port, launch_server
     from kernel.engine.router import RouterConfig, launch_router, wait_for_workers
-    from kernel.engine.serve import launch_server
     from kernel.engine.server import ServerConfig
     from kernel.models import materialize_model
 

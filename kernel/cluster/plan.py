@@ -104,7 +104,7 @@ class ClusterConfig:
     """torch.distributed rendezvous port of the first trainer (on its rank 0's node)."""
     engine_server: str = "auto"
     """What each planned engine runs: sglang (python -m sglang.launch_server, GPU nodes),
-    embedded (python -m kernel.engine.serve, the kernel's own server: CPU, tests) or auto
+    embedded (python -m kernel.engine, the kernel's own server: CPU, tests) or auto
     (sglang when the Ray cluster has GPUs, embedded without)."""
     sglang_args: list[str] = field(default_factory=list)
     """More flags for every sglang.launch_server, passed verbatim (e.g. --dtype bfloat16); a

@@ -33,9 +33,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kernel.engine.launch import LaunchedProcess
+from kernel.engine.launch import LaunchedProcess, server_command
 from kernel.engine.router import RouterConfig, wait_for_workers
-from kernel.engine.serve import server_command
 from kernel.engine.server import ServerConfig
 from kernel.loop import train
 from kernel.models import materialize_model

@@ -2,7 +2,8 @@
 
 - ``client``: the async client every rollout uses (generate, abort, pause, weight updates,
   router worker admin);
-- ``server`` / ``serve``: the embedded SGLang-compatible server (HF transformers, CPU or GPU);
+- ``server``: the embedded SGLang-compatible server (HF transformers, CPU or GPU), started by
+  ``python -m kernel.engine`` (``__main__``) or ``launch.launch_server``;
 - ``scheduler``: its continuous-batching decode loop; ``weights``: its weight-update paths;
 - ``router``: starting the real sglang-router in front of engines;
 - ``protocol``: the pydantic request and response models.

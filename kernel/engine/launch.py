@@ -3,11 +3,13 @@
 A ``LaunchedProcess`` is one child process with the URL it serves. It waits for health with
 a deadline (and says so at once, with the tail of its log, if the child died), and ``stop()``
 ends exactly that PID -- terminate, then kill after a grace period -- never anything found by
-name. Used by tests, benchmarks and local launch scripts.
+name. Used by tests, benchmarks and local launch scripts. ``launch_server`` starts an embedded
+server (``python -m kernel.engine``) this way.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import socket
@@ -16,8 +18,12 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
+
+if TYPE_CHECKING:
+    from kernel.engine.server import ServerConfig
 
 
 def _die_with_parent() -> None:
@@ -125,3 +131,21 @@ class LaunchedProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def server_command(config: ServerConfig) -> list[str]:
+    """The command line that starts an embedded server with these settings."""
+    cmd = [sys.executable, "-m", "kernel.engine"]
+    for f in dataclasses.fields(config):
+        value = getattr(config, f.name)
+        if value is not None:
+            cmd += [f"--{f.name}", str(value)]
+    return cmd
+
+
+def launch_server(config: ServerConfig, log_path: str | Path) -> LaunchedProcess:
+    """Start an embedded server as a child process (then ``.wait_healthy()``; ``.stop()`` ends
+    it)."""
+    config.validate()
+    url = f"http://{config.host}:{config.port}"
+    return LaunchedProcess.start("embedded server", url, server_command(config), log_path)

@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kernel.engine.client import ClientConfig, EngineClient
-from kernel.engine.launch import free_port
+from kernel.engine.launch import free_port, launch_server
 from kernel.engine.router import RouterConfig, launch_router, wait_for_workers
-from kernel.engine.serve import launch_server
 from kernel.engine.server import ServerConfig
 
 log = logging.getLogger(__name__)

@@ -3,8 +3,9 @@
 Tandem's rollouts talk to inference engines over SGLang's protocol (kernel/engine/protocol.py).
 On a GPU node those are real SGLang servers behind sglang-router; on a laptop or CI box this
 server stands in for them with the same endpoints, so the same client, router and weight-sync
-code runs everywhere. ``create_app(ServerConfig(...))`` returns the FastAPI app; the model is
-loaded at start-up (the port opens once it is ready), and all model work runs on the worker
+code runs everywhere. ``create_app(ServerConfig(...))`` returns the FastAPI app, its routes in
+four groups (``generation_routes``, ``status_routes``, ``control_routes``, ``weight_routes``),
+each handler given the ``ServerState`` by dependency (``Engine``); the model is loaded at start-up (the port opens once it is ready), and all model work runs on the worker
 thread of ``kernel.engine.scheduler.Scheduler`` -- handlers only validate, enqueue and await.
 
 Where it differs from SGLang, on purpose:
@@ -35,9 +36,9 @@ import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic.dataclasses import dataclass
@@ -324,6 +325,340 @@ async def _await_all(request: Request, reqs: list[EngineRequest]) -> list[dict]:
                 r.abort_message = "the client disconnected"
 
 
+def _engine(request: Request) -> ServerState:
+    return request.app.state.engine
+
+
+Engine = Annotated[ServerState, Depends(_engine)]
+"""A route's server state (the app's, loaded at start-up)."""
+
+# The routes by area; create_app mounts them all.
+generation_routes = APIRouter()
+"""/generate and the OpenAI-compatible /v1/chat/completions."""
+status_routes = APIRouter()
+"""Health, model and server info, load."""
+control_routes = APIRouter()
+"""Abort, pause and continue, memory release and resume."""
+weight_routes = APIRouter()
+"""Weight versions and the three weight-update paths (disk, tensor, distributed group)."""
+
+
+@generation_routes.api_route("/generate", methods=["POST", "PUT"])
+async def generate(e: Engine, body: P.GenerateRequest, request: Request):
+    reqs, as_list = e.build_requests(body)
+    e.scheduler.submit(reqs)
+    try:
+        replies = await _await_all(request, reqs)
+    except Exception as exc:
+        log.exception("generation failed")
+        return _error(500, f"generation failed: {exc}")
+    return JSONResponse(replies if as_list else replies[0])
+
+
+@generation_routes.post("/v1/chat/completions")
+async def chat_completions(e: Engine, body: P.ChatCompletionRequest, request: Request):
+    messages = [m.model_dump() for m in body.messages]
+    encoded = e.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    ids = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+    limit = body.max_completion_tokens or body.max_tokens
+    params = {"temperature": body.temperature, "top_p": body.top_p, "n": body.n}
+    params |= {"stop": body.stop, "max_new_tokens": limit}
+    gen = P.GenerateRequest(input_ids=ids, sampling_params=params)
+    reqs, _ = e.build_requests(gen)
+    e.scheduler.submit(reqs)
+    replies = await _await_all(request, reqs)
+    choices = [
+        {
+            "index": i,
+            "message": {"role": "assistant", "content": r["text"]},
+            "finish_reason": r["meta_info"]["finish_reason"]["type"],
+        }
+        for i, r in enumerate(replies)
+    ]
+    completion = sum(r["meta_info"]["completion_tokens"] for r in replies)
+    usage = {"prompt_tokens": len(ids), "completion_tokens": completion}
+    usage["total_tokens"] = len(ids) + completion
+    return {
+        "id": f"chatcmpl-{reqs[0].rid}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": e.model_name,
+        "choices": choices,
+        "usage": usage,
+    }
+
+
+@status_routes.get("/health")
+async def health():
+    return {}
+
+
+@status_routes.get("/health_generate")
+async def health_generate(e: Engine):
+    if e.released:
+        return _error(503, f"memory is released ({', '.join(sorted(e.released))})")
+    if e.scheduler.paused:
+        return {}
+    probe = EngineRequest(
+        rid=f"health-{uuid.uuid4().hex}",
+        input_ids=[0],
+        params=P.SamplingParams(temperature=0, max_new_tokens=1),
+    )
+    e.scheduler.submit([probe])
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(probe.future), timeout=30)
+    except Exception as exc:
+        return _error(503, f"health generation failed: {exc!r}")
+    return {}
+
+
+def model_info(e: Engine) -> dict:
+    return {
+        "model_path": e.settings.model,
+        "tokenizer_path": e.settings.tokenizer or e.settings.model,
+        "served_model_name": e.model_name,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": e.scheduler.weight_version,
+        "context_length": e.context_length,
+        "vocab_size": e.vocab_size,
+    }
+
+
+def server_info(e: Engine) -> dict:
+    state = e.scheduler.stats | e.scheduler.load() | {"paused": e.scheduler.paused}
+    state |= e.memory_stats | {"memory_released": sorted(e.released)}
+    return {
+        **dataclasses.asdict(e.settings),
+        "model_path": e.settings.model,
+        "tokenizer_path": e.settings.tokenizer or e.settings.model,
+        "tp_size": 1,
+        "dp_size": 1,
+        "context_length": e.context_length,
+        "max_running_requests": e.settings.max_batch_size,
+        "weight_version": e.scheduler.weight_version,
+        "version": VERSION,
+        "internal_states": [state],
+    }
+
+
+for path in ("/model_info", "/get_model_info"):
+    status_routes.add_api_route(path, model_info, methods=["GET"])
+for path in ("/server_info", "/get_server_info"):
+    status_routes.add_api_route(path, server_info, methods=["GET"])
+
+
+@status_routes.get("/v1/models")
+async def models(e: Engine):
+    card = {"id": e.model_name, "object": "model", "owned_by": "tandem"}
+    return {"object": "list", "data": [card | {"max_model_len": e.context_length}]}
+
+
+@status_routes.get("/get_load")
+async def get_load(e: Engine):
+    load = e.scheduler.load()
+    return [
+        {
+            "dp_rank": 0,
+            "num_reqs": load["num_running_reqs"] + load["num_waiting_reqs"],
+            "num_waiting_reqs": load["num_waiting_reqs"],
+            "num_tokens": load["num_used_tokens"],
+        }
+    ]
+
+
+@status_routes.get("/v1/loads")
+async def loads(e: Engine):
+    s = e.scheduler
+    load = s.load()
+    capacity = s.max_batch_size * s.context_length
+    row = {"dp_rank": 0, **load, "max_total_num_tokens": capacity}
+    row["token_usage"] = load["num_used_tokens"] / capacity
+    row |= {k: s.stats[k] for k in ("num_finished_reqs", "num_aborted_reqs")}
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    return {"timestamp": stamp, "version": VERSION, "loads": [row]}
+
+
+@control_routes.api_route("/flush_cache", methods=["GET", "POST"])
+async def flush_cache():
+    return PlainTextResponse("Cache flushed.\n")
+
+
+@control_routes.post("/abort_request")
+async def abort_request(e: Engine, body: P.AbortRequest):
+    if not body.abort_all and not body.rid:
+        raise BadInput("rid: give a request id (prefix) or abort_all=true")
+    n = e.scheduler.abort(body.rid, body.abort_all)
+    return {"success": True, "num_aborted": n}
+
+
+@control_routes.post("/pause_generation")
+async def pause_generation(e: Engine, body: P.PauseRequest | None = None):
+    mode = body.mode if body else "abort"
+    n = await asyncio.wrap_future(e.scheduler.pause(mode))
+    return {
+        "message": "Generation paused successfully.",
+        "status": "ok",
+        "mode": mode,
+        "num_affected_requests": n,
+    }
+
+
+@control_routes.post("/continue_generation")
+async def continue_generation(e: Engine):
+    e.scheduler.resume()
+    return {"message": "Generation continued successfully.", "status": "ok"}
+
+
+@control_routes.api_route("/release_memory_occupation", methods=["GET", "POST"])
+async def release_memory_occupation(e: Engine, body: P.MemoryOccupationRequest | None = None):
+    tags = body.tags if body else None
+    released = await asyncio.wrap_future(e.scheduler.call(lambda: e.release_memory(tags)))
+    return _result(True, f"Memory released: {released}.", released=released)
+
+
+@control_routes.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+async def resume_memory_occupation(e: Engine, body: P.MemoryOccupationRequest | None = None):
+    tags = body.tags if body else None
+    released = await asyncio.wrap_future(e.scheduler.call(lambda: e.resume_memory(tags)))
+    return _result(True, f"Memory resumed; still released: {released}.", released=released)
+
+
+async def _update(
+    s: Scheduler, apply, version: str | None, abort_all: bool, what: str
+) -> JSONResponse:
+    """Run ``apply()`` (which writes weights) on ``s``'s worker thread, then set the version."""
+    if abort_all:
+        s.abort(abort_all=True, message=f"aborted by {what}")
+
+    def run() -> int:
+        n = apply()
+        s.weight_version = version if version is not None else next_version(s.weight_version)
+        return n
+
+    try:
+        n = await asyncio.wrap_future(s.call(run))
+    except Exception as exc:
+        log.warning("%s failed: %s", what, exc)
+        return _result(False, f"{what} failed: {exc}")
+    return _result(True, f"Updated {n} tensors. Weight version is {s.weight_version}.")
+
+
+@weight_routes.get("/get_weight_version")
+async def get_weight_version(e: Engine):
+    return {"weight_version": e.scheduler.weight_version}
+
+
+@weight_routes.post("/update_weight_version")
+async def update_weight_version(e: Engine, body: P.UpdateWeightVersionRequest):
+    s = e.scheduler
+    if body.abort_all_requests:
+        s.abort(abort_all=True, message="aborted by /update_weight_version")
+
+    def set_version() -> None:
+        s.weight_version = body.new_version
+
+    await asyncio.wrap_future(s.call(set_version))
+    msg = f"Weight version updated to {body.new_version}"
+    return _result(True, msg, new_version=body.new_version)
+
+
+@weight_routes.post("/update_weights_from_disk")
+async def update_weights_from_disk(e: Engine, body: P.UpdateWeightsFromDiskRequest):
+    try:  # load beside the running model, off the worker thread: generation goes on
+        new = await asyncio.to_thread(load_model, body.model_path, e.settings.dtype, "cpu")
+    except Exception as exc:
+        return _result(False, f"model_path {body.model_path!r}: {exc}", num_paused_requests=0)
+    response = await _update(
+        e.scheduler,
+        lambda: apply_named_tensors(e.model, new.state_dict()),
+        body.weight_version,
+        body.abort_all_requests,
+        "/update_weights_from_disk",
+    )
+    if response.status_code == 200:
+        e.settings.model = body.model_path
+    return response
+
+
+@weight_routes.post("/update_weights_from_tensor")
+async def update_weights_from_tensor(e: Engine, body: P.UpdateWeightsFromTensorRequest):
+    decoders = {None: W.decode_named_tensors, "safetensors": W.decode_named_tensors}
+    decoders["flattened_bucket"] = W.decode_flattened_bucket
+    decode = decoders.get(body.load_format)
+    if decode is None:
+        formats = ["safetensors", "flattened_bucket"]
+        return _result(False, f"load_format {body.load_format!r} is not one of {formats}")
+    try:
+        chunks = [await asyncio.to_thread(decode, p) for p in body.serialized_named_tensors]
+    except ValueError as exc:
+        return _result(False, f"serialized_named_tensors: {exc}")
+    named = [item for chunk in chunks for item in dict(chunk).items()]
+    return await _update(
+        e.scheduler,
+        lambda: W.apply_named_tensors(e.model, named),
+        body.weight_version,
+        body.abort_all_requests,
+        "/update_weights_from_tensor",
+    )
+
+
+@weight_routes.post("/init_weights_update_group")
+async def init_weights_update_group(e: Engine, body: P.InitWeightsUpdateGroupRequest):
+    if body.group_name in e.groups:
+        return _result(False, f"group_name {body.group_name!r} is already initialised")
+    device = next(e.model.parameters()).device
+    if body.backend == "nccl" and device.type != "cuda":
+        return _result(False, f"backend 'nccl' needs a CUDA model; this one is on {device}")
+    config = GroupConfig(
+        master_address=body.master_address,
+        master_port=body.master_port,
+        world_size=body.world_size,
+        backend=body.backend,
+        group_name=body.group_name,
+    )
+    try:  # the rendezvous blocks until every rank joins: keep it off the event loop
+        group = await asyncio.to_thread(init_custom_process_group, config, body.rank_offset)
+    except Exception as exc:
+        return _result(False, f"init_weights_update_group failed: {exc}")
+    e.groups[body.group_name] = group
+    return _result(True, f"Joined {body.group_name!r} as rank {body.rank_offset}.")
+
+
+@weight_routes.post("/destroy_weights_update_group")
+async def destroy_weights_update_group(e: Engine, body: P.DestroyWeightsUpdateGroupRequest):
+    group = e.groups.pop(body.group_name, None)
+    if group is None:
+        return _result(False, f"group_name {body.group_name!r} is not initialised")
+    await asyncio.to_thread(destroy_custom_process_group, group)
+    return _result(True, f"Left {body.group_name!r}.")
+
+
+@weight_routes.post("/update_weights_from_distributed")
+async def update_weights_from_distributed(e: Engine, body: P.UpdateWeightsFromDistributedRequest):
+    group = e.groups.get(body.group_name)
+    if group is None:
+        return _result(False, f"group_name {body.group_name!r} is not initialised")
+    try:
+        for d in body.dtypes:
+            parse_dtype(d)
+    except ValueError as exc:
+        return _result(False, f"dtypes: {exc}")
+    device = next(e.model.parameters()).device
+
+    def apply() -> int:
+        got = receive_broadcast(body.names, body.dtypes, body.shapes, group, device)
+        return apply_named_tensors(e.model, got)
+
+    return await _update(
+        e.scheduler,
+        apply,
+        body.weight_version,
+        body.abort_all_requests,
+        "/update_weights_from_distributed",
+    )
+
+
 def create_app(settings: ServerConfig) -> FastAPI:
     """The FastAPI app of one embedded server (load happens at start-up, not here)."""
     settings.validate()
@@ -338,9 +673,6 @@ def create_app(settings: ServerConfig) -> FastAPI:
 
     app = FastAPI(title="Tandem embedded engine (SGLang protocol)", lifespan=lifespan)
 
-    def eng() -> ServerState:
-        return app.state.engine
-
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError):
         return _error(400, _format_validation(exc))
@@ -353,312 +685,6 @@ def create_app(settings: ServerConfig) -> FastAPI:
     async def _released(_: Request, exc: MemoryReleased):
         return _error(503, str(exc))
 
-    # ---- generation ------------------------------------------------------------------------
-
-    @app.api_route("/generate", methods=["POST", "PUT"])
-    async def generate(body: P.GenerateRequest, request: Request):
-        reqs, as_list = eng().build_requests(body)
-        eng().scheduler.submit(reqs)
-        try:
-            replies = await _await_all(request, reqs)
-        except Exception as exc:
-            log.exception("generation failed")
-            return _error(500, f"generation failed: {exc}")
-        return JSONResponse(replies if as_list else replies[0])
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(body: P.ChatCompletionRequest, request: Request):
-        e = eng()
-        messages = [m.model_dump() for m in body.messages]
-        encoded = e.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True
-        )
-        ids = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
-        limit = body.max_completion_tokens or body.max_tokens
-        params = {"temperature": body.temperature, "top_p": body.top_p, "n": body.n}
-        params |= {"stop": body.stop, "max_new_tokens": limit}
-        gen = P.GenerateRequest(input_ids=ids, sampling_params=params)
-        reqs, _ = e.build_requests(gen)
-        e.scheduler.submit(reqs)
-        replies = await _await_all(request, reqs)
-        choices = [
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": r["text"]},
-                "finish_reason": r["meta_info"]["finish_reason"]["type"],
-            }
-            for i, r in enumerate(replies)
-        ]
-        completion = sum(r["meta_info"]["completion_tokens"] for r in replies)
-        usage = {"prompt_tokens": len(ids), "completion_tokens": completion}
-        usage["total_tokens"] = len(ids) + completion
-        return {
-            "id": f"chatcmpl-{reqs[0].rid}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": e.model_name,
-            "choices": choices,
-            "usage": usage,
-        }
-
-    # ---- health and info -------------------------------------------------------------------
-
-    @app.get("/health")
-    async def health():
-        return {}
-
-    @app.get("/health_generate")
-    async def health_generate():
-        e = eng()
-        if e.released:
-            return _error(503, f"memory is released ({', '.join(sorted(e.released))})")
-        if e.scheduler.paused:
-            return {}
-        probe = EngineRequest(
-            rid=f"health-{uuid.uuid4().hex}",
-            input_ids=[0],
-            params=P.SamplingParams(temperature=0, max_new_tokens=1),
-        )
-        e.scheduler.submit([probe])
-        try:
-            await asyncio.wait_for(asyncio.wrap_future(probe.future), timeout=30)
-        except Exception as exc:
-            return _error(503, f"health generation failed: {exc!r}")
-        return {}
-
-    def model_info() -> dict:
-        e = eng()
-        return {
-            "model_path": e.settings.model,
-            "tokenizer_path": e.settings.tokenizer or e.settings.model,
-            "served_model_name": e.model_name,
-            "is_generation": True,
-            "preferred_sampling_params": None,
-            "weight_version": e.scheduler.weight_version,
-            "context_length": e.context_length,
-            "vocab_size": e.vocab_size,
-        }
-
-    def server_info() -> dict:
-        e = eng()
-        state = e.scheduler.stats | e.scheduler.load() | {"paused": e.scheduler.paused}
-        state |= e.memory_stats | {"memory_released": sorted(e.released)}
-        return {
-            **dataclasses.asdict(e.settings),
-            "model_path": e.settings.model,
-            "tokenizer_path": e.settings.tokenizer or e.settings.model,
-            "tp_size": 1,
-            "dp_size": 1,
-            "context_length": e.context_length,
-            "max_running_requests": e.settings.max_batch_size,
-            "weight_version": e.scheduler.weight_version,
-            "version": VERSION,
-            "internal_states": [state],
-        }
-
-    for path in ("/model_info", "/get_model_info"):
-        app.add_api_route(path, model_info, methods=["GET"])
-    for path in ("/server_info", "/get_server_info"):
-        app.add_api_route(path, server_info, methods=["GET"])
-
-    @app.get("/v1/models")
-    async def models():
-        e = eng()
-        card = {"id": e.model_name, "object": "model", "owned_by": "tandem"}
-        return {"object": "list", "data": [card | {"max_model_len": e.context_length}]}
-
-    @app.get("/get_load")
-    async def get_load():
-        load = eng().scheduler.load()
-        return [
-            {
-                "dp_rank": 0,
-                "num_reqs": load["num_running_reqs"] + load["num_waiting_reqs"],
-                "num_waiting_reqs": load["num_waiting_reqs"],
-                "num_tokens": load["num_used_tokens"],
-            }
-        ]
-
-    @app.get("/v1/loads")
-    async def loads():
-        s = eng().scheduler
-        load = s.load()
-        capacity = s.max_batch_size * s.context_length
-        row = {"dp_rank": 0, **load, "max_total_num_tokens": capacity}
-        row["token_usage"] = load["num_used_tokens"] / capacity
-        row |= {k: s.stats[k] for k in ("num_finished_reqs", "num_aborted_reqs")}
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        return {"timestamp": stamp, "version": VERSION, "loads": [row]}
-
-    # ---- control ---------------------------------------------------------------------------
-
-    @app.api_route("/flush_cache", methods=["GET", "POST"])
-    async def flush_cache():
-        return PlainTextResponse("Cache flushed.\n")
-
-    @app.post("/abort_request")
-    async def abort_request(body: P.AbortRequest):
-        if not body.abort_all and not body.rid:
-            raise BadInput("rid: give a request id (prefix) or abort_all=true")
-        n = eng().scheduler.abort(body.rid, body.abort_all)
-        return {"success": True, "num_aborted": n}
-
-    @app.post("/pause_generation")
-    async def pause_generation(body: P.PauseRequest | None = None):
-        mode = body.mode if body else "abort"
-        n = await asyncio.wrap_future(eng().scheduler.pause(mode))
-        return {
-            "message": "Generation paused successfully.",
-            "status": "ok",
-            "mode": mode,
-            "num_affected_requests": n,
-        }
-
-    @app.post("/continue_generation")
-    async def continue_generation():
-        eng().scheduler.resume()
-        return {"message": "Generation continued successfully.", "status": "ok"}
-
-    @app.api_route("/release_memory_occupation", methods=["GET", "POST"])
-    async def release_memory_occupation(body: P.MemoryOccupationRequest | None = None):
-        e = eng()
-        tags = body.tags if body else None
-        released = await asyncio.wrap_future(e.scheduler.call(lambda: e.release_memory(tags)))
-        return _result(True, f"Memory released: {released}.", released=released)
-
-    @app.api_route("/resume_memory_occupation", methods=["GET", "POST"])
-    async def resume_memory_occupation(body: P.MemoryOccupationRequest | None = None):
-        e = eng()
-        tags = body.tags if body else None
-        released = await asyncio.wrap_future(e.scheduler.call(lambda: e.resume_memory(tags)))
-        return _result(True, f"Memory resumed; still released: {released}.", released=released)
-
-    @app.get("/get_weight_version")
-    async def get_weight_version():
-        return {"weight_version": eng().scheduler.weight_version}
-
-    @app.post("/update_weight_version")
-    async def update_weight_version(body: P.UpdateWeightVersionRequest):
-        s = eng().scheduler
-        if body.abort_all_requests:
-            s.abort(abort_all=True, message="aborted by /update_weight_version")
-
-        def set_version() -> None:
-            s.weight_version = body.new_version
-
-        await asyncio.wrap_future(s.call(set_version))
-        msg = f"Weight version updated to {body.new_version}"
-        return _result(True, msg, new_version=body.new_version)
-
-    async def _update(apply, version: str | None, abort_all: bool, what: str) -> JSONResponse:
-        """Run ``apply()`` (which writes weights) on the worker thread, then set the version."""
-        s = eng().scheduler
-        if abort_all:
-            s.abort(abort_all=True, message=f"aborted by {what}")
-
-        def run() -> int:
-            n = apply()
-            s.weight_version = version if version is not None else next_version(s.weight_version)
-            return n
-
-        try:
-            n = await asyncio.wrap_future(s.call(run))
-        except Exception as exc:
-            log.warning("%s failed: %s", what, exc)
-            return _result(False, f"{what} failed: {exc}")
-        return _result(True, f"Updated {n} tensors. Weight version is {s.weight_version}.")
-
-    @app.post("/update_weights_from_disk")
-    async def update_weights_from_disk(body: P.UpdateWeightsFromDiskRequest):
-
-        e = eng()
-        try:  # load beside the running model, off the worker thread: generation goes on
-            new = await asyncio.to_thread(load_model, body.model_path, e.settings.dtype, "cpu")
-        except Exception as exc:
-            return _result(False, f"model_path {body.model_path!r}: {exc}", num_paused_requests=0)
-        response = await _update(
-            lambda: apply_named_tensors(e.model, new.state_dict()),
-            body.weight_version,
-            body.abort_all_requests,
-            "/update_weights_from_disk",
-        )
-        if response.status_code == 200:
-            e.settings.model = body.model_path
-        return response
-
-    @app.post("/update_weights_from_tensor")
-    async def update_weights_from_tensor(body: P.UpdateWeightsFromTensorRequest):
-
-        decoders = {None: W.decode_named_tensors, "safetensors": W.decode_named_tensors}
-        decoders["flattened_bucket"] = W.decode_flattened_bucket
-        decode = decoders.get(body.load_format)
-        if decode is None:
-            formats = ["safetensors", "flattened_bucket"]
-            return _result(False, f"load_format {body.load_format!r} is not one of {formats}")
-        try:
-            chunks = [await asyncio.to_thread(decode, p) for p in body.serialized_named_tensors]
-        except ValueError as exc:
-            return _result(False, f"serialized_named_tensors: {exc}")
-        named = [item for chunk in chunks for item in dict(chunk).items()]
-        return await _update(
-            lambda: W.apply_named_tensors(eng().model, named),
-            body.weight_version,
-            body.abort_all_requests,
-            "/update_weights_from_tensor",
-        )
-
-    @app.post("/init_weights_update_group")
-    async def init_weights_update_group(body: P.InitWeightsUpdateGroupRequest):
-
-        e = eng()
-        if body.group_name in e.groups:
-            return _result(False, f"group_name {body.group_name!r} is already initialised")
-        device = next(e.model.parameters()).device
-        if body.backend == "nccl" and device.type != "cuda":
-            return _result(False, f"backend 'nccl' needs a CUDA model; this one is on {device}")
-        config = GroupConfig(
-            master_address=body.master_address,
-            master_port=body.master_port,
-            world_size=body.world_size,
-            backend=body.backend,
-            group_name=body.group_name,
-        )
-        try:  # the rendezvous blocks until every rank joins: keep it off the event loop
-            group = await asyncio.to_thread(init_custom_process_group, config, body.rank_offset)
-        except Exception as exc:
-            return _result(False, f"init_weights_update_group failed: {exc}")
-        e.groups[body.group_name] = group
-        return _result(True, f"Joined {body.group_name!r} as rank {body.rank_offset}.")
-
-    @app.post("/destroy_weights_update_group")
-    async def destroy_weights_update_group(body: P.DestroyWeightsUpdateGroupRequest):
-
-        group = eng().groups.pop(body.group_name, None)
-        if group is None:
-            return _result(False, f"group_name {body.group_name!r} is not initialised")
-        await asyncio.to_thread(destroy_custom_process_group, group)
-        return _result(True, f"Left {body.group_name!r}.")
-
-    @app.post("/update_weights_from_distributed")
-    async def update_weights_from_distributed(body: P.UpdateWeightsFromDistributedRequest):
-
-        e = eng()
-        group = e.groups.get(body.group_name)
-        if group is None:
-            return _result(False, f"group_name {body.group_name!r} is not initialised")
-        try:
-            for d in body.dtypes:
-                parse_dtype(d)
-        except ValueError as exc:
-            return _result(False, f"dtypes: {exc}")
-        device = next(e.model.parameters()).device
-
-        def apply() -> int:
-            got = receive_broadcast(body.names, body.dtypes, body.shapes, group, device)
-            return apply_named_tensors(e.model, got)
-
-        return await _update(
-            apply, body.weight_version, body.abort_all_requests, "/update_weights_from_distributed"
-        )
-
+    for router in (generation_routes, status_routes, control_routes, weight_routes):
+        app.include_router(router)
     return app

@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kernel.engine.launch import free_port
-from kernel.engine.serve import launch_server
+from kernel.engine.launch import free_port, launch_server
 from kernel.engine.server import ServerConfig
 
 

@@ -12,9 +12,8 @@ import pytest
 
 from kernel.engine.batcher import RequestBatcher
 from kernel.engine.client import EngineClient, EngineError
-from kernel.engine.launch import free_port
+from kernel.engine.launch import free_port, launch_server
 from kernel.engine.pool import EngineConfig, EnginePool
-from kernel.engine.serve import launch_server
 from kernel.engine.server import ServerConfig
 from kernel.rollout import EpisodeAborted
 

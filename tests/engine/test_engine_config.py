@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from kernel.engine.__main__ import parse_config
+from kernel.engine.launch import server_command
 from kernel.engine.router import RouterConfig
-from kernel.engine.serve import parse_config, server_command
 from kernel.engine.server import ServerConfig
 
 
@@ -44,6 +45,6 @@ def test_router_config_errors_name_the_field(kwargs, field):
 def test_server_flags_round_trip():
     config = ServerConfig(model="/m", port=1234, max_batch_size=8, weight_version="5")
     cmd = server_command(config)
-    assert cmd[1:3] == ["-m", "kernel.engine.serve"]
+    assert cmd[1:3] == ["-m", "kernel.engine"]
     assert parse_config(cmd[3:]) == config  # what launch_server passes is what serve reads
     assert "--tokenizer" not in cmd  # None values are left to their defaults

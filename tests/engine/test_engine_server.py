@@ -290,8 +290,7 @@ def test_cuda_server_logprobs_match_a_cuda_training_forward(
     """The same exactness check with the model on the GPU (skipped without one)."""
     import copy
 
-    from kernel.engine.launch import free_port
-    from kernel.engine.serve import launch_server
+    from kernel.engine.launch import free_port, launch_server
     from kernel.engine.server import ServerConfig
 
     config = ServerConfig(model=str(tiny_model_dir), port=free_port(), device="cuda")

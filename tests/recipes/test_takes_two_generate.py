@@ -13,8 +13,7 @@ import pytest
 
 from kernel.agents import AgentHandle
 from kernel.engine.client import EngineClient, GenerateResult
-from kernel.engine.launch import free_port
-from kernel.engine.serve import launch_server
+from kernel.engine.launch import free_port, launch_server
 from kernel.engine.server import ServerConfig
 from kernel.hooks import RolloutContext
 from kernel.models import load_tokenizer

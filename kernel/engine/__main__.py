@@ -1,8 +1,9 @@
-"""Start one embedded inference server: ``python -m kernel.engine.serve --model PATH --port P``.
+"""Start one embedded inference server: ``python -m kernel.engine --model PATH --port P``.
 
 Every ``ServerConfig`` field is a flag (``--help`` lists them with their help text); the server
 binds 127.0.0.1 unless ``--host`` says otherwise, and its port opens once the model is loaded,
-so ``GET /health`` answering 200 means ready.
+so ``GET /health`` answering 200 means ready. ``kernel.engine.launch.launch_server`` starts one
+as a child process.
 """
 
 from __future__ import annotations
@@ -10,9 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-from pathlib import Path
 
-from kernel.engine.launch import LaunchedProcess
 from kernel.engine.server import ServerConfig, create_app
 
 
@@ -21,28 +20,11 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     from jsonargparse import ArgumentParser, set_parsing_settings
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    parser = ArgumentParser(prog="python -m kernel.engine.serve", description=__doc__)
+    parser = ArgumentParser(prog="python -m kernel.engine", description=__doc__)
     parser.add_class_arguments(ServerConfig, None)
     ns = parser.parse_args(argv)
     names = [f.name for f in dataclasses.fields(ServerConfig)]
     return ServerConfig(**{n: ns[n] for n in names}).validate()
-
-
-def server_command(config: ServerConfig) -> list[str]:
-    """The command line that starts a server with these settings."""
-    cmd = [sys.executable, "-m", "kernel.engine.serve"]
-    for f in dataclasses.fields(config):
-        value = getattr(config, f.name)
-        if value is not None:
-            cmd += [f"--{f.name}", str(value)]
-    return cmd
-
-
-def launch_server(config: ServerConfig, log_path: str | Path) -> LaunchedProcess:
-    """Start a server as a child process (then ``.wait_healthy()``; ``.stop()`` ends it)."""
-    config.validate()
-    url = f"http://{config.host}:{config.port}"
-    return LaunchedProcess.start("embedded server", url, server_command(config), log_path)
 
 
 def main(argv: list[str] | None = None) -> None:
