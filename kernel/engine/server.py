@@ -5,8 +5,9 @@ On a GPU node those are real SGLang servers behind sglang-router; on a laptop or
 server stands in for them with the same endpoints, so the same client, router and weight-sync
 code runs everywhere. ``create_app(ServerConfig(...))`` returns the FastAPI app, its routes in
 four groups (``generation_routes``, ``status_routes``, ``control_routes``, ``weight_routes``),
-each handler given the ``ServerState`` by dependency (``Engine``); the model is loaded at start-up (the port opens once it is ready), and all model work runs on the worker
-thread of ``kernel.engine.scheduler.Scheduler`` -- handlers only validate, enqueue and await.
+each handler given the ``ServerState`` by dependency (``State``); the model is loaded at
+start-up (the port opens once it is ready), and all model work runs on the worker thread of
+``kernel.engine.scheduler.Scheduler`` -- handlers only validate, enqueue and await.
 
 Where it differs from SGLang, on purpose:
 - ``/update_weights_from_tensor`` takes base64 safetensors bytes, or SGLang's own
@@ -325,11 +326,11 @@ async def _await_all(request: Request, reqs: list[EngineRequest]) -> list[dict]:
                 r.abort_message = "the client disconnected"
 
 
-def _engine(request: Request) -> ServerState:
+def _state(request: Request) -> ServerState:
     return request.app.state.engine
 
 
-Engine = Annotated[ServerState, Depends(_engine)]
+State = Annotated[ServerState, Depends(_state)]
 """A route's server state (the app's, loaded at start-up)."""
 
 # The routes by area; create_app mounts them all.
@@ -344,7 +345,7 @@ weight_routes = APIRouter()
 
 
 @generation_routes.api_route("/generate", methods=["POST", "PUT"])
-async def generate(e: Engine, body: P.GenerateRequest, request: Request):
+async def generate(e: State, body: P.GenerateRequest, request: Request):
     reqs, as_list = e.build_requests(body)
     e.scheduler.submit(reqs)
     try:
@@ -356,7 +357,7 @@ async def generate(e: Engine, body: P.GenerateRequest, request: Request):
 
 
 @generation_routes.post("/v1/chat/completions")
-async def chat_completions(e: Engine, body: P.ChatCompletionRequest, request: Request):
+async def chat_completions(e: State, body: P.ChatCompletionRequest, request: Request):
     messages = [m.model_dump() for m in body.messages]
     encoded = e.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
     ids = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
@@ -394,7 +395,7 @@ async def health():
 
 
 @status_routes.get("/health_generate")
-async def health_generate(e: Engine):
+async def health_generate(e: State):
     if e.released:
         return _error(503, f"memory is released ({', '.join(sorted(e.released))})")
     if e.scheduler.paused:
@@ -412,7 +413,7 @@ async def health_generate(e: Engine):
     return {}
 
 
-def model_info(e: Engine) -> dict:
+def model_info(e: State) -> dict:
     return {
         "model_path": e.settings.model,
         "tokenizer_path": e.settings.tokenizer or e.settings.model,
@@ -425,7 +426,7 @@ def model_info(e: Engine) -> dict:
     }
 
 
-def server_info(e: Engine) -> dict:
+def server_info(e: State) -> dict:
     state = e.scheduler.stats | e.scheduler.load() | {"paused": e.scheduler.paused}
     state |= e.memory_stats | {"memory_released": sorted(e.released)}
     return {
@@ -449,13 +450,13 @@ for path in ("/server_info", "/get_server_info"):
 
 
 @status_routes.get("/v1/models")
-async def models(e: Engine):
+async def models(e: State):
     card = {"id": e.model_name, "object": "model", "owned_by": "tandem"}
     return {"object": "list", "data": [card | {"max_model_len": e.context_length}]}
 
 
 @status_routes.get("/get_load")
-async def get_load(e: Engine):
+async def get_load(e: State):
     load = e.scheduler.load()
     return [
         {
@@ -468,7 +469,7 @@ async def get_load(e: Engine):
 
 
 @status_routes.get("/v1/loads")
-async def loads(e: Engine):
+async def loads(e: State):
     s = e.scheduler
     load = s.load()
     capacity = s.max_batch_size * s.context_length
@@ -485,7 +486,7 @@ async def flush_cache():
 
 
 @control_routes.post("/abort_request")
-async def abort_request(e: Engine, body: P.AbortRequest):
+async def abort_request(e: State, body: P.AbortRequest):
     if not body.abort_all and not body.rid:
         raise BadInput("rid: give a request id (prefix) or abort_all=true")
     n = e.scheduler.abort(body.rid, body.abort_all)
@@ -493,7 +494,7 @@ async def abort_request(e: Engine, body: P.AbortRequest):
 
 
 @control_routes.post("/pause_generation")
-async def pause_generation(e: Engine, body: P.PauseRequest | None = None):
+async def pause_generation(e: State, body: P.PauseRequest | None = None):
     mode = body.mode if body else "abort"
     n = await asyncio.wrap_future(e.scheduler.pause(mode))
     return {
@@ -505,20 +506,20 @@ async def pause_generation(e: Engine, body: P.PauseRequest | None = None):
 
 
 @control_routes.post("/continue_generation")
-async def continue_generation(e: Engine):
+async def continue_generation(e: State):
     e.scheduler.resume()
     return {"message": "Generation continued successfully.", "status": "ok"}
 
 
 @control_routes.api_route("/release_memory_occupation", methods=["GET", "POST"])
-async def release_memory_occupation(e: Engine, body: P.MemoryOccupationRequest | None = None):
+async def release_memory_occupation(e: State, body: P.MemoryOccupationRequest | None = None):
     tags = body.tags if body else None
     released = await asyncio.wrap_future(e.scheduler.call(lambda: e.release_memory(tags)))
     return _result(True, f"Memory released: {released}.", released=released)
 
 
 @control_routes.api_route("/resume_memory_occupation", methods=["GET", "POST"])
-async def resume_memory_occupation(e: Engine, body: P.MemoryOccupationRequest | None = None):
+async def resume_memory_occupation(e: State, body: P.MemoryOccupationRequest | None = None):
     tags = body.tags if body else None
     released = await asyncio.wrap_future(e.scheduler.call(lambda: e.resume_memory(tags)))
     return _result(True, f"Memory resumed; still released: {released}.", released=released)
@@ -545,12 +546,12 @@ async def _update(
 
 
 @weight_routes.get("/get_weight_version")
-async def get_weight_version(e: Engine):
+async def get_weight_version(e: State):
     return {"weight_version": e.scheduler.weight_version}
 
 
 @weight_routes.post("/update_weight_version")
-async def update_weight_version(e: Engine, body: P.UpdateWeightVersionRequest):
+async def update_weight_version(e: State, body: P.UpdateWeightVersionRequest):
     s = e.scheduler
     if body.abort_all_requests:
         s.abort(abort_all=True, message="aborted by /update_weight_version")
@@ -564,7 +565,7 @@ async def update_weight_version(e: Engine, body: P.UpdateWeightVersionRequest):
 
 
 @weight_routes.post("/update_weights_from_disk")
-async def update_weights_from_disk(e: Engine, body: P.UpdateWeightsFromDiskRequest):
+async def update_weights_from_disk(e: State, body: P.UpdateWeightsFromDiskRequest):
     try:  # load beside the running model, off the worker thread: generation goes on
         new = await asyncio.to_thread(load_model, body.model_path, e.settings.dtype, "cpu")
     except Exception as exc:
@@ -582,7 +583,7 @@ async def update_weights_from_disk(e: Engine, body: P.UpdateWeightsFromDiskReque
 
 
 @weight_routes.post("/update_weights_from_tensor")
-async def update_weights_from_tensor(e: Engine, body: P.UpdateWeightsFromTensorRequest):
+async def update_weights_from_tensor(e: State, body: P.UpdateWeightsFromTensorRequest):
     decoders = {None: W.decode_named_tensors, "safetensors": W.decode_named_tensors}
     decoders["flattened_bucket"] = W.decode_flattened_bucket
     decode = decoders.get(body.load_format)
@@ -604,7 +605,7 @@ async def update_weights_from_tensor(e: Engine, body: P.UpdateWeightsFromTensorR
 
 
 @weight_routes.post("/init_weights_update_group")
-async def init_weights_update_group(e: Engine, body: P.InitWeightsUpdateGroupRequest):
+async def init_weights_update_group(e: State, body: P.InitWeightsUpdateGroupRequest):
     if body.group_name in e.groups:
         return _result(False, f"group_name {body.group_name!r} is already initialised")
     device = next(e.model.parameters()).device
@@ -626,7 +627,7 @@ async def init_weights_update_group(e: Engine, body: P.InitWeightsUpdateGroupReq
 
 
 @weight_routes.post("/destroy_weights_update_group")
-async def destroy_weights_update_group(e: Engine, body: P.DestroyWeightsUpdateGroupRequest):
+async def destroy_weights_update_group(e: State, body: P.DestroyWeightsUpdateGroupRequest):
     group = e.groups.pop(body.group_name, None)
     if group is None:
         return _result(False, f"group_name {body.group_name!r} is not initialised")
@@ -635,7 +636,7 @@ async def destroy_weights_update_group(e: Engine, body: P.DestroyWeightsUpdateGr
 
 
 @weight_routes.post("/update_weights_from_distributed")
-async def update_weights_from_distributed(e: Engine, body: P.UpdateWeightsFromDistributedRequest):
+async def update_weights_from_distributed(e: State, body: P.UpdateWeightsFromDistributedRequest):
     group = e.groups.get(body.group_name)
     if group is None:
         return _result(False, f"group_name {body.group_name!r} is not initialised")

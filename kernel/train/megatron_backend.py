@@ -139,9 +139,7 @@ class MegatronTrainer:
         shuffling (the run's seed)."""
         from megatron.core import parallel_state as ps
 
-        update.check_settings(optim, loss, cfg, total_steps, temperature)
-        self.model_path, self.optim_cfg, self.loss_cfg, self.cfg = model_path, optim, loss, cfg
-        self.temperature, self.seed = temperature, seed
+        update.configure(self, model_path, optim, loss, cfg, total_steps, temperature, seed)
         self._stack = contextlib.ExitStack()
         if not ps.model_parallel_is_initialized():
             self._stack.enter_context(

@@ -127,9 +127,7 @@ class TorchTrainer:
         """``temperature``: the rollout's, which logits are divided by before the softmax (so
         the trainer's logprobs are those of the distribution the engine sampled from);
         ``seed``: of the mini-batch shuffling (the run's seed)."""
-        update.check_settings(optim, loss, cfg, total_steps, temperature)
-        self.model_path, self.optim_cfg, self.loss_cfg, self.cfg = model_path, optim, loss, cfg
-        self.temperature, self.seed = temperature, seed
+        update.configure(self, model_path, optim, loss, cfg, total_steps, temperature, seed)
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1

@@ -178,8 +178,19 @@ def all_reduce(
     return t.tolist()
 
 
-def check_settings(optim, loss: LossConfig, cfg, total_steps: int, temperature: float) -> None:
-    """Validate a trainer's sections before anything is loaded; ValueError names the field."""
+def configure(
+    p: Policy,
+    model_path: str,
+    optim: Any,
+    loss: LossConfig,
+    cfg: Any,
+    total_steps: int,
+    temperature: float,
+    seed: int,
+) -> None:
+    """Validate a trainer's sections before anything is loaded (ValueError names the field),
+    then keep them on the trainer ``p``: model_path, optim_cfg, loss_cfg, cfg, temperature,
+    seed."""
     optim.validate()
     loss.validate()
     cfg.validate()
@@ -190,6 +201,8 @@ def check_settings(optim, loss: LossConfig, cfg, total_steps: int, temperature: 
             f"temperature (the rollout's, which the trainer's logprobs divide the logits by) "
             f"must be a finite number > 0, got {temperature}"
         )
+    p.model_path, p.optim_cfg, p.loss_cfg, p.cfg = model_path, optim, loss, cfg
+    p.temperature, p.seed = temperature, seed
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):
