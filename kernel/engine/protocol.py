@@ -5,25 +5,57 @@ Field names follow SGLang's ``io_struct.py`` (``GenerateReqInput``, ``AbortReq``
 SGLang server, to sglang-router, and to this embedded server. Unknown fields are ignored (the
 router re-serialises requests and adds its own keys), while values that would silently change
 what is sampled (a negative temperature, a penalty this server does not implement) are
-rejected with HTTP 400 naming the field.
+rejected with HTTP 400 naming the field. So are values no engine could serve: integers beyond
+int32 (top_k, max_new_tokens, n, stop ids), floats that are not finite, strings with lone UTF-16
+surrogates (no tokenizer encodes them), and weight versions longer than
+``MAX_VERSION_CHARS`` (they are echoed into every output).
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+INT32_MAX = 2**31 - 1
+MAX_VERSION_CHARS = 256
+
+Int32 = Annotated[int, Field(ge=0, le=INT32_MAX)]
+Version = Annotated[str, Field(max_length=MAX_VERSION_CHARS)]
+
+
+def _surrogate(value: Any, where: str) -> str | None:
+    """The path and position of the first lone surrogate in ``value``'s strings, or None."""
+    if isinstance(value, str):
+        for i, ch in enumerate(value):
+            if "\ud800" <= ch <= "\udfff":
+                return f"{where}: invalid Unicode: a lone surrogate ({ch!a}) at position {i}"
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            found = _surrogate(v, f"{where}.{k}" if where else str(k))
+            if found:
+                return found
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            found = _surrogate(v, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
 
 class _Lenient(BaseModel):
-    """Unknown keys are ignored and an explicit ``null`` means "use the default", as in SGLang."""
+    """Unknown keys are ignored and an explicit ``null`` means "use the default", as in SGLang;
+    floats must be finite and strings valid Unicode."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
     def _drop_nulls(cls, data: Any) -> Any:
         if isinstance(data, dict):
+            bad = _surrogate(data, "")
+            if bad:
+                raise ValueError(bad)
             return {k: v for k, v in data.items() if v is not None}
         return data
 
@@ -48,15 +80,15 @@ class SamplingParams(_Lenient):
 
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = -1
+    top_k: int = Field(-1, le=INT32_MAX)
     min_p: float = Field(0.0, ge=0, le=1)
-    max_new_tokens: int = Field(128, ge=0)
+    max_new_tokens: Int32 = 128
     stop: str | list[str] = Field(default_factory=list)
-    stop_token_ids: list[int] = Field(default_factory=list)
+    stop_token_ids: list[Int32] = Field(default_factory=list)
     ignore_eos: bool = False
     no_stop_trim: bool = False
     skip_special_tokens: bool = True
-    n: int = Field(1, ge=1)
+    n: int = Field(1, ge=1, le=INT32_MAX)
 
     @model_validator(mode="before")
     @classmethod
@@ -146,7 +178,7 @@ class PauseRequest(_Lenient):
 class UpdateWeightsFromDiskRequest(_Lenient):
     model_path: str
     load_format: str | None = None
-    weight_version: str | None = None
+    weight_version: Version | None = None
     abort_all_requests: bool = False
     flush_cache: bool = True
 
@@ -157,7 +189,7 @@ class UpdateWeightsFromTensorRequest(_Lenient):
     load_format: str | None = None
     flush_cache: bool = True
     abort_all_requests: bool = False
-    weight_version: str | None = None
+    weight_version: Version | None = None
 
 
 class InitWeightsUpdateGroupRequest(_Lenient):
@@ -176,7 +208,7 @@ class UpdateWeightsFromDistributedRequest(_Lenient):
     group_name: str = "weight_update_group"
     flush_cache: bool = True
     abort_all_requests: bool = False
-    weight_version: str | None = None
+    weight_version: Version | None = None
     load_format: str | None = None
 
     @model_validator(mode="after")
@@ -190,7 +222,7 @@ class UpdateWeightsFromDistributedRequest(_Lenient):
 
 
 class UpdateWeightVersionRequest(_Lenient):
-    new_version: str
+    new_version: Version
     abort_all_requests: bool = True  # SGLang's default
 
 
@@ -223,8 +255,8 @@ class ChatCompletionRequest(_Lenient):
     model: str | None = None
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
-    max_tokens: int | None = Field(None, ge=0)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    max_tokens: Int32 | None = None
+    max_completion_tokens: Int32 | None = None
     stop: str | list[str] | None = None
-    n: int = Field(1, ge=1)
+    n: int = Field(1, ge=1, le=INT32_MAX)
     stream: Literal[False] = False

@@ -70,6 +70,10 @@ def next_version(current: str) -> str:
     return str(int(current) + 1) if current.isdigit() else f"{current}+1"
 
 
+GREEDY_BELOW = 1e-5
+"""Temperatures below this sample greedily (SGLang's rule): dividing by them overflows."""
+
+
 def sample_tokens(
     logits: Tensor,
     temperature: Tensor,
@@ -80,11 +84,12 @@ def sample_tokens(
 ) -> tuple[Tensor, Tensor]:
     """logits (B, V) and per-row params (B,) -> sampled ids (B,), reported logprobs (B,).
 
-    Rows with temperature 0 take the argmax; top_k <= 0 and top_p == 1 and min_p == 0 disable
-    their filter. The reported logprob is taken before filtering (see module docstring).
+    Rows with temperature below GREEDY_BELOW take the argmax; top_k <= 0 and top_p == 1 and
+    min_p == 0 disable their filter. The reported logprob is taken before filtering (see module
+    docstring).
     """
     logits = logits.float()
-    greedy = temperature == 0  # (B,)
+    greedy = temperature < GREEDY_BELOW  # (B,)
     scale = torch.where(greedy, torch.ones_like(temperature), temperature)
     if bool((scale != 1).any()):  # the usual temperature 1 skips a (B, V) pass
         logits = logits / scale[:, None]

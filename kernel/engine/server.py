@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import time
 import uuid
@@ -96,6 +97,14 @@ class ServerConfig:
     num_threads: int | None = None
     """torch CPU threads (default: torch's choice); 1 avoids oversubscription when several
     servers share a few cores."""
+    max_n: int = 1024
+    """Most samples one prompt may ask for (sampling_params.n)."""
+    max_request_mb: float = 512.0
+    """Largest request body in MiB (413 beyond it); weight updates by tensor carry a bucket
+    of weights each (sync.bucket_mb, base64: about 4/3 of it)."""
+    weight_group_timeout_s: float = 300.0
+    """How long /init_weights_update_group waits for the trainer's rendezvous (and each
+    broadcast for its peers); one init runs at a time."""
 
     def validate(self) -> ServerConfig:
         if not 0 < self.port < 65536:
@@ -114,6 +123,14 @@ class ServerConfig:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
+        if self.max_n < 1:
+            raise ValueError(f"max_n must be >= 1, got {self.max_n}")
+        if not 0 < self.max_request_mb < float("inf"):
+            raise ValueError(f"max_request_mb must be > 0, got {self.max_request_mb}")
+        if not 0 < self.weight_group_timeout_s < float("inf"):
+            raise ValueError(
+                f"weight_group_timeout_s must be > 0, got {self.weight_group_timeout_s}"
+            )
         return self
 
 
@@ -148,6 +165,7 @@ class ServerState:
             gather_window_s=settings.gather_window_ms / 1000,
         )
         self.groups: dict[str, Any] = {}
+        self.joining = asyncio.Lock()  # one weight-group rendezvous at a time
         self.model_name = settings.served_model_name or settings.model
         self.released: set[str] = set()  # memory tags given up by /release_memory_occupation
         self._released_shapes: dict[str, Any] = {}  # parameter name -> shape, while released
@@ -252,6 +270,11 @@ class ServerState:
                 vocab = f"[0, {self.vocab_size})"
                 raise BadInput(f"{where}: token id {bad} is outside the vocabulary {vocab}")
             p = params[i]
+            if p.n > self.settings.max_n:
+                raise BadInput(
+                    f"sampling_params.n is {p.n}; this server allows at most max_n = "
+                    f"{self.settings.max_n}"
+                )
             total = len(ids) + p.max_new_tokens
             if total > self.context_length:
                 raise BadInput(
@@ -326,6 +349,58 @@ async def _await_all(request: Request, reqs: list[EngineRequest]) -> list[dict]:
                 r.abort_message = "the client disconnected"
 
 
+class _TooLarge(Exception):
+    pass
+
+
+class BodyLimit:
+    """ASGI middleware: a request body over ``limit`` bytes gets 413 naming the flag, whether
+    it declares its Content-Length or streams (counted as it arrives, before it is parsed)."""
+
+    def __init__(self, app, limit_mb: float) -> None:
+        self.app, self.limit_mb, self.limit = app, limit_mb, int(limit_mb * 2**20)
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        if not declared.isdigit():
+            return await _send_error(send, 400, f"Content-Length {declared!r} is not a number")
+        if int(declared) > self.limit:
+            return await self._refuse(send)
+        seen, started = 0, False
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge
+            return message
+
+        async def watched(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, watched)
+        except _TooLarge:
+            if not started:
+                await self._refuse(send)
+
+    async def _refuse(self, send) -> None:
+        message = f"the request body exceeds max_request_mb = {self.limit_mb} MiB"
+        await _send_error(send, 413, message)
+
+
+async def _send_error(send, status: int, message: str) -> None:
+    body = json.dumps({"error": {"message": message}}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 def _state(request: Request) -> ServerState:
     return request.app.state.engine
 
@@ -346,7 +421,7 @@ weight_routes = APIRouter()
 
 @generation_routes.api_route("/generate", methods=["POST", "PUT"])
 async def generate(e: State, body: P.GenerateRequest, request: Request):
-    reqs, as_list = e.build_requests(body)
+    reqs, as_list = await asyncio.to_thread(e.build_requests, body)  # tokenizes: off the loop
     e.scheduler.submit(reqs)
     try:
         replies = await _await_all(request, reqs)
@@ -359,13 +434,19 @@ async def generate(e: State, body: P.GenerateRequest, request: Request):
 @generation_routes.post("/v1/chat/completions")
 async def chat_completions(e: State, body: P.ChatCompletionRequest, request: Request):
     messages = [m.model_dump() for m in body.messages]
-    encoded = e.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-    ids = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
-    limit = body.max_completion_tokens or body.max_tokens
-    params = {"temperature": body.temperature, "top_p": body.top_p, "n": body.n}
-    params |= {"stop": body.stop, "max_new_tokens": limit}
-    gen = P.GenerateRequest(input_ids=ids, sampling_params=params)
-    reqs, _ = e.build_requests(gen)
+
+    def build() -> tuple[list[int], list[EngineRequest]]:  # tokenizes: off the event loop
+        encoded = e.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True
+        )
+        ids = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        limit = body.max_completion_tokens or body.max_tokens
+        params = {"temperature": body.temperature, "top_p": body.top_p, "n": body.n}
+        params |= {"stop": body.stop, "max_new_tokens": limit}
+        gen = P.GenerateRequest(input_ids=ids, sampling_params=params)
+        return ids, e.build_requests(gen)[0]
+
+    ids, reqs = await asyncio.to_thread(build)
     e.scheduler.submit(reqs)
     replies = await _await_all(request, reqs)
     choices = [
@@ -611,17 +692,25 @@ async def init_weights_update_group(e: State, body: P.InitWeightsUpdateGroupRequ
     device = next(e.model.parameters()).device
     if body.backend == "nccl" and device.type != "cuda":
         return _result(False, f"backend 'nccl' needs a CUDA model; this one is on {device}")
+    if e.joining.locked():  # a dead peer's rendezvous must not pile up threads
+        return _result(
+            False,
+            "another /init_weights_update_group is waiting for its rendezvous (at most "
+            f"weight_group_timeout_s = {e.settings.weight_group_timeout_s} s); retry after it",
+        )
     config = GroupConfig(
         master_address=body.master_address,
         master_port=body.master_port,
         world_size=body.world_size,
         backend=body.backend,
         group_name=body.group_name,
+        timeout_s=e.settings.weight_group_timeout_s,
     )
-    try:  # the rendezvous blocks until every rank joins: keep it off the event loop
-        group = await asyncio.to_thread(init_custom_process_group, config, body.rank_offset)
-    except Exception as exc:
-        return _result(False, f"init_weights_update_group failed: {exc}")
+    async with e.joining:
+        try:  # the rendezvous blocks until every rank joins: keep it off the event loop
+            group = await asyncio.to_thread(init_custom_process_group, config, body.rank_offset)
+        except Exception as exc:
+            return _result(False, f"init_weights_update_group failed: {exc}")
     e.groups[body.group_name] = group
     return _result(True, f"Joined {body.group_name!r} as rank {body.rank_offset}.")
 
@@ -688,4 +777,5 @@ def create_app(settings: ServerConfig) -> FastAPI:
 
     for router in (generation_routes, status_routes, control_routes, weight_routes):
         app.include_router(router)
+    app.add_middleware(BodyLimit, limit_mb=settings.max_request_mb)
     return app
