@@ -14,8 +14,10 @@ their episodes from.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
+
+from pydantic import TypeAdapter, ValidationError
 
 from kernel.conversation import Conversation
 from kernel.engine.batcher import RequestBatcher
@@ -104,9 +106,10 @@ _DEFAULTS = {"update_every": 1, "backend": "torch"}
 
 
 def agent_specs(agents: list) -> list[AgentSpec]:
-    """Normalise ``TrainConfig.agents`` (names or specs) and check the sharing graph."""
+    """Normalise ``TrainConfig.agents`` (names, specs or dicts) and check the sharing graph."""
     if not agents:
         raise ValueError("agents is empty: name at least one agent")
+    agents = [spec_from_dict(i, a) if isinstance(a, dict) else a for i, a in enumerate(agents)]
     first = agents[0] if isinstance(agents[0], str) else agents[0].name
     specs = [
         AgentSpec(a, share_model_with=None if a == first else first) if isinstance(a, str) else a
@@ -130,6 +133,23 @@ def agent_specs(agents: list) -> list[AgentSpec]:
                 f"{other.share_model_with!r}: share with {other.share_model_with!r} directly"
             )
     return specs
+
+
+def spec_from_dict(i: int, value: dict[str, Any]) -> AgentSpec:
+    """Agent ``i`` given as a dict (as the CLI and YAML leave a spec that did not parse): an
+    unknown key or an ill-typed value fails naming the agent and the key."""
+    valid = [f.name for f in fields(AgentSpec)]
+    unknown = [repr(k) for k in value if k not in valid]
+    if unknown:
+        raise ValueError(
+            f"agents[{i}]: unknown key{'s' if len(unknown) > 1 else ''} {', '.join(unknown)}; "
+            f"valid keys: {', '.join(valid)}"
+        )
+    try:
+        return TypeAdapter(AgentSpec).validate_python(value)
+    except ValidationError as e:
+        errors = [f"{'.'.join(map(str, x['loc']))}: {x['msg']}" for x in e.errors()]
+        raise ValueError(f"agents[{i}]: {'; '.join(errors)}") from None
 
 
 def model_groups(specs: list[AgentSpec]) -> dict[str, list[AgentSpec]]:

@@ -27,7 +27,7 @@ from jsonargparse import ArgumentParser
 from kernel.advantages import ESTIMATORS
 from kernel.cluster.plan import ClusterConfig, make_plan
 from kernel.cluster.run import run_plan
-from kernel.config import TrainConfig, make_parser
+from kernel.config import TrainConfig, check_yaml_file, config_files, make_parser
 from kernel.hooks import recipes_root
 from kernel.loop import train
 from kernel.loss import AGG_MODES
@@ -290,6 +290,8 @@ def main(argv: list[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
         argv = expand_preset(argv)
+        for path in config_files(argv):  # a preset is a --config file by now
+            check_yaml_file(path)
     except ValueError as e:
         parser.error(str(e))
     ns = parser.parse_args(argv)

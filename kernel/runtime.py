@@ -14,6 +14,13 @@ A checkpoint (``<output_dir>/checkpoints/step_N``) holds each model's trainer
 every prompt group handed out but not yet trained (so a crash mid-step neither skips nor
 repeats a prompt) and the samples queued for a later update, the step and each model's weight
 version.
+
+A save writes ``step_N.tmp`` (state.json last), fsyncs it and renames it to ``step_N``, so a
+``step_N`` folder is whole unless something damaged it later; a leftover ``.tmp`` (a crash
+mid-save) is ignored and removed by the next save, which keeps only itself and the checkpoint
+before it (the one this run wrote or resumed from, both known good). A resume takes the newest
+checkpoint whose files pass ``read_checkpoint`` and whose trainers load; a damaged one is passed
+over for the one before it with a warning naming the file and why (``resume_from``).
 """
 
 from __future__ import annotations
@@ -22,15 +29,18 @@ import asyncio
 import contextlib
 import copy
 import json
+import logging
 import random
 import shutil
 import time
+import zipfile
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
+from safetensors import SafetensorError, safe_open
 
 from kernel.agents import AgentHandle, AgentSpec, model_groups
 from kernel.buffer import DataBuffer
@@ -45,14 +55,17 @@ from kernel.hooks import (
     load_reward,
     package_file,
 )
-from kernel.metrics import MetricsLogger, mean
-from kernel.models import load_tokenizer, materialize_model
+from kernel.metrics import MetricsLogger, fsync_path, mean
+from kernel.models import check_model, load_tokenizer, materialize_model
+from kernel.redact import redact
 from kernel.rollout import GroupResult, RolloutManager, RolloutStats
 from kernel.sample import Sample
 from kernel.sync.push import SyncConfig, WeightSync
 from kernel.train.ray_trainer import RayTrainer
 from kernel.train.thread import TrainerThread
 from kernel.train.trainer import Trainer, build_trainer
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -133,6 +146,7 @@ class Runtime:
     manager: RolloutManager
     logger: MetricsLogger
     start: int  # the first step to run (after a checkpoint's, when resumed)
+    last_checkpoint: Path | None = None  # this run's last save, or its resume: the next keeps it
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -145,11 +159,11 @@ class Runtime:
             cfg.recipe_config or default_recipe_config(cfg.recipe), cfg.recipe_args
         )
         out = Path(cfg.output_dir)
-        ckpt = latest_checkpoint(out)
-        if ckpt is not None and not cfg.resume:
+        found = checkpoints(out)
+        if found and not cfg.resume:
             raise ValueError(
-                f"{out} already holds checkpoints ({ckpt.name}): pass --resume true to continue "
-                "that run, or choose another --output_dir"
+                f"{out} already holds checkpoints ({found[-1].name}): pass --resume true to "
+                "continue that run, or choose another --output_dir"
             )
         out.mkdir(parents=True, exist_ok=True)
         random.seed(cfg.seed)
@@ -169,18 +183,16 @@ class Runtime:
                 m.tokenizer = load_tokenizer(m.agents[0].tokenizer or m.path)
                 stack.callback(m.thread.close)
                 m.trainer = m.thread.call(place_trainer, cfg, m, placement.get(m.owner))
-            start = 0
-            if ckpt is not None:
-                state = json.loads((ckpt / "state.json").read_text())
+            start, ckpt = 0, None
+            if found:
+                ckpt, state = resume_from(found, models)
                 for m in models:
-                    if m.trainer is not None:
-                        m.thread.call(m.trainer.load, ckpt / "trainers" / m.owner)
                     m.version = state["weight_versions"][m.owner]
                 buffer.load_state_dict(state["buffer"])
                 start = state["step"]
                 random.setstate(_tuple_state(state["python_rng"]))
-            (out / "config.json").write_text(json.dumps(jsonable(cfg), indent=1))
-            logger = MetricsLogger(out, cfg.log, jsonable(cfg), start)
+            (out / "config.json").write_text(json.dumps(redact(jsonable(cfg)), indent=1))
+            logger = MetricsLogger(out, cfg.log, redact(jsonable(cfg)), start)
 
             for m in models:
                 m.pool.wait_healthy()
@@ -194,7 +206,7 @@ class Runtime:
             manager = RolloutManager(
                 generate, reward, cfg.reward, cfg.rollout.concurrency, cfg.rollout.timeout_s
             )
-            runtime = cls(cfg, models, buffer, ctx, manager, logger, start)
+            runtime = cls(cfg, models, buffer, ctx, manager, logger, start, ckpt)
             watchers = [asyncio.ensure_future(m.pool.watch()) for m in models]
             try:
                 await runtime._serve_trainer_weights()
@@ -329,25 +341,37 @@ class Runtime:
         return row
 
     async def checkpoint(self, step: int, next_batch: asyncio.Future | None) -> Path:
-        """Save everything a resume needs; state.json is written last, marking it complete.
-        The groups of a rollout in flight (async mode) are requeued by it."""
+        """Save everything a resume needs into ``step_<step>.tmp`` (state.json last), fsync it
+        and rename it to ``step_<step>``; then remove every other checkpoint folder but the one
+        before it (``last_checkpoint``). The groups of a rollout in flight (async mode) are
+        requeued by it."""
         # that rollout finishes quickly once training is done; simplest and exact
         in_flight = [] if next_batch is None else (await next_batch).handed_out
         root = Path(self.cfg.output_dir) / "checkpoints"
-        path = root / f"step_{step}"
+        path, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
+        shutil.rmtree(tmp, ignore_errors=True)  # a save that crashed
+        tmp.mkdir(parents=True)
         for m in self.models:
             if m.trainer is not None:
-                await m.thread.run(m.trainer.save, path / "trainers" / m.owner)
+                await m.thread.run(m.trainer.save, tmp / "trainers" / m.owner)
         state = {
             "step": step,
             "weight_versions": {m.owner: m.version for m in self.models},
             "buffer": self.buffer.state_dict(in_flight=in_flight),
             "python_rng": random.getstate(),
         }
-        (path / "state.json").write_text(json.dumps(state))
-        for old in root.glob("step_*"):  # keep the newest two
-            if old != path and int(old.name[5:]) < step - max(self.cfg.save_every, 1):
+        (tmp / "state.json").write_text(json.dumps(state))
+        for f in sorted(tmp.rglob("*"), key=lambda f: -len(f.parts)):  # files before folders
+            fsync_path(f)
+        fsync_path(tmp)
+        if path.exists():  # a damaged one the resume passed over
+            shutil.rmtree(path)
+        tmp.rename(path)
+        fsync_path(root)
+        for old in root.glob("step_*"):  # older ones, damaged ones, unfinished saves
+            if old not in (path, self.last_checkpoint):
                 shutil.rmtree(old, ignore_errors=True)
+        self.last_checkpoint = path
         return path
 
 
@@ -357,7 +381,7 @@ def plan_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> list[
     models = []
     for i, specs in enumerate(model_groups(cfg.agent_specs()).values()):
         settings = cfg.model_settings(specs[0])
-        path = materialize_model(settings.model, out / "models")
+        path = materialize_model(check_model(settings.model), out / "models")
         logs = out / "logs" / specs[0].name
         pool = EnginePool(settings.engine, path, logs, seed=cfg.seed + 1000 * i)
         temperature = cfg.agent_rollout(specs[0]).temperature
@@ -445,10 +469,96 @@ def with_template(tokenizer, template: str | None):
     return tokenizer
 
 
-def latest_checkpoint(out_dir: Path) -> Path | None:
-    steps = sorted((out_dir / "checkpoints").glob("step_*"), key=lambda p: int(p.name[5:]))
-    done = [p for p in steps if (p / "state.json").exists()]  # written last: complete
-    return done[-1] if done else None
+def checkpoints(out_dir: Path) -> list[Path]:
+    """The checkpoint folders (``step_N``) of the run in ``out_dir``, oldest first; an
+    unfinished save (``step_N.tmp``) is none."""
+    found = (out_dir / "checkpoints").glob("step_*")
+    steps = [p for p in found if p.name[5:].isdigit() and p.is_dir()]
+    return sorted(steps, key=lambda p: int(p.name[5:]))
+
+
+def resume_from(found: list[Path], models: list[Model]) -> tuple[Path, dict]:
+    """Load the newest of the checkpoints ``found`` that is whole into the models' trainers;
+    returns it and its state. A damaged one (``read_checkpoint`` fails, or a trainer cannot
+    load its files) is passed over for the one before with a warning naming the file; if none
+    is usable, a ValueError names each and the way out. Every trainer loads whole from the
+    checkpoint taken, so one that loaded part of a damaged checkpoint first is overwritten."""
+    problems = []
+    for ckpt in reversed(found):
+        try:
+            state = read_checkpoint(ckpt, [m.owner for m in models])
+            for m in models:
+                if m.trainer is not None:
+                    _load_trainer(m, ckpt / "trainers" / m.owner)
+            return ckpt, state
+        except (ValueError, OSError) as e:
+            log.warning("checkpoint passed over, it is damaged: %s", e)
+            problems.append(str(e))
+    raise ValueError(
+        f"{found[-1].parent}: no usable checkpoint to resume from ({'; '.join(problems)}): "
+        "delete the damaged ones named (or the whole folder to start over), or pass another "
+        "--output_dir"
+    )
+
+
+def _load_trainer(m: Model, path: Path) -> None:
+    """``m``'s trainer restored from ``path``; whatever fails names the folder."""
+    try:
+        m.thread.call(m.trainer.load, path)
+    except Exception as e:  # torch, safetensors, json, Ray: the reason, with the folder's name
+        reason = " ".join(str(e).split())
+        reason = reason if len(reason) < 500 else reason[:500] + " ..."
+        raise ValueError(
+            f"{path}: the trainer cannot load it ({type(e).__name__}: {reason})"
+        ) from e
+
+
+def read_checkpoint(path: Path, owners: list[str]) -> dict:
+    """The state of checkpoint ``path`` (state.json), once its files pass the checks a damaged
+    one fails: state.json present and whole, every JSON file parses, every safetensors file is
+    as long as its header says, every .pt file is a whole zip archive (torch.save), and
+    state.json holds the state of a run of the models of ``owners``. Raises ValueError naming
+    the file. What only a trainer can tell (a missing file of its own, tensors of the wrong
+    shape) its ``load`` finds."""
+    state_file = path / "state.json"
+    if not state_file.is_file():
+        raise ValueError(f"{state_file}: missing (the save never finished, or it was removed)")
+    for f in sorted(path.rglob("*")):
+        if f.suffix == ".json":
+            _read_json(f)
+        elif f.suffix == ".safetensors":
+            _check_safetensors(f)
+        elif f.suffix == ".pt" and not zipfile.is_zipfile(f):
+            raise ValueError(f"{f}: truncated or overwritten (not a whole torch.save archive)")
+    state = _read_json(state_file)
+    try:
+        versions = state["weight_versions"]
+        missing = [o for o in owners if o not in versions]
+        if missing or not isinstance(state["step"], int) or not isinstance(state["buffer"], dict):
+            raise ValueError
+        random.Random().setstate(_tuple_state(state["python_rng"]))
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(
+            f"{state_file}: not the state of this run (step, weight_versions of "
+            f"{owners}, buffer and python_rng expected)"
+        ) from None
+    return state
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not JSON ({e}): truncated or overwritten") from None
+
+
+def _check_safetensors(path: Path) -> None:
+    """safetensors' own reader checks that the header covers the file exactly."""
+    try:
+        with safe_open(str(path), "pt"):
+            pass
+    except SafetensorError as e:
+        raise ValueError(f"{path}: truncated or not a safetensors file ({e})") from None
 
 
 def _tuple_state(state):

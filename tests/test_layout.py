@@ -60,6 +60,7 @@ LAYERS = {
     "core": (
         "sample",
         "hooks",
+        "redact",
         "conversation",
         "rewards",
         "advantages",

@@ -5,6 +5,8 @@ The judge's endpoint is NOT configured here but by environment variables (so sec
 of presets and logs): ``TANDEM_JUDGE_URL`` (an OpenAI-compatible base URL, e.g.
 ``http://127.0.0.1:8000/v1``; unset: no judge), ``TANDEM_JUDGE_MODEL`` (the model name sent in
 the request; default ``judge``), ``TANDEM_JUDGE_API_KEY`` (sent as a Bearer token; optional).
+A ``user:password@`` in the URL is sent as basic auth only when no API key is set (a request has
+one Authorization header: the key wins); logs show the password as ``***``.
 """
 
 from __future__ import annotations

@@ -39,13 +39,15 @@ import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from urllib.parse import unquote, urlsplit, urlunsplit
 
 import httpx
 from rapidfuzz import fuzz, process, utils
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from kernel.hooks import RolloutContext
+from kernel.redact import redact_url
 from kernel.sample import Sample
 from recipes.takes_two import prompts
 from recipes.takes_two.config import DOCTOR, PATIENT, JudgeConfig, RecipeConfig, as_config
@@ -283,11 +285,13 @@ class JudgeError(RuntimeError):
 
 @dataclass(frozen=True)
 class JudgeEndpoint:
-    """An OpenAI-compatible chat endpoint: ``{url}/chat/completions``."""
+    """An OpenAI-compatible chat endpoint: ``{url}/chat/completions``. The API key goes as a
+    Bearer token; a ``user:password@`` in the URL goes as basic auth only when there is no key
+    (one Authorization header: the key wins). Logs show the URL with its password as ``***``."""
 
     url: str
     model: str = "judge"
-    api_key: str | None = None
+    api_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> JudgeEndpoint | None:
@@ -297,6 +301,17 @@ class JudgeEndpoint:
         if not url:
             return None
         return cls(url.rstrip("/"), env.get(JUDGE_MODEL_ENV) or "judge", env.get(JUDGE_KEY_ENV))
+
+    def request(self) -> tuple[str, dict[str, str], httpx.BasicAuth | None]:
+        """The base URL without its userinfo (so no error message repeats a password), the
+        headers and the basic auth of a request (see the class docstring)."""
+        parts = urlsplit(self.url)
+        base = urlunsplit(parts._replace(netloc=parts.netloc.rpartition("@")[2]))
+        if self.api_key:
+            return base, {"Authorization": f"Bearer {self.api_key}"}, None
+        if parts.username is None:
+            return base, {}, None
+        return base, {}, httpx.BasicAuth(unquote(parts.username), unquote(parts.password or ""))
 
 
 def parse_judge_score(text: str) -> float:
@@ -312,7 +327,7 @@ async def judge_patient(
 ) -> float:
     """Ask the judge; retry (exponential backoff) on HTTP errors and unusable replies; raise
     the last error after ``1 + retries`` attempts."""
-    headers = {"Authorization": f"Bearer {endpoint.api_key}"} if endpoint.api_key else {}
+    url, headers, auth = endpoint.request()
     body = {
         "model": endpoint.model,
         "messages": messages,
@@ -325,10 +340,10 @@ async def judge_patient(
         retry=retry_if_exception_type((httpx.HTTPError, JudgeError)),
         reraise=True,
     )
-    async with httpx.AsyncClient(timeout=cfg.timeout_s, headers=headers) as client:
+    async with httpx.AsyncClient(timeout=cfg.timeout_s, headers=headers, auth=auth) as client:
         async for attempt in retrying:
             with attempt:
-                r = await client.post(f"{endpoint.url}/chat/completions", json=body)
+                r = await client.post(f"{url}/chat/completions", json=body)
                 r.raise_for_status()
                 try:
                     content = r.json()["choices"][0]["message"]["content"]
@@ -397,7 +412,8 @@ async def _with_judge(
     try:
         score = await judge_patient(endpoint, cfg.judge, messages)
     except Exception as e:  # any failure masks the patient sample; the step goes on
-        log.warning("judge at %s failed for episode %s: %r", endpoint.url, carrier.key, e)
+        url = redact_url(endpoint.url)
+        log.warning("judge at %s failed for episode %s: %r", url, carrier.key, e)
         metrics["judge_failed"] = 1.0
         carrier.metadata["judge_error"] = repr(e)
         return None

@@ -7,8 +7,11 @@ test_takes_two_generate.py, next to the engines it needs."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import logging
 import threading
 import time
+from urllib.parse import quote
 
 import pytest
 import uvicorn
@@ -402,3 +405,41 @@ def test_judge_unreachable_masks_the_patient_and_counts_it(monkeypatch):
     assert "ConnectError" in samples[0].metadata["judge_error"]
     assign_rewards(samples, result)
     assert samples[1].raw_reward is None
+
+
+def _with_password(url: str, user: str = "ann", password: str = "pa ss@1") -> str:
+    """``url`` with ``user:password@`` (percent-encoded) before its host."""
+    return url.replace("http://", f"http://{user}:{quote(password, safe='')}@")
+
+
+def test_judge_sends_the_api_key_even_when_the_url_has_a_password(monkeypatch):
+    cfg = RecipeConfig(judge={"retries": 0}).validate()
+    with _Judge() as judge:
+        monkeypatch.setenv("TANDEM_JUDGE_URL", _with_password(judge.url))
+        monkeypatch.setenv("TANDEM_JUDGE_API_KEY", "sk-key")
+        result = asyncio.run(reward(RolloutContext(config=cfg), _episode(["Where?", FINAL], [A1])))
+    assert [auth for _, auth in judge.requests] == ["Bearer sk-key"]  # not the URL's basic auth
+    assert result["patient"] == pytest.approx(1.0 + 0.8)
+
+
+def test_judge_url_password_is_basic_auth_without_an_api_key():
+    with _Judge() as judge:
+        endpoint = JudgeEndpoint(_with_password(judge.url))
+        asyncio.run(
+            judge_patient(endpoint, JudgeConfig(retries=0), [{"role": "user", "content": "hi"}])
+        )
+    token = base64.b64encode(b"ann:pa ss@1").decode()
+    assert [auth for _, auth in judge.requests] == [f"Basic {token}"]
+
+
+def test_judge_failure_log_and_error_hide_the_url_password(monkeypatch, caplog):
+    cfg = RecipeConfig(judge={"retries": 0}).validate()
+    with _Judge(fail_first=1) as judge:
+        monkeypatch.setenv("TANDEM_JUDGE_URL", _with_password(judge.url, password="hunter2"))
+        samples = _episode(["Where?", FINAL], [A1])
+        with caplog.at_level(logging.WARNING, logger="recipes.takes_two.reward"):
+            result = asyncio.run(reward(RolloutContext(config=cfg), samples))
+    assert result["patient"] is None and len(judge.requests) == 1
+    assert f"http://ann:***@127.0.0.1:{judge.port}/v1" in caplog.text
+    assert "500" in samples[0].metadata["judge_error"]
+    assert "hunter2" not in caplog.text + samples[0].metadata["judge_error"]
