@@ -383,7 +383,7 @@ def plan_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> list[
         settings = cfg.model_settings(specs[0])
         path = materialize_model(check_model(settings.model), out / "models")
         logs = out / "logs" / specs[0].name
-        pool = EnginePool(settings.engine, path, logs, seed=cfg.seed + 1000 * i)
+        pool = EnginePool(settings.engine, path, logs, cfg.seed + 1000 * i, weights_dir=out)
         temperature = cfg.agent_rollout(specs[0]).temperature
         model = Model(
             specs[0].name,

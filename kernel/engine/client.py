@@ -55,6 +55,9 @@ class ClientConfig:
     """Wait before the first retry; doubles each retry, at most 10 s."""
     max_connections: int = 256
     """Size of the shared connection pool (bounds requests in flight per client)."""
+    api_key: str | None = field(default=None, repr=False)
+    """Sent as ``Authorization: Bearer <api_key>`` (engines started with --api_key, SGLang's
+    --api-key)."""
 
     def validate(self) -> ClientConfig:
         if self.timeout_s <= 0 or self.connect_timeout_s <= 0:
@@ -182,6 +185,7 @@ class EngineClient:
                 ),
                 connector=aiohttp.TCPConnector(limit=c.max_connections, keepalive_timeout=30),
                 raise_for_status=False,
+                headers={"Authorization": f"Bearer {c.api_key}"} if c.api_key else None,
             )
         return self._session
 
@@ -269,7 +273,7 @@ class EngineClient:
         await self._json("POST", "/pause_generation", {"mode": mode})
 
     async def continue_generation(self) -> None:
-        await self._json("POST", "/continue_generation")
+        await self._json("POST", "/continue_generation", {})
 
     # ---- weights ---------------------------------------------------------------------------
 
@@ -358,7 +362,7 @@ class EngineClient:
         return await self._json("POST", "/destroy_weights_update_group", body, retry=False)
 
     async def flush_cache(self) -> None:
-        await self.request("POST", "/flush_cache")
+        await self.request("POST", "/flush_cache", {})
 
     # ---- memory occupation (colocated training) --------------------------------------------
 

@@ -83,8 +83,16 @@ class EnginePool:
     back into the router and the rotation: a restarted engine never serves stale weights.
     """
 
-    def __init__(self, cfg: EngineConfig, model_path: str, log_dir: Path, seed: int = 0):
+    def __init__(
+        self,
+        cfg: EngineConfig,
+        model_path: str,
+        log_dir: Path,
+        seed: int = 0,
+        weights_dir: Path | None = None,
+    ):
         self.cfg, self.model_path, self.log_dir, self.seed = cfg, model_path, log_dir, seed
+        self.weights_dir = weights_dir  # the only folder its engines load weights from
         self.processes: list = []  # LaunchedProcess per embedded engine, in url order
         self.router = None  # LaunchedProcess of a router started here
         self.urls: list[str] = list(cfg.urls)
@@ -123,6 +131,7 @@ class EnginePool:
             gather_window_ms=self.cfg.gather_window_ms,
             num_threads=self.cfg.num_threads,
             seed=self.seed + i,
+            weights_dir=None if self.weights_dir is None else str(self.weights_dir),
         )
         return launch_server(server, self.log_dir / f"engine{i}.log")
 

@@ -33,11 +33,13 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hmac
 import json
 import logging
 import time
 import uuid
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -56,6 +58,7 @@ from kernel.engine.scheduler import Request as EngineRequest
 from kernel.engine.scheduler import Scheduler, next_version
 from kernel.engine.weights import apply_named_tensors, load_model, parse_dtype, receive_broadcast
 from kernel.models import load_tokenizer
+from kernel.redact import redact
 
 log = logging.getLogger(__name__)
 VERSION = "tandem-embedded-0.1"
@@ -102,6 +105,12 @@ class ServerConfig:
     max_request_mb: float = 512.0
     """Largest request body in MiB (413 beyond it); weight updates by tensor carry a bucket
     of weights each (sync.bucket_mb, base64: about 4/3 of it)."""
+    api_key: str | None = None
+    """If set, every route but /health needs ``Authorization: Bearer <api_key>`` (SGLang's
+    --api-key)."""
+    weights_dir: str | None = None
+    """If set, /update_weights_from_disk loads only checkpoints inside this folder (a run sets
+    its output_dir); set it whenever others can reach the port."""
     weight_group_timeout_s: float = 300.0
     """How long /init_weights_update_group waits for the trainer's rendezvous (and each
     broadcast for its peers); one init runs at a time."""
@@ -353,17 +362,35 @@ class _TooLarge(Exception):
     pass
 
 
-class BodyLimit:
-    """ASGI middleware: a request body over ``limit`` bytes gets 413 naming the flag, whether
-    it declares its Content-Length or streams (counted as it arrives, before it is parsed)."""
+class Guard:
+    """ASGI middleware at the server's edge, before any route runs:
 
-    def __init__(self, app, limit_mb: float) -> None:
+    - with ``api_key`` set, every route but /health needs ``Authorization: Bearer <key>`` (401);
+    - a POST or PUT must say ``Content-Type: application/json`` (415): a browser sends that only
+      after a CORS preflight, which this server never grants, so no web page can pause, release
+      or reload an engine (no CSRF);
+    - a body over ``limit_mb`` MiB gets 413 naming the flag, whether it declares its
+      Content-Length or streams (counted as it arrives, before it is parsed).
+    """
+
+    def __init__(self, app, limit_mb: float, api_key: str | None) -> None:
         self.app, self.limit_mb, self.limit = app, limit_mb, int(limit_mb * 2**20)
+        self.api_key = api_key
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        declared = dict(scope["headers"]).get(b"content-length", b"0")
+        headers = dict(scope["headers"])
+        if self.api_key and scope["path"] != "/health":
+            given = headers.get(b"authorization", b"").decode(errors="replace")
+            if not hmac.compare_digest(given, f"Bearer {self.api_key}"):
+                return await _send_error(send, 401, "missing or wrong Authorization: Bearer key")
+        if scope["method"] in ("POST", "PUT"):
+            kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+            if kind != b"application/json":
+                message = f"Content-Type must be application/json, got {kind.decode()!r}"
+                return await _send_error(send, 415, message)
+        declared = headers.get(b"content-length", b"0")
         if not declared.isdigit():
             return await _send_error(send, 400, f"Content-Length {declared!r} is not a number")
         if int(declared) > self.limit:
@@ -511,7 +538,7 @@ def server_info(e: State) -> dict:
     state = e.scheduler.stats | e.scheduler.load() | {"paused": e.scheduler.paused}
     state |= e.memory_stats | {"memory_released": sorted(e.released)}
     return {
-        **dataclasses.asdict(e.settings),
+        **redact(dataclasses.asdict(e.settings)),
         "model_path": e.settings.model,
         "tokenizer_path": e.settings.tokenizer or e.settings.model,
         "tp_size": 1,
@@ -561,7 +588,7 @@ async def loads(e: State):
     return {"timestamp": stamp, "version": VERSION, "loads": [row]}
 
 
-@control_routes.api_route("/flush_cache", methods=["GET", "POST"])
+@control_routes.post("/flush_cache")
 async def flush_cache():
     return PlainTextResponse("Cache flushed.\n")
 
@@ -592,14 +619,14 @@ async def continue_generation(e: State):
     return {"message": "Generation continued successfully.", "status": "ok"}
 
 
-@control_routes.api_route("/release_memory_occupation", methods=["GET", "POST"])
+@control_routes.post("/release_memory_occupation")
 async def release_memory_occupation(e: State, body: P.MemoryOccupationRequest | None = None):
     tags = body.tags if body else None
     released = await asyncio.wrap_future(e.scheduler.call(lambda: e.release_memory(tags)))
     return _result(True, f"Memory released: {released}.", released=released)
 
 
-@control_routes.api_route("/resume_memory_occupation", methods=["GET", "POST"])
+@control_routes.post("/resume_memory_occupation")
 async def resume_memory_occupation(e: State, body: P.MemoryOccupationRequest | None = None):
     tags = body.tags if body else None
     released = await asyncio.wrap_future(e.scheduler.call(lambda: e.resume_memory(tags)))
@@ -647,6 +674,10 @@ async def update_weight_version(e: State, body: P.UpdateWeightVersionRequest):
 
 @weight_routes.post("/update_weights_from_disk")
 async def update_weights_from_disk(e: State, body: P.UpdateWeightsFromDiskRequest):
+    allowed = e.settings.weights_dir
+    if allowed and not Path(body.model_path).resolve().is_relative_to(Path(allowed).resolve()):
+        message = f"model_path {body.model_path!r} is outside weights_dir {allowed!r}"
+        return _result(False, message, num_paused_requests=0)
     try:  # load beside the running model, off the worker thread: generation goes on
         new = await asyncio.to_thread(load_model, body.model_path, e.settings.dtype, "cpu")
     except Exception as exc:
@@ -777,5 +808,5 @@ def create_app(settings: ServerConfig) -> FastAPI:
 
     for router in (generation_routes, status_routes, control_routes, weight_routes):
         app.include_router(router)
-    app.add_middleware(BodyLimit, limit_mb=settings.max_request_mb)
+    app.add_middleware(Guard, limit_mb=settings.max_request_mb, api_key=settings.api_key)
     return app

@@ -13,15 +13,23 @@ import time
 import httpx
 import pytest
 
+from kernel.engine.client import ClientConfig, EngineClient
 from kernel.engine.launch import free_port, launch_server
 from kernel.engine.server import ServerConfig
 
 PROMPT = [1, 2, 3, 4]
 GOOD = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}
+KEY = "edge-test-key"
+AUTH = {"Authorization": f"Bearer {KEY}"}
 
 
 @pytest.fixture(scope="module")
-def url(tiny_model_dir, tmp_path_factory):
+def weights_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("weights")
+
+
+@pytest.fixture(scope="module")
+def url(tiny_model_dir, tmp_path_factory, weights_dir):
     config = ServerConfig(
         model=str(tiny_model_dir),
         port=free_port(),
@@ -30,6 +38,8 @@ def url(tiny_model_dir, tmp_path_factory):
         max_n=64,
         max_request_mb=4,
         weight_group_timeout_s=3,
+        api_key=KEY,
+        weights_dir=str(weights_dir),
     )
     proc = launch_server(config, tmp_path_factory.mktemp("edge") / "server.log")
     try:
@@ -40,14 +50,18 @@ def url(tiny_model_dir, tmp_path_factory):
 
 
 def post(url: str, path: str, body, **kw) -> httpx.Response:
-    return httpx.post(f"{url}{path}", json=body, timeout=30, **kw)
+    return httpx.post(f"{url}{path}", json=body, timeout=30, headers=AUTH, **kw)
+
+
+def client(**kw) -> httpx.AsyncClient:
+    return httpx.AsyncClient(headers=AUTH, **kw)
 
 
 def healthy_after(url: str) -> None:
     """The server still generates (no request stuck, nothing broken)."""
     r = post(url, "/generate", GOOD)
     assert r.status_code == 200, r.text
-    loads = httpx.get(f"{url}/v1/loads", timeout=10).json()["loads"][0]
+    loads = httpx.get(f"{url}/v1/loads", timeout=10, headers=AUTH).json()["loads"][0]
     assert loads["num_running_reqs"] == 0 and loads["num_waiting_reqs"] == 0, loads
 
 
@@ -69,7 +83,7 @@ def test_out_of_range_sampling_numbers_get_400_naming_the_field(url, params, fie
     r = httpx.post(
         f"{url}/generate",
         content=json.dumps(body, allow_nan=True).replace("Infinity", "1e400"),
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", **AUTH},
         timeout=30,
     )
     assert r.status_code == 400, r.text
@@ -82,7 +96,7 @@ def test_a_huge_top_k_beside_innocent_requests_fails_none_of_them(url):
     concurrent requests with 500 'Overflow when unpacking long long'."""
 
     async def run():
-        async with httpx.AsyncClient(timeout=60) as c:
+        async with client(timeout=60) as c:
             bad = {"input_ids": PROMPT, "sampling_params": {"top_k": 2**63, "max_new_tokens": 4}}
             calls = [c.post(f"{url}/generate", json=bad)]
             calls += [c.post(f"{url}/generate", json=GOOD) for _ in range(16)]
@@ -107,7 +121,7 @@ def test_lone_surrogates_get_400(url, path, body):
     r = httpx.post(
         f"{url}{path}",
         content=json.dumps(body),  # ensure_ascii: the surrogate travels as \\ud800
-        headers={"content-type": "application/json"},
+        headers={"content-type": "application/json", **AUTH},
         timeout=30,
     )
     assert r.status_code == 400, r.text
@@ -153,7 +167,7 @@ def test_tokenizing_a_large_body_does_not_stall_health(url):
     """Defect 4: tokenization ran on the event loop; a large text stalled /health."""
 
     async def run():
-        async with httpx.AsyncClient(timeout=120) as c:
+        async with client(timeout=120) as c:
             text = "lorem ipsum dolor sit amet " * 120_000  # ~3 MB, under the 4 MB cap
             body = {"text": text, "sampling_params": {"max_new_tokens": 1}}
             big = asyncio.create_task(c.post(f"{url}/generate", json=body))
@@ -183,7 +197,7 @@ def test_dead_rendezvous_calls_do_not_starve_weight_updates(url):
     }
 
     async def run():
-        async with httpx.AsyncClient(timeout=120) as c:
+        async with client(timeout=120) as c:
             inits = [
                 asyncio.create_task(
                     c.post(f"{url}/init_weights_update_group", json=dead | {"group_name": f"g{i}"})
@@ -205,3 +219,47 @@ def test_dead_rendezvous_calls_do_not_starve_weight_updates(url):
     assert waited < 5, waited
     assert all(r.status_code == 400 for r in inits)  # each refused or timed out, and said so
     healthy_after(url)
+
+
+def test_an_api_key_guards_every_route_but_health(url):
+    """Defect 10: the engine had no authentication. With --api_key, as SGLang's --api-key."""
+    assert httpx.get(f"{url}/health", timeout=10).status_code == 200
+    for method, path in [("POST", "/generate"), ("GET", "/get_model_info"), ("GET", "/v1/loads")]:
+        r = httpx.request(method, f"{url}{path}", json=GOOD if method == "POST" else None)
+        assert r.status_code == 401, (path, r.status_code)
+        wrong = {"Authorization": "Bearer nope"}
+        r = httpx.request(
+            method, f"{url}{path}", headers=wrong, json=GOOD if method == "POST" else None
+        )
+        assert r.status_code == 401, (path, r.status_code)
+    info = httpx.get(f"{url}/get_server_info", headers=AUTH, timeout=10).json()
+    assert info["api_key"] == "***"  # never echoed
+
+    async def with_client():
+        c = EngineClient(url, ClientConfig(api_key=KEY))
+        try:
+            return await c.generate(PROMPT, {"max_new_tokens": 3, "ignore_eos": True})
+        finally:
+            await c.aclose()
+
+    assert len(asyncio.run(with_client()).output_ids) == 3
+    assert KEY not in repr(ClientConfig(api_key=KEY))
+
+
+def test_a_web_page_cannot_release_pause_or_reload_the_engine(url, weights_dir, tmp_path):
+    """Defect 10: a cross-origin GET /release_memory_occupation answered 200 (then /generate
+    was 503) and a text/plain POST to /pause_generation answered 200; /update_weights_from_disk
+    loaded any path."""
+    page = {"Origin": "http://evil.example", **AUTH}
+    r = httpx.get(f"{url}/release_memory_occupation", headers=page, timeout=10)
+    assert r.status_code == 405 and "access-control-allow-origin" not in r.headers
+    r = httpx.post(
+        f"{url}/pause_generation",
+        content="mode=abort",
+        headers={**page, "content-type": "text/plain"},
+        timeout=10,
+    )
+    assert r.status_code == 415 and "application/json" in r.json()["error"]["message"]
+    r = post(url, "/update_weights_from_disk", {"model_path": str(tmp_path)})
+    assert r.status_code == 400 and "outside weights_dir" in r.json()["message"], r.text
+    healthy_after(url)  # nothing was released or paused
