@@ -20,6 +20,7 @@ id, a topk out of range -- gets HTTP 422 with ``{"error": {"message": ...}}`` na
 from __future__ import annotations
 
 import asyncio
+import logging
 import queue
 import threading
 from concurrent.futures import Future
@@ -33,6 +34,8 @@ from pydantic import BaseModel, Field
 from pydantic.dataclasses import dataclass
 
 from retriever.index import DEFAULT_MODEL, SearchIndex, default_prefixes, embed, load_model
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -195,6 +198,13 @@ class Retriever:
         for i, q in enumerate(req.queries):
             if not q.strip():
                 raise BadRequest(f"queries[{i}] is empty")
+            try:  # checked here, per request: a batch must never meet an unencodable query
+                q.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise BadRequest(
+                    f"queries[{i}]: invalid Unicode: a lone surrogate ({q[e.start]!a}) at "
+                    f"position {e.start}"
+                ) from None
             if len(q) > s.max_query_chars:
                 raise BadRequest(
                     f"queries[{i}] has {len(q)} characters, more than max_query_chars "
@@ -253,10 +263,23 @@ class Batcher:
         while (batch := self._take()) is not None:
             try:
                 self._serve(batch)
-            except Exception as e:  # a failed batch fails its requests (HTTP 500), not the worker
-                for *_, future in batch:
-                    if not future.done():
-                        future.set_exception(e)
+            except Exception as e:
+                if len(batch) > 1:  # one bad request must not fail those batched with it
+                    log.warning("a batch of %d requests failed (%s); each alone", len(batch), e)
+                    for item in batch:
+                        self._serve_alone(item)
+                else:
+                    self._serve_alone(batch[0], e)
+
+    def _serve_alone(self, item, error: Exception | None = None) -> None:
+        """Serve one request by itself; a failure fails it alone (HTTP 500), not the worker."""
+        try:
+            if error is not None:
+                raise error
+            self._serve([item])
+        except Exception as e:
+            if not item[2].done():
+                item[2].set_exception(e)
 
     def _serve(self, batch: list) -> None:
         r = self.retriever

@@ -126,3 +126,26 @@ def test_concurrent_requests(server_url):
         hits = r.json()["results"][0]
         assert len(hits) == topk
         assert hits[0]["id"] == RANKING[q]
+
+
+def test_a_lone_surrogate_fails_only_its_own_request(server_url):
+    """Issue 21, defect 2: a query holding a lone UTF-16 surrogate got 500, and so did every
+    request batched with it (69 of 120 innocent ones). Now it alone gets 422 naming it."""
+    queries = list(RANKING)
+
+    async def run():
+        async with httpx.AsyncClient(timeout=60) as client:
+            bad = client.post(
+                server_url + "/retrieve",
+                content='{"queries": ["cats \\ud800 dogs"]}',
+                headers={"content-type": "application/json"},
+            )
+            good = [
+                client.post(server_url + "/retrieve", json={"queries": [q], "topk": 1})
+                for q in queries * 15
+            ]
+            return await asyncio.gather(bad, *good)
+
+    bad, *good = asyncio.run(run())
+    assert bad.status_code == 422 and "surrogate" in bad.json()["error"]["message"], bad.text
+    assert [r.status_code for r in good] == [200] * len(good)
