@@ -1,21 +1,28 @@
 """Faults on CPU: an engine killed by PID mid-rollout (its requests go to the other engine, it
 leaves the router, is restarted, gets the current weights and rejoins), and Ctrl-C (every
-process the run started stops; nothing else does)."""
+process the run started stops; nothing else does), and five SIGKILLs of a run, one while it
+writes a checkpoint."""
 
 from __future__ import annotations
 
 import json
+import os
+import random
 import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+from kernel.buffer import DataBuffer
 from kernel.config import load_train_config
+from kernel.hooks import package_file
 from kernel.loop import train
 from tests.hook_fixtures import faults
+from tests.test_loop import _engines_of
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "kernel" / "presets" / "toy.yaml"
@@ -126,3 +133,61 @@ def test_ctrl_c_stops_every_process_the_run_started_and_nothing_else(tmp_path):
         if run.poll() is None:
             run.kill()
         bystander.kill()
+
+
+@pytest.mark.slow
+def test_five_sigkills_one_during_a_save_lose_and_repeat_nothing(tmp_path):
+    """SIGKILL a toy run at five points -- one of them while a checkpoint is being written
+    (its step_N.tmp exists) -- resuming after each: every step's row is in metrics.jsonl once,
+    the prompts trained are exactly an uninterrupted run's, and no engine is orphaned."""
+    steps, rng = 20, random.Random(5)
+    metrics, ckpts = tmp_path / "metrics.jsonl", tmp_path / "checkpoints"
+
+    def start(resume: bool) -> subprocess.Popen:
+        cmd = [
+            sys.executable,
+            "-m",
+            "kernel",
+            "train",
+            "--preset",
+            "toy",
+            f"--output_dir={tmp_path}",
+        ]
+        cmd += [f"--num_steps={steps}", "--save_every=1", f"--resume={str(resume).lower()}"]
+        return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def rows() -> int:
+        return len(metrics.read_text().splitlines()) if metrics.exists() else 0
+
+    kills = []
+    for k in range(5):
+        run = start(resume=k > 0)
+        deadline = time.monotonic() + 240
+        during_save = k == 2
+        target = rows() + 1
+        while True:
+            assert run.poll() is None, run.stderr.read().decode()[-2000:]
+            assert time.monotonic() < deadline, "the run made no progress"
+            if during_save and any(ckpts.glob("step_*.tmp")):
+                break
+            if not during_save and rows() >= target:
+                time.sleep(rng.uniform(0.0, 0.4))  # somewhere inside the next step
+                break
+            time.sleep(0.01)
+        os.kill(run.pid, signal.SIGKILL)
+        run.wait()
+        kills.append("save" if during_save else f"after row {rows()}")
+        deadline = time.monotonic() + 20
+        while _engines_of(tmp_path):
+            assert time.monotonic() < deadline, f"orphaned engines: {_engines_of(tmp_path)}"
+            time.sleep(0.2)
+    last = start(resume=True)
+    _, err = last.communicate(timeout=600)
+    assert last.returncode == 0, err.decode()[-3000:]
+
+    logged = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in logged] == list(range(steps)), kills
+    cfg = load_train_config([f"--output_dir={tmp_path}"], yaml_path=TOY)
+    buffer = DataBuffer(replace(cfg.data, path=package_file(cfg.data.path)))
+    expected = [sorted(g[0].metadata["row"] for g in buffer.next_groups()) for _ in range(steps)]
+    assert [r["data/rows"] for r in logged] == expected, kills
