@@ -22,7 +22,7 @@ from kernel.config import load_train_config
 from kernel.hooks import package_file
 from kernel.loop import train
 from tests.hook_fixtures import faults
-from tests.test_loop import _engines_of
+from tests.test_loop import _cli, _engines_of
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "kernel" / "presets" / "toy.yaml"
@@ -144,17 +144,7 @@ def test_five_sigkills_one_during_a_save_lose_and_repeat_nothing(tmp_path):
     metrics, ckpts = tmp_path / "metrics.jsonl", tmp_path / "checkpoints"
 
     def start(resume: bool) -> subprocess.Popen:
-        cmd = [
-            sys.executable,
-            "-m",
-            "kernel",
-            "train",
-            "--preset",
-            "toy",
-            f"--output_dir={tmp_path}",
-        ]
-        cmd += [f"--num_steps={steps}", "--save_every=1", f"--resume={str(resume).lower()}"]
-        return subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        return _cli(tmp_path, f"--num_steps={steps}", f"--resume={str(resume).lower()}")
 
     def rows() -> int:
         return len(metrics.read_text().splitlines()) if metrics.exists() else 0

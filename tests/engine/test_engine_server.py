@@ -249,9 +249,10 @@ def test_pause_retract_resumes_with_exact_logprobs(server_a, tiny_model, referen
 
 def test_control_and_info_endpoints(server_a, tiny_model_dir):
     get = lambda path: httpx.get(server_a + path, timeout=30)  # noqa: E731
-    for path in ("/health", "/health_generate", "/flush_cache", "/v1/models"):
+    for path in ("/health", "/health_generate", "/v1/models"):
         assert get(path).status_code == 200, path
     assert httpx.post(f"{server_a}/flush_cache", json={}).status_code == 200
+    assert get("/flush_cache").status_code == 405  # a write: POST only
     for path in ("/server_info", "/get_server_info"):
         info = get(path).json()
         assert info["model_path"] == str(tiny_model_dir) and info["context_length"] == 2048

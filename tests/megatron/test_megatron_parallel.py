@@ -67,10 +67,9 @@ def trainer(model: str, tp: int = 1, pp: int = 1, optimizer: str = "torch") -> M
         tensor_parallel=tp,
         pipeline_parallel=pp,
         max_tokens_per_microbatch=BUDGET,
-        temperature=0.7,
         optimizer=optimizer,
     )
-    return MegatronTrainer(model, OPTIM, LOSS, cfg, total_steps=2)
+    return MegatronTrainer(model, OPTIM, LOSS, cfg, total_steps=2, temperature=0.7)
 
 
 def weights(t: MegatronTrainer) -> dict[str, torch.Tensor]:
