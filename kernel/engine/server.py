@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
-import json
 import logging
 import time
 import uuid
@@ -384,17 +383,19 @@ class Guard:
         if self.api_key and scope["path"] != "/health":
             given = headers.get(b"authorization", b"").decode(errors="replace")
             if not hmac.compare_digest(given, f"Bearer {self.api_key}"):
-                return await _send_error(send, 401, "missing or wrong Authorization: Bearer key")
+                message = "missing or wrong Authorization: Bearer key"
+                return await _error(401, message)(scope, receive, send)
         if scope["method"] in ("POST", "PUT"):
             kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
             if kind != b"application/json":
                 message = f"Content-Type must be application/json, got {kind.decode()!r}"
-                return await _send_error(send, 415, message)
+                return await _error(415, message)(scope, receive, send)
         declared = headers.get(b"content-length", b"0")
         if not declared.isdigit():
-            return await _send_error(send, 400, f"Content-Length {declared!r} is not a number")
+            message = f"Content-Length {declared!r} is not a number"
+            return await _error(400, message)(scope, receive, send)
         if int(declared) > self.limit:
-            return await self._refuse(send)
+            return await self._refuse(scope, receive, send)
         seen, started = 0, False
 
         async def counted():
@@ -414,18 +415,11 @@ class Guard:
             await self.app(scope, counted, watched)
         except _TooLarge:
             if not started:
-                await self._refuse(send)
+                await self._refuse(scope, receive, send)
 
-    async def _refuse(self, send) -> None:
+    async def _refuse(self, scope, receive, send) -> None:
         message = f"the request body exceeds max_request_mb = {self.limit_mb} MiB"
-        await _send_error(send, 413, message)
-
-
-async def _send_error(send, status: int, message: str) -> None:
-    body = json.dumps({"error": {"message": message}}).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
+        await _error(413, message)(scope, receive, send)
 
 
 def _state(request: Request) -> ServerState:
