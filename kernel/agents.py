@@ -205,18 +205,21 @@ class AgentHandle:
         """A new token-exact dialogue in this agent's tokenizer and context budget."""
         return Conversation(self.tokenizer, self.max_context_len, system=system, **kwargs)
 
-    async def generate_turn(self, conv: Conversation, sampling: dict[str, Any] | None = None):
-        """Sample this agent's next turn into ``conv``; returns the engine result, or None when
-        the context budget is exhausted (``conv.truncated`` is then set)."""
-        max_new = conv.max_new_tokens_for_turn(self.max_response_len)
+    async def generate_turn(
+        self, conv: Conversation, sampling: dict[str, Any] | None = None, prefix: str = ""
+    ):
+        """Sample this agent's next turn into ``conv``, the turn starting with ``prefix`` (text
+        it is given, not sampled: in its context, out of its loss); returns the engine result,
+        or None when the context budget is exhausted (``conv.truncated`` is then set)."""
+        forced = self.tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
+        max_new = conv.max_new_tokens_for_turn(self.max_response_len, len(forced))
         if max_new <= 0:
             return None
         result = await self.generate(
-            conv.assistant_prompt_ids(), {**(sampling or {}), "max_new_tokens": max_new}
+            conv.assistant_prompt_ids(forced), {**(sampling or {}), "max_new_tokens": max_new}
         )
-        conv.add_generation(
-            result.output_ids, result.logprobs, weight_version=parse_version(result.weight_version)
-        )
+        version = parse_version(result.weight_version)
+        conv.add_generation(result.output_ids, result.logprobs, version, prefix=forced)
         return result
 
     async def generate_turns(
@@ -245,13 +248,15 @@ class Dialogue:
         self.finish: str | None = None  # how its last turn ended; None until it has spoken
         self.turns = 0
 
-    async def speak(self, sampling: dict[str, Any] | None = None) -> str | None:
-        """The agent's next turn as text; None when its context budget is spent."""
-        result = await self.agent.generate_turn(self.conv, sampling)
+    async def speak(self, sampling: dict[str, Any] | None = None, prefix: str = "") -> str | None:
+        """The agent's next turn as text, starting with ``prefix`` (given, not sampled: see
+        ``AgentHandle.generate_turn``); None when its context budget is spent."""
+        result = await self.agent.generate_turn(self.conv, sampling, prefix)
         if result is None:
             return None
         self.finish, self.turns = result.finish_type, self.turns + 1
-        self.text = self.agent.tokenizer.decode(result.output_ids, skip_special_tokens=True)
+        decoded = self.agent.tokenizer.decode(result.output_ids, skip_special_tokens=True)
+        self.text = prefix + decoded
         return self.text
 
     def say(self, role: str, text: str) -> bool:

@@ -95,23 +95,25 @@ class Conversation:
         """Tokens left under ``max_context_len``."""
         return max(self.max_context_len - len(self._ids), 0)
 
-    def assistant_prompt_ids(self) -> list[int]:
+    def assistant_prompt_ids(self, prefix: Sequence[int] = ()) -> list[int]:
         """The ids to send to the engine for the agent's next turn: everything so far plus
-        the template's assistant header."""
+        the template's assistant header, and ``prefix``: ids the turn starts with that the agent
+        does not sample (a forced opening, e.g. an action tag)."""
         header, _ = self._assistant_turn()
-        return self._ids + header
+        return self._ids + header + list(prefix)
 
-    def max_new_tokens_for_turn(self, max_response_len: int) -> int:
-        """``min(max_response_len, budget left after the assistant header)``, keeping room for
-        the template's end-of-turn ids after the sampled stop token. Returns 0 (and marks the
-        conversation truncated) when no token fits."""
+    def max_new_tokens_for_turn(self, max_response_len: int, prefix_len: int = 0) -> int:
+        """``min(max_response_len, budget left after the assistant header and a prefix of
+        prefix_len ids)``, keeping room for the template's end-of-turn ids after the sampled
+        stop token. Returns 0 (and marks the conversation truncated) when no token fits."""
         if max_response_len <= 0:
             raise ValueError(f"max_response_len must be > 0, got {max_response_len}")
         if self.truncated:
             return 0
         header, end = self._assistant_turn()
         # the stop token the engine samples is the first end-of-turn id; the rest is appended
-        left = self.max_context_len - len(self._ids) - len(header) - max(len(end) - 1, 0)
+        left = self.max_context_len - len(self._ids) - len(header) - prefix_len
+        left -= max(len(end) - 1, 0)
         n = min(max_response_len, max(left, 0))
         if n == 0:
             self.truncated = True
@@ -148,10 +150,12 @@ class Conversation:
         ids: Sequence[int],
         logprobs: Sequence[float],
         weight_version: int | None = None,
+        prefix: Sequence[int] = (),
     ) -> bool:
         """Add the agent's sampled turn: its ids exactly as the engine returned them (mask 1)
-        and their logprobs, after the assistant header and before the template's end-of-turn
-        ids (mask 0 where not sampled).
+        and their logprobs, after the assistant header and the turn's ``prefix`` (the forced
+        opening sent with ``assistant_prompt_ids``; mask 0) and before the template's
+        end-of-turn ids (mask 0 where not sampled).
 
         Sampled ids past the budget are cut off (the engine was asked for too many), and the
         end-of-turn ids are left out when they do not fit; either marks the conversation
@@ -173,7 +177,8 @@ class Conversation:
         if self.truncated:
             return False
         header, end = self._assistant_turn()
-        if len(self._ids) + len(header) > self.max_context_len:
+        prefix = list(prefix)
+        if len(self._ids) + len(header) + len(prefix) > self.max_context_len:
             self.truncated = True
             return False
         self._append(header, mask=0)
@@ -181,6 +186,7 @@ class Conversation:
             self._prompt_len = len(self._ids)
         if weight_version is not None:
             self._weight_versions.append(int(weight_version))
+        self._append(prefix, mask=0)
 
         fit = self.max_context_len - len(self._ids)
         if len(ids) > fit:
@@ -197,7 +203,7 @@ class Conversation:
         self._append(missing, mask=0)
 
         content_ids = ids[: len(ids) - sampled_end]
-        content = self.tokenizer.decode(content_ids, skip_special_tokens=False)
+        content = self.tokenizer.decode(prefix + content_ids, skip_special_tokens=False)
         self._messages.append({"role": "assistant", "content": content})
         self._rendered_ids = None
         self._turn_cache = None

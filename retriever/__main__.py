@@ -1,7 +1,9 @@
 """Command line of the retriever: build an index, serve it.
 
     python -m retriever build --corpus corpus.jsonl --out DIR [--index-type flat|ivf|hnsw]
-    python -m retriever serve --index DIR --host 127.0.0.1 --port 8000
+    python -m retriever serve --index DIR --host 127.0.0.1 --port 8000 [--api_key KEY]
+
+``serve`` without ``--api_key`` reads the key from the ``TANDEM_API_KEY`` environment variable.
 
 Every field of ``BuildConfig`` / ``RetrieverSettings`` is a flag (``--help`` lists them with
 their help text). Flags may be spelt with dashes or underscores (``--id-key`` = ``--id_key``).
@@ -10,6 +12,7 @@ their help text). Flags may be spelt with dashes or underscores (``--id-key`` = 
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from pathlib import Path
 
@@ -17,6 +20,7 @@ from retriever.app import RetrieverSettings
 from retriever.index import BuildConfig
 
 PROG = "python -m retriever"
+API_KEY_ENV = "TANDEM_API_KEY"  # as kernel.engine.launch's (the retriever imports no kernel)
 
 
 def _underscored(argv: list[str]) -> list[str]:
@@ -45,18 +49,21 @@ def parse(argv: list[str]) -> tuple[str, BuildConfig | RetrieverSettings]:
         sub.add_subcommand(name, p, help=helps[name])
     ns = parser.parse_args(_underscored(argv))
     cls = classes[ns.command]
-    values = ns[ns.command]
-    return ns.command, cls(**{f.name: values[f.name] for f in dataclasses.fields(cls)}).validate()
+    values = {f.name: ns[ns.command][f.name] for f in dataclasses.fields(cls)}
+    if cls is RetrieverSettings:
+        values["api_key"] = values["api_key"] or os.environ.get(API_KEY_ENV) or None
+    return ns.command, cls(**values).validate()
 
 
-def serve_command(settings: RetrieverSettings) -> list[str]:
-    """The command line that starts a server with these settings (for LaunchedProcess)."""
+def serve_command(settings: RetrieverSettings) -> tuple[list[str], dict[str, str]]:
+    """The command line that starts a server with these settings, and its environment: the API
+    key goes there (set even when empty, so an inherited one never reaches a keyless server)."""
     cmd = [sys.executable, "-m", "retriever", "serve"]
     for f in dataclasses.fields(settings):
         value = getattr(settings, f.name)
-        if value is not None:
+        if value is not None and f.name != "api_key":
             cmd += [f"--{f.name}", str(value)]
-    return cmd
+    return cmd, {API_KEY_ENV: settings.api_key or ""}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -13,6 +13,9 @@ which on CPU costs far less per query than one forward pass per request.
 ``{id, title, text}`` (a research agent's "read" tool); an id the index does not hold is HTTP
 404 naming it, so a caller can tell a wrong id from a bad request.
 
+With ``api_key`` set, ``/retrieve`` and ``/documents`` need ``Authorization: Bearer <api_key>``
+(HTTP 401 otherwise); ``/health`` stays open for load balancers and launch scripts.
+
 Every bad request -- a missing field, too many queries or ids, an empty or over-long query or
 id, a topk out of range -- gets HTTP 422 with ``{"error": {"message": ...}}`` naming the field.
 """
@@ -20,6 +23,7 @@ id, a topk out of range -- gets HTTP 422 with ``{"error": {"message": ...}}`` na
 from __future__ import annotations
 
 import asyncio
+import hmac
 import logging
 import queue
 import threading
@@ -27,7 +31,7 @@ from concurrent.futures import Future
 from contextlib import asynccontextmanager
 
 import numpy as np
-from fastapi import FastAPI, Request
+from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
@@ -77,6 +81,10 @@ class RetrieverSettings:
     when processes share a few cores."""
     log_level: str = "warning"
     """uvicorn log level."""
+    api_key: str | None = None
+    """If set, /retrieve and /documents need ``Authorization: Bearer <api_key>``.
+    ``python -m retriever serve`` without the flag reads the ``TANDEM_API_KEY`` environment
+    variable (empty: none), which keeps the key out of ``ps``."""
 
     def validate(self) -> RetrieverSettings:
         if not self.index:
@@ -132,6 +140,10 @@ class NotFound(LookupError):
 
 class BadRequest(ValueError):
     """A well-formed request outside the server's limits: HTTP 422 with this message."""
+
+
+class Unauthorized(PermissionError):
+    """A request without the server's Bearer key: HTTP 401."""
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -327,14 +339,25 @@ def create_app(settings: RetrieverSettings) -> FastAPI:
     async def _missing(_: Request, exc: NotFound):
         return _error(404, str(exc.args[0]))
 
-    @app.post("/retrieve", response_model=RetrieveResponse)
+    @app.exception_handler(Unauthorized)
+    async def _unauthorized(_: Request, exc: Unauthorized):
+        return _error(401, str(exc))
+
+    async def authorized(request: Request) -> None:
+        given = request.headers.get("authorization", "")
+        if settings.api_key and not hmac.compare_digest(given, f"Bearer {settings.api_key}"):
+            raise Unauthorized("missing or wrong Authorization: Bearer key")
+
+    keyed = [Depends(authorized)]
+
+    @app.post("/retrieve", response_model=RetrieveResponse, dependencies=keyed)
     async def retrieve(body: RetrieveRequest) -> RetrieveResponse:
         r: Retriever = app.state.retriever
         topk = r.check(body)
         results = await asyncio.wrap_future(app.state.batcher.submit(body.queries, topk))
         return RetrieveResponse(results=results)
 
-    @app.post("/documents", response_model=DocumentsResponse)
+    @app.post("/documents", response_model=DocumentsResponse, dependencies=keyed)
     async def documents(body: DocumentsRequest) -> DocumentsResponse:
         # a dict lookup: cheap enough to answer on the event loop
         return DocumentsResponse(documents=app.state.retriever.documents(body))

@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> None:
             num_threads=cfg.num_threads,
         )
         url = f"http://127.0.0.1:{settings.port}"
-        proc = LaunchedProcess.start("retriever", url, serve_command(settings), Path(tmp) / "s.log")
+        command, env = serve_command(settings)
+        proc = LaunchedProcess.start("retriever", url, command, Path(tmp) / "s.log", env)
         rows = []
         try:
             proc.wait_healthy(deadline_s=300)

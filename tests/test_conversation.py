@@ -192,6 +192,29 @@ def test_sampled_ids_are_kept_even_when_not_the_canonical_tokenization(smollm2_t
     )
 
 
+def test_a_forced_prefix_is_context_not_loss_and_part_of_the_turns_text(smollm2_tokenizer):
+    """A turn that starts with given ids (e.g. an action tag): they are sent with the prompt,
+    kept in the dialogue with mask 0 and logprob 0, and the turn's message is prefix + sample."""
+    tok = smollm2_tokenizer
+    conv = Conversation(tok, max_context_len=512)
+    conv.add_message("user", "find it")
+    prefix = enc(tok, "<search>")
+    sent = conv.assistant_prompt_ids(prefix)
+    assert sent[-len(prefix) :] == prefix and sent[: -len(prefix)] == conv.assistant_prompt_ids()
+    assert conv.max_new_tokens_for_turn(1000, len(prefix)) + len(prefix) == (
+        conv.max_new_tokens_for_turn(1000)
+    )
+    sampled = engine_output(tok, "cats</search>")
+    conv.add_generation(sampled, [-0.5] * len(sampled), prefix=prefix)
+    conv.add_message("user", "done")
+    s = conv.to_sample()
+    n = len(prefix)  # the response starts with the prefix: the prompt is what precedes it
+    assert s.prompt_ids + s.response_ids[:n] == sent
+    assert s.loss_mask[:n] == [0] * n and s.rollout_logprobs[:n] == [0.0] * n
+    assert [t for t, m in zip(s.response_ids, s.loss_mask, strict=True) if m] == sampled
+    assert conv.messages[-2] == {"role": "assistant", "content": "<search>cats</search>"}
+
+
 # ---- mask, logprobs, weight versions -------------------------------------------------------------
 
 

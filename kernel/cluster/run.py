@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from kernel.engine.launch import LaunchedProcess, server_command
+from kernel.engine.launch import LaunchedProcess, server_command, server_env
 from kernel.engine.router import RouterConfig, wait_for_workers
 from kernel.engine.server import ServerConfig
 from kernel.loop import train
@@ -98,8 +98,8 @@ def run_plan(cfg, plan, on_step=None) -> list[dict]:
                 ip, actor = _service(nodes[e.node], 0 if g.colocate else len(e.gpus) * has_gpus)
                 services.append(actor)
                 url = f"http://{ip}:{e.port}"
-                command = _engine_command(server, cfg, g, e, ip, out, plan.cluster.sglang_args)
-                env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, e.gpus))}
+                command, env = _engine_command(server, cfg, g, e, ip, out, plan.cluster.sglang_args)
+                env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, e.gpus))
                 log = out / "logs" / g.owner / f"engine{e.index}.log"
                 pid = _get(
                     actor.start.remote(
@@ -113,7 +113,7 @@ def run_plan(cfg, plan, on_step=None) -> list[dict]:
         routers = {}
         for g in plan.groups:
             routers[g.owner] = _start_router(
-                g, engines[g.owner], nodes[0], out, plan, services, record
+                cfg, g, engines[g.owner], nodes[0], plan, services, record
             )
         _write(out, record)
 
@@ -196,12 +196,17 @@ def _service(node: tuple[str, str], num_gpus: int):
     return ip, actor
 
 
-def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args) -> list[str]:
-    """The command line of engine ``e`` of group ``g``: real SGLang (with the cluster's
-    ``sglang_args``, then the model's own ``engine.sglang_args``) or the embedded server."""
+def _owner_settings(cfg, g):
+    """The model settings of group ``g`` (those of the agent that owns its model)."""
+    return cfg.model_settings(next(s for s in cfg.agent_specs() if s.name == g.owner))
 
-    owner = next(s for s in cfg.agent_specs() if s.name == g.owner)
-    settings = cfg.model_settings(owner)
+
+def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args):
+    """The command line of engine ``e`` of group ``g`` and its environment: real SGLang (with
+    the cluster's ``sglang_args``, then the model's own ``engine.sglang_args``) or the embedded
+    server, each with the model's ``engine.api_key`` if it has one."""
+
+    settings = _owner_settings(cfg, g)
     model = materialize_model(settings.model, out / "models")
     if server == "sglang":
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model]
@@ -209,7 +214,9 @@ def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args) -> 
         cmd += ["--mem-fraction-static", str(g.mem_fraction_static)]
         if g.colocate:  # /release_memory_occupation needs it
             cmd += ["--enable-memory-saver"]
-        return cmd + list(sglang_args) + list(settings.engine.sglang_args)
+        if settings.engine.api_key:
+            cmd += ["--api-key", settings.engine.api_key]
+        return cmd + list(sglang_args) + list(settings.engine.sglang_args), {}
 
     eng = settings.engine
     config = ServerConfig(
@@ -221,11 +228,12 @@ def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args) -> 
         gather_window_ms=eng.gather_window_ms,
         num_threads=eng.num_threads,
         seed=cfg.seed + e.index,
+        api_key=eng.api_key,
     )
-    return server_command(config.validate())
+    return server_command(config.validate()), server_env(config)
 
 
-def _start_router(g, urls, node, out: Path, plan, services: list, record: dict) -> str:
+def _start_router(cfg, g, urls, node, plan, services: list, record: dict) -> str:
     """Group ``g``'s sglang-router on plan node 0, with its engines registered; its URL."""
 
     ip, actor = _service(node, 0)
@@ -236,14 +244,15 @@ def _start_router(g, urls, node, out: Path, plan, services: list, record: dict) 
         worker_urls=urls,
         policy="round_robin",
         prometheus_port=g.metrics_port,
+        api_key=_owner_settings(cfg, g).engine.api_key,
     ).validate()
-    log = out / "logs" / g.owner / "router.log"
+    log = Path(cfg.output_dir) / "logs" / g.owner / "router.log"
     pid = _get(
         actor.start.remote(f"router of {g.owner!r}", config.url, config.command(), str(log), {})
     )
     record["routers"].append({"owner": g.owner, "url": config.url, "pid": pid, "node": 0})
     _get(actor.wait_healthy.remote(plan.cluster.startup_timeout_s))
-    wait_for_workers(config.url, len(urls), plan.cluster.startup_timeout_s)
+    wait_for_workers(config.url, len(urls), plan.cluster.startup_timeout_s, config.api_key)
     return config.url
 
 
@@ -251,8 +260,7 @@ def _placement(cfg, g, nodes, has_gpus: bool) -> ModelPlacement:
     """Group ``g``'s trainer ranks as RayTrainer options, its colocation and sync."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    owner = next(s for s in cfg.agent_specs() if s.name == g.owner)
-    device = getattr(cfg.model_settings(owner).trainer, "device", None)  # megatron: none
+    device = getattr(_owner_settings(cfg, g).trainer, "device", None)  # megatron: none
     options = {
         "world_size": len(g.trainer),
         "scheduling": [

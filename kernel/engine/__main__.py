@@ -1,7 +1,8 @@
 """Start one embedded inference server: ``python -m kernel.engine --model PATH --port P``.
 
 Every ``ServerConfig`` field is a flag (``--help`` lists them with their help text); the server
-binds 127.0.0.1 unless ``--host`` says otherwise, and its port opens once the model is loaded,
+binds 127.0.0.1 unless ``--host`` says otherwise, reads its API key from ``--api_key`` or the
+``TANDEM_API_KEY`` environment variable, and its port opens once the model is loaded,
 so ``GET /health`` answering 200 means ready. ``kernel.engine.launch.launch_server`` starts one
 as a child process.
 """
@@ -10,8 +11,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 
+from kernel.engine.launch import API_KEY_ENV
 from kernel.engine.server import ServerConfig, create_app
 
 
@@ -23,8 +26,9 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     parser = ArgumentParser(prog="python -m kernel.engine", description=__doc__)
     parser.add_class_arguments(ServerConfig, None)
     ns = parser.parse_args(argv)
-    names = [f.name for f in dataclasses.fields(ServerConfig)]
-    return ServerConfig(**{n: ns[n] for n in names}).validate()
+    values = {f.name: ns[f.name] for f in dataclasses.fields(ServerConfig)}
+    values["api_key"] = values["api_key"] or os.environ.get(API_KEY_ENV) or None
+    return ServerConfig(**values).validate()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -133,14 +133,25 @@ class LaunchedProcess:
         self.stop()
 
 
+API_KEY_ENV = "TANDEM_API_KEY"
+"""The environment variable an embedded server (and the retriever) reads its API key from."""
+
+
 def server_command(config: ServerConfig) -> list[str]:
-    """The command line that starts an embedded server with these settings."""
+    """The command line that starts an embedded server with these settings, but for its API
+    key: that goes in the environment (``server_env``), out of sight of ``ps``."""
     cmd = [sys.executable, "-m", "kernel.engine"]
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
-        if value is not None:
+        if value is not None and f.name != "api_key":
             cmd += [f"--{f.name}", str(value)]
     return cmd
+
+
+def server_env(config: ServerConfig) -> dict[str, str]:
+    """The environment of a server started with ``server_command``: its API key, set even when
+    empty, so a key in this process's own environment never reaches a keyless server."""
+    return {API_KEY_ENV: config.api_key or ""}
 
 
 def launch_server(config: ServerConfig, log_path: str | Path) -> LaunchedProcess:
@@ -148,4 +159,5 @@ def launch_server(config: ServerConfig, log_path: str | Path) -> LaunchedProcess
     it)."""
     config.validate()
     url = f"http://{config.host}:{config.port}"
-    return LaunchedProcess.start("embedded server", url, server_command(config), log_path)
+    command, env = server_command(config), server_env(config)
+    return LaunchedProcess.start("embedded server", url, command, log_path, env)

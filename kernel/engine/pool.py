@@ -49,6 +49,10 @@ class EngineConfig:
     gather_window_ms: float = 2.0
     """Embedded servers: an idle engine's first request waits up to this long for others, so
     that requests arriving close together share one prefill forward (0: admit at once)."""
+    api_key: str | None = field(default=None, repr=False)
+    """Bearer key of these engines and their router: every request sends it, and embedded
+    servers and a router started by the run require it (SGLang's and sglang-router's
+    ``--api-key``). Redacted in the saved config and the logs."""
     sglang_args: list[str] = field(default_factory=list)
     """kernel launch on real SGLang: more flags for this model's sglang.launch_server, after
     cluster.sglang_args (e.g. --context-length 32768 for one agent's model only)."""
@@ -132,6 +136,7 @@ class EnginePool:
             num_threads=self.cfg.num_threads,
             seed=self.seed + i,
             weights_dir=None if self.weights_dir is None else str(self.weights_dir),
+            api_key=self.cfg.api_key,
         )
         return launch_server(server, self.log_dir / f"engine{i}.log")
 
@@ -149,10 +154,13 @@ class EnginePool:
                     worker_urls=self.urls,
                     policy="round_robin",
                     prometheus_port=free_port(),  # one router per model: each its own port
+                    api_key=self.cfg.api_key,
                 )
                 self.router = launch_router(config, self.log_dir / "router.log")
                 self.router.wait_healthy(self.cfg.startup_timeout_s)
-                wait_for_workers(self.router.url, len(self.urls), self.cfg.startup_timeout_s)
+                wait_for_workers(
+                    self.router.url, len(self.urls), self.cfg.startup_timeout_s, self.cfg.api_key
+                )
         except BaseException:
             self.__exit__()
             raise
@@ -172,7 +180,7 @@ class EnginePool:
     def clients(self) -> tuple[list, list]:
         """(clients to generate with, clients of every engine for control and weight sync)."""
 
-        cfg = ClientConfig(timeout_s=self.cfg.request_timeout_s)
+        cfg = ClientConfig(timeout_s=self.cfg.request_timeout_s, api_key=self.cfg.api_key)
         engines = [EngineClient(url, cfg) for url in self.urls]
         if self.router_url is None:
             return engines, engines
@@ -227,13 +235,18 @@ class EnginePool:
             for url in urls:
                 await self._router(lambda r, u=url: r.add_worker(u))
             await asyncio.to_thread(
-                _wait_workers, self.router_url, len(self.urls), self.cfg.startup_timeout_s
+                wait_for_workers,
+                self.router_url,
+                len(self.urls),
+                self.cfg.startup_timeout_s,
+                self.cfg.api_key,
             )
         self.down -= set(urls)
 
     async def _router(self, call) -> None:
 
-        async with EngineClient(self.router_url) as router:
+        config = ClientConfig(api_key=self.cfg.api_key)
+        async with EngineClient(self.router_url, config) as router:
             await call(router)
 
 
@@ -241,8 +254,3 @@ async def _remove_worker(router, url: str) -> None:
     for worker in await router.list_workers():
         if worker.get("url") == url:
             await router.remove_worker(worker["id"])
-
-
-def _wait_workers(router_url: str, n: int, deadline_s: float) -> None:
-
-    wait_for_workers(router_url, n, deadline_s)

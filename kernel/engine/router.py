@@ -45,6 +45,10 @@ class RouterConfig:
     prometheus_port: int | None = None
     """Port of the router's Prometheus metrics exporter (None: the router's default, 29000,
     which a second router on the same host cannot bind: give each its own)."""
+    api_key: str | None = field(default=None, repr=False)
+    """If set, every route of the router needs ``Authorization: Bearer <api_key>`` and the
+    router sends the same key to its workers (sglang-router's ``--api-key``: the workers must
+    share it). The router takes it only as a flag, so it shows in ``ps`` on this machine."""
     extra_args: list[str] = field(default_factory=list)
     """More flags for sglang_router.launch_router, passed verbatim."""
 
@@ -74,6 +78,8 @@ class RouterConfig:
         cmd += ["--log-level", self.log_level]
         if self.prometheus_port is not None:
             cmd += ["--prometheus-host", self.host, "--prometheus-port", str(self.prometheus_port)]
+        if self.api_key:
+            cmd += ["--api-key", self.api_key]
         if self.worker_urls:
             cmd += ["--worker-urls", *self.worker_urls]
         return cmd + list(self.extra_args)
@@ -85,13 +91,19 @@ def launch_router(config: RouterConfig, log_path: str | Path) -> LaunchedProcess
     return LaunchedProcess.start("sglang-router", config.url, config.command(), log_path)
 
 
-def wait_for_workers(router_url: str, n: int, deadline_s: float = 60.0) -> list[dict]:
+def wait_for_workers(
+    router_url: str, n: int, deadline_s: float = 60.0, api_key: str | None = None
+) -> list[dict]:
     """Block until the router lists ``n`` healthy workers; returns them."""
     end = time.monotonic() + deadline_s
     workers: list[dict] = []
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     while True:
         try:
-            workers = httpx.get(f"{router_url}/workers", timeout=2.0).json()["workers"]
+            reply = httpx.get(f"{router_url}/workers", timeout=2.0, headers=headers)
+            if reply.status_code == 401:
+                raise PermissionError(f"{router_url}/workers: 401, missing or wrong api_key")
+            workers = reply.json()["workers"]
         except (httpx.HTTPError, ValueError, KeyError):
             workers = []
         healthy = [w for w in workers if w.get("is_healthy")]

@@ -12,7 +12,9 @@ start-up (the port opens once it is ready), and all model work runs on the worke
 Where it differs from SGLang, on purpose:
 - ``/update_weights_from_tensor`` takes base64 safetensors bytes, or SGLang's own
   ``flattened_bucket`` payload (kernel/engine/weights.py), read by an unpickler that admits
-  only the storage and tensor rebuilders such a payload needs;
+  only the storage and tensor rebuilders such a payload needs. Being a pickle, that payload is
+  trusted input: it is refused (403) unless the caller is on this machine (a loopback address)
+  or the server has an ``api_key`` (then every caller is authenticated);
 - ``/pause_generation``: ``abort`` (SGLang's default) finishes every live request at once with
   its partial output and ``finish_reason.type == "abort"``; ``retract`` puts running requests
   back in the queue, to be prefilled again (under the weights of that time) after
@@ -34,6 +36,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hmac
+import ipaddress
 import logging
 import time
 import uuid
@@ -106,7 +109,9 @@ class ServerConfig:
     of weights each (sync.bucket_mb, base64: about 4/3 of it)."""
     api_key: str | None = None
     """If set, every route but /health needs ``Authorization: Bearer <api_key>`` (SGLang's
-    --api-key)."""
+    --api-key). ``python -m kernel.engine`` without the flag reads the ``TANDEM_API_KEY``
+    environment variable (empty: none), which is how ``launch_server`` passes it, so the key
+    never shows in ``ps``."""
     weights_dir: str | None = None
     """If set, /update_weights_from_disk loads only checkpoints inside this folder (a run sets
     its output_dir); set it whenever others can reach the port."""
@@ -688,11 +693,27 @@ async def update_weights_from_disk(e: State, body: P.UpdateWeightsFromDiskReques
     return response
 
 
+def _local(request: Request) -> bool:
+    """Whether the caller's address is a loopback one (this machine)."""
+    try:
+        return ipaddress.ip_address(request.client.host).is_loopback
+    except (AttributeError, ValueError):  # no client, or not an IP address
+        return False
+
+
 @weight_routes.post("/update_weights_from_tensor")
-async def update_weights_from_tensor(e: State, body: P.UpdateWeightsFromTensorRequest):
+async def update_weights_from_tensor(
+    e: State, body: P.UpdateWeightsFromTensorRequest, request: Request
+):
     decoders = {None: W.decode_named_tensors, "safetensors": W.decode_named_tensors}
     decoders["flattened_bucket"] = W.decode_flattened_bucket
     decode = decoders.get(body.load_format)
+    if body.load_format == "flattened_bucket" and not (e.settings.api_key or _local(request)):
+        message = (
+            "load_format 'flattened_bucket' is a pickle: accepted only from this machine or "
+            "by a server started with --api_key"
+        )
+        return _error(403, message)
     if decode is None:
         formats = ["safetensors", "flattened_bucket"]
         return _result(False, f"load_format {body.load_format!r} is not one of {formats}")

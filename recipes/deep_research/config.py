@@ -5,7 +5,8 @@ enters a context, and the reward weights. See README.md for the protocol they sh
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
 
 AGENT, SEARCHER = "agent", "searcher"
 """The two agents' names: ``agents: [agent, searcher]`` in a preset."""
@@ -19,6 +20,9 @@ class RecipeConfig:
 
     retriever_url: str = "http://127.0.0.1:8000"
     """Base URL of the retriever service (python -m retriever serve)."""
+    retriever_api_key: str | None = field(default=None, repr=False)
+    """Bearer key of a retriever served with one (default: the ``TANDEM_API_KEY`` environment
+    variable, which run.sh's retriever reads too; redacted in the saved config)."""
     topk: int = 3
     """Documents per searcher query."""
     max_turns: int = 4
@@ -38,6 +42,13 @@ class RecipeConfig:
     stop_at_tags: bool = True
     """End a turn at its closing action tag (</search>, </read>, </answer>, </summary>), so the
     model does not go on to invent the tool's answer."""
+    scaffold: bool = False
+    """Start every turn with the tag the protocol expects, given rather than sampled: the main
+    agent's turns with ``<search>`` and its last one with ``<answer>``, the searcher's with
+    ``<query>`` and its last one with ``<summary>``; a turn also ends at its first line break,
+    and a tag left open is closed. For models too small to find the tag format on their own
+    (SmolLM2-135M-Instruct wrote an action tag in 0 of 24 sampled first turns): the agents then
+    learn what to search, query, summarize and answer, not when."""
     request_timeout_s: float = 10.0
     """Timeout of one retriever HTTP request."""
     retries: int = 2
@@ -52,6 +63,9 @@ class RecipeConfig:
     """outcome (the main agent's answer score), outcome_format (plus format_weight x its own
     format term), answer_in_summary (1 if a gold answer is in its summary), or none (the
     searcher is not rewarded: its samples carry None)."""
+
+    def __post_init__(self) -> None:
+        self.retriever_api_key = self.retriever_api_key or os.environ.get("TANDEM_API_KEY") or None
 
     def validate(self) -> RecipeConfig:
         if not self.retriever_url.startswith(("http://", "https://")):

@@ -12,6 +12,9 @@ by ``tools.parse_action``:
 - ``<read>doc id</read>``: the document from the retriever's ``/documents``.
 - ``<answer>...</answer>``: the episode ends.
 
+With ``recipe_args.scaffold`` every turn starts with the tag the protocol expects (given, not
+sampled): ``<search>`` then, in the last turn, ``<answer>``; ``<query>`` then ``<summary>``.
+
 A malformed turn is counted and answered with what was wrong; a retriever failure (after the
 client's retries) is counted and answered with the error; neither ends the episode. Tool
 responses enter each dialogue as ``tool_role`` messages, so they are in the context but masked
@@ -86,7 +89,22 @@ def episode_metrics(c: Counts, answered: bool, em: float, f1: float) -> dict[str
 
 def _sampling(cfg: RecipeConfig, stop: list[str]) -> dict | None:
     # no_stop_trim: the closing tag stays in the reply text; the ids are kept either way
-    return {"stop": stop, "no_stop_trim": True} if cfg.stop_at_tags else None
+    stop = [*stop, "\n"] if cfg.scaffold else stop
+    return {"stop": stop, "no_stop_trim": True} if cfg.stop_at_tags or cfg.scaffold else None
+
+
+def _opening(cfg: RecipeConfig, turn: int, turns: int, tag: str, last_tag: str) -> str:
+    """With ``scaffold``, the tag turn ``turn`` of ``turns`` starts with; else nothing."""
+    if not cfg.scaffold:
+        return ""
+    return f"<{last_tag}>" if turn == turns - 1 else f"<{tag}>"
+
+
+def _closed(text: str, opening: str) -> str:
+    """A turn whose given opening tag the agent did not close (it stopped at a line break or
+    its length), closed at its end."""
+    close = "</" + opening[1:]
+    return text if not opening or close in text else text.rstrip() + close
 
 
 async def run_searcher(
@@ -97,12 +115,13 @@ async def run_searcher(
     d = Dialogue(ctx.agents[SEARCHER], prompts.SEARCHER_SYSTEM, prompts.research(sub_question))
     summary, queries, errors = None, [], 0
     seen: dict[str, str] = {}  # id -> title of every document retrieved
-    for _ in range(cfg.searcher_max_turns):
-        text = await d.speak(_sampling(cfg, SEARCHER_STOP))
+    for k in range(cfg.searcher_max_turns):
+        opening = _opening(cfg, k, cfg.searcher_max_turns, "query", "summary")
+        text = await d.speak(_sampling(cfg, SEARCHER_STOP), opening)
         if text is None:
             break
         counts.searcher_turns += 1
-        turn = parse_searcher_turn(text, cfg.max_queries_per_turn)
+        turn = parse_searcher_turn(_closed(text, opening), cfg.max_queries_per_turn)
         if isinstance(turn, FormatError):
             errors += 1
             reply = prompts.format_error(turn.why, SEARCHER_TAGS)
@@ -157,13 +176,17 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     counts = Counts()
     answer: str | None = None
     searchers: list[tuple[Dialogue, dict]] = []
-    async with RetrieverClient(cfg.retriever_url, cfg.request_timeout_s, cfg.retries) as retriever:
-        for _ in range(cfg.max_turns):
-            text = await main.speak(_sampling(cfg, AGENT_STOP))
+    retriever = RetrieverClient(
+        cfg.retriever_url, cfg.request_timeout_s, cfg.retries, cfg.retriever_api_key
+    )
+    async with retriever:
+        for k in range(cfg.max_turns):
+            opening = _opening(cfg, k, cfg.max_turns, "search", "answer")
+            text = await main.speak(_sampling(cfg, AGENT_STOP), opening)
             if text is None:
                 break
             counts.turns += 1
-            action = parse_action(text)
+            action = parse_action(_closed(text, opening))
             if isinstance(action, FormatError):
                 counts.format_errors += 1
                 reply = prompts.format_error(action.why, ACTION_TAGS)

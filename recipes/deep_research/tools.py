@@ -127,9 +127,12 @@ def _message(r: httpx.Response) -> str:
 class RetrieverClient:
     """``POST /retrieve`` and ``POST /documents`` of one retriever; use as ``async with``."""
 
-    def __init__(self, url: str, timeout_s: float = 10.0, retries: int = 2) -> None:
+    def __init__(
+        self, url: str, timeout_s: float = 10.0, retries: int = 2, api_key: str | None = None
+    ) -> None:
         self.retries = retries
-        self.http = httpx.AsyncClient(base_url=url.rstrip("/"), timeout=timeout_s)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
+        self.http = httpx.AsyncClient(base_url=url.rstrip("/"), timeout=timeout_s, headers=headers)
 
     async def __aenter__(self) -> RetrieverClient:
         return self

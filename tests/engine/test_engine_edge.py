@@ -7,8 +7,10 @@ The server here is this module's own (a failure must not spill into the other en
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -263,3 +265,56 @@ def test_a_web_page_cannot_release_pause_or_reload_the_engine(url, weights_dir, 
     r = post(url, "/update_weights_from_disk", {"model_path": str(tmp_path)})
     assert r.status_code == 400 and "outside weights_dir" in r.json()["message"], r.text
     healthy_after(url)  # nothing was released or paused
+
+
+@pytest.mark.parametrize("api_key", [None, KEY])
+def test_a_pickled_payload_is_taken_only_from_this_machine_or_an_authenticated_caller(
+    tiny_model_dir, api_key
+):
+    """The flattened_bucket payload is a pickle: from a remote caller of a keyless server it is
+    refused (403) before it is read; from loopback, or with a key, it is read (here it is not a
+    valid payload, so the engine answers that). The app runs in-process so the caller's
+    address can be set; the key is sent whenever the server has one."""
+    from kernel.engine.server import create_app
+
+    app = create_app(ServerConfig(model=str(tiny_model_dir), num_threads=1, api_key=api_key))
+    body = {"serialized_named_tensors": ["bm90IGEgcGlja2xl"], "load_format": "flattened_bucket"}
+
+    async def from_host(host: str) -> httpx.Response:
+        transport = httpx.ASGITransport(app=app, client=(host, 40000))
+        headers = AUTH if api_key else None
+        async with httpx.AsyncClient(transport=transport, base_url="http://engine") as c:
+            return await c.post("/update_weights_from_tensor", json=body, headers=headers)
+
+    async def main():
+        async with app.router.lifespan_context(app):
+            return [await from_host(h) for h in ("203.0.113.7", "127.0.0.1", "::1")]
+
+    remote, *local = asyncio.run(main())
+    for r in local if api_key is None else [remote, *local]:
+        assert r.status_code == 400 and "not a flattened_bucket payload" in r.json()["message"]
+    if api_key is None:
+        assert remote.status_code == 403 and "--api_key" in remote.json()["error"]["message"]
+
+
+def test_launched_servers_take_their_key_from_the_environment_not_the_command_line(
+    tiny_model_dir, tmp_path, monkeypatch
+):
+    """launch_server passes the key in the environment (out of ``ps``), and a key in the
+    launching process's own environment never reaches a server started without one."""
+    monkeypatch.setenv("TANDEM_API_KEY", "inherited")
+    keyless = ServerConfig(model=str(tiny_model_dir), port=free_port(), num_threads=1)
+    keyed = dataclasses.replace(keyless, port=free_port(), api_key=KEY)
+    procs = [launch_server(c, tmp_path / f"{i}.log") for i, c in enumerate((keyless, keyed))]
+    try:
+        for p in procs:
+            p.wait_healthy(deadline_s=180)
+            cmdline = Path(f"/proc/{p.pid}/cmdline").read_bytes()
+            assert b"inherited" not in cmdline and KEY.encode() not in cmdline
+        assert httpx.post(f"{procs[0].url}/generate", json=GOOD, timeout=30).status_code == 200
+        assert httpx.post(f"{procs[1].url}/generate", json=GOOD, timeout=30).status_code == 401
+        r = httpx.post(f"{procs[1].url}/generate", json=GOOD, timeout=30, headers=AUTH)
+        assert r.status_code == 200
+    finally:
+        for p in procs:
+            p.stop()

@@ -4,6 +4,7 @@ process, so the model loaded for the build is reused instead of loaded a second 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -44,23 +45,31 @@ def index_dir(tmp_path_factory):
     return build_index(BuildConfig(corpus=corpus, out=str(root / "index")), progress=False)
 
 
-@pytest.fixture(scope="session")
-def server_url(index_dir):
+@contextlib.contextmanager
+def serve(settings: RetrieverSettings):
+    """A real retriever server with ``settings`` on 127.0.0.1 (uvicorn in a thread); its URL."""
     import uvicorn
 
-    port = free_port()
-    settings = RetrieverSettings(index=str(index_dir), port=port, **LIMITS)
-    config = uvicorn.Config(create_app(settings), host="127.0.0.1", port=port, log_level="error")
+    app = create_app(settings)
+    config = uvicorn.Config(app, host="127.0.0.1", port=settings.port, log_level="error")
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    url = f"http://127.0.0.1:{port}"
+    url = f"http://127.0.0.1:{settings.port}"
     deadline = time.monotonic() + 60
     while not server.started:
         if not thread.is_alive() or time.monotonic() > deadline:
             raise RuntimeError(f"retriever at {url} did not start")
         time.sleep(0.05)
     assert httpx.get(url + "/health").status_code == 200
-    yield url
-    server.should_exit = True
-    thread.join(10)
+    try:
+        yield url
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+@pytest.fixture(scope="session")
+def server_url(index_dir):
+    with serve(RetrieverSettings(index=str(index_dir), port=free_port(), **LIMITS)) as url:
+        yield url

@@ -133,8 +133,9 @@ def test_cli_build_reports_the_bad_row(tmp_path):
 def test_cli_serve_refuses_a_mismatched_index(index_dir, tmp_path):
     other = "intfloat/e5-small-v2"
     settings = RetrieverSettings(index=str(index_dir), model=other, port=free_port())
-    command = serve_command(settings)
-    proc = LaunchedProcess.start("retriever", "http://127.0.0.1", command, tmp_path / "serve.log")
+    command, env = serve_command(settings)
+    url = "http://127.0.0.1"
+    proc = LaunchedProcess.start("retriever", url, command, tmp_path / "serve.log", env)
     try:
         with pytest.raises(RuntimeError, match="exited with code") as e:
             proc.wait_healthy(deadline_s=60)

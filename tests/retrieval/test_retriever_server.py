@@ -149,3 +149,41 @@ def test_a_lone_surrogate_fails_only_its_own_request(server_url):
     bad, *good = asyncio.run(run())
     assert bad.status_code == 422 and "surrogate" in bad.json()["error"]["message"], bad.text
     assert [r.status_code for r in good] == [200] * len(good)
+
+
+def test_api_key_guards_search_and_documents_but_not_health(index_dir):
+    from kernel.engine.launch import free_port
+    from retriever import RetrieverSettings
+    from tests.retrieval.conftest import serve
+
+    settings = RetrieverSettings(index=str(index_dir), port=free_port(), api_key="r-key")
+    with serve(settings) as url:
+        body, ids = {"queries": ["purring pet"], "topk": 1}, {"ids": ["cat"]}
+        for path, payload in (("/retrieve", body), ("/documents", ids)):
+            for headers in (None, {"Authorization": "Bearer wrong"}):
+                r = httpx.post(url + path, json=payload, headers=headers)
+                assert r.status_code == 401, (path, headers)
+                assert "Bearer" in r.json()["error"]["message"]
+            r = httpx.post(url + path, json=payload, headers={"Authorization": "Bearer r-key"})
+            assert r.status_code == 200, r.text
+        assert httpx.get(url + "/health").status_code == 200
+
+
+def test_the_recipes_client_sends_the_key_from_the_environment(index_dir, monkeypatch):
+    from kernel.engine.launch import free_port
+    from recipes.deep_research.config import RecipeConfig
+    from recipes.deep_research.tools import RetrieverClient
+    from retriever import RetrieverSettings
+    from tests.retrieval.conftest import serve
+
+    monkeypatch.setenv("TANDEM_API_KEY", "env-key")
+    settings = RetrieverSettings(index=str(index_dir), port=free_port(), api_key="env-key")
+    with serve(settings) as url:
+        cfg = RecipeConfig(retriever_url=url).validate()
+        assert "env-key" not in repr(cfg)
+
+        async def main():
+            async with RetrieverClient(url, api_key=cfg.retriever_api_key) as client:
+                return await client.document("cat")
+
+        assert asyncio.run(main())["id"] == "cat"
