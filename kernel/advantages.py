@@ -28,6 +28,10 @@ Estimators (``AdvantageConfig.estimator``):
   episodes that reached the same turn. No std division: CoMLRL's mean baseline alone (CoMLRL
   1.4.3 also divides by the group std by default, ``advantage_normalization``; with a reward
   hook that returns the team reward itself, ``grpo`` computes exactly that).
+- CoMLRL's other trainers, the same team reward with another baseline over the group's
+  episodes (``advantage_mode`` in CoMLRL 1.4.3's ``MAGRPOTrainer._compute_advantages``):
+  ``mareinforce`` (MAREINFORCE: the team reward itself, no baseline), ``marloo`` (MARLOO:
+  ``team - mean of the other episodes``) and ``maremax`` (MAReMax: ``team - max`` of the group).
 
 Groups (``AdvantageConfig.group_by``): the samples sharing ``group_id`` (``"prompt"``),
 plus ``agent`` (``"prompt_agent"``, the default: Dr.MAS, no role is normalised against another
@@ -38,7 +42,8 @@ Degenerate cases, all defined and tested:
 - A sample whose ``reward`` is None ("does not apply") or whose ``status`` is not trainable
   is left out of every statistic and gets ``advantage = None``.
 - A group of one sample (no baseline available) or with constant rewards (nothing to prefer)
-  gets advantage exactly ``0.0`` for every estimator. It is masked to 0, not left to
+  gets advantage exactly ``0.0`` for every estimator with a baseline (all but
+  ``mareinforce``, whose advantage is the team reward by definition). It is masked to 0, not left to
   ``0 / (~0 + eps)``, so floating-point noise in a mean never becomes a signal.
 - ``reinforce_pp`` whitening of a batch of one, or of a constant batch, gives 0.0.
 """
@@ -55,7 +60,17 @@ from torch import Tensor
 
 from kernel.sample import Sample
 
-Estimator = Literal["grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "magrpo"]
+Estimator = Literal[
+    "grpo",
+    "dr_grpo",
+    "rloo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "magrpo",
+    "mareinforce",
+    "marloo",
+    "maremax",
+]
 GroupBy = Literal["prompt", "prompt_agent", "prompt_agent_turn"]
 TeamReward = Literal["sum", "mean"]
 
@@ -77,8 +92,8 @@ class AdvantageConfig:
     eps: float = 1e-6
     """added to every std before dividing"""
     team_reward: TeamReward = "mean"
-    """magrpo only: team reward of an episode = mean (default) or sum of the rewards of its
-    agents that have one (None: does not apply, left out)"""
+    """magrpo, mareinforce, marloo, maremax: team reward of an episode = mean (default) or sum
+    of the rewards of its agents that have one (None: does not apply, left out)"""
 
     def validate(self) -> AdvantageConfig:
         for name, value, allowed in (
@@ -138,6 +153,14 @@ def rloo_advantages(rewards: Tensor, index: Tensor) -> Tensor:
     others_mean = (mean[index] * n - rewards) / (n - 1).clamp_min(1)  # (N,)
     adv = rewards - others_mean  # (N,)
     return torch.where(degenerate[index], torch.zeros_like(adv), adv)
+
+
+def max_baseline_advantages(rewards: Tensor, index: Tensor) -> Tensor:
+    """ReMax-style: ``r - max_g``, the group's best reward as the baseline (0 for the best)."""
+    best = rewards.new_zeros(int(index.max()) + 1).scatter_reduce(
+        0, index, rewards, "amax", include_self=False
+    )  # (G,)
+    return rewards - best[index]  # (N,)
 
 
 def batch_whiten(values: Tensor, eps: float = 1e-6) -> Tensor:
@@ -232,7 +255,7 @@ def compute_advantages(samples: list[Sample], cfg: AdvantageConfig) -> dict[str,
 
     rewards = torch.tensor([s.reward for s in valid], dtype=torch.float64)  # (N,)
     index = _indices([_group_key(s, cfg.group_by) for s in valid])  # (N,)
-    stats_rewards, stats_index = rewards, index  # what the baseline statistics run over
+    stats_index = index  # the groups the metrics count
 
     if cfg.estimator == "grpo":
         adv = grpo_advantages(rewards, index, cfg.std_normalize, cfg.eps)
@@ -245,7 +268,7 @@ def compute_advantages(samples: list[Sample], cfg: AdvantageConfig) -> dict[str,
         stats_index = torch.zeros_like(index)  # batch-wide: the batch is the one group
     elif cfg.estimator == "reinforce_pp_baseline":
         adv = reinforce_pp_baseline_advantages(rewards, index, cfg.eps)
-    else:  # magrpo
+    else:  # the team estimators (magrpo and the rest of CoMLRL's family)
         episode = _indices([(s.group_id, s.index) for s in valid])  # (N,)
         agent = _indices([s.agent for s in valid])  # (N,)
         team = team_rewards(rewards, episode, agent, cfg.team_reward)  # (E,)
@@ -254,12 +277,21 @@ def compute_advantages(samples: list[Sample], cfg: AdvantageConfig) -> dict[str,
         n_pairs = int(pair.max()) + 1
         pair_group = index.new_empty(n_pairs).scatter_(0, pair, index)  # (P,)
         pair_team = team.new_empty(n_pairs).scatter_(0, pair, team[episode])  # (P,)
-        adv = dr_grpo_advantages(pair_team, pair_group)[pair]  # (N,)
-        stats_rewards, stats_index = pair_team, pair_group
+        baseline = {
+            "magrpo": dr_grpo_advantages,
+            "marloo": rloo_advantages,
+            "maremax": max_baseline_advantages,
+            "mareinforce": lambda returns, _: returns,
+        }[cfg.estimator]
+        adv = baseline(pair_team, pair_group)[pair]  # (N,)
 
     for s, a in zip(valid, adv.tolist(), strict=True):
         s.advantage = a
-    _, _, _, degenerate = group_stats(stats_rewards, stats_index)
+    # a group is degenerate when every advantage in it is exactly 0
+    largest = adv.new_zeros(int(stats_index.max()) + 1).scatter_reduce(
+        0, stats_index, adv.abs(), "amax", include_self=False
+    )  # (G,)
+    degenerate = largest == 0
     metrics.update(
         {
             "adv/mean": adv.mean().item(),

@@ -8,7 +8,8 @@ separately), or None for "does not apply". This module does the two steps after 
    finite, so a typo in an agent name fails loudly instead of training on a missing reward;
 2. ``apply_weighting`` sets ``sample.reward`` from ``raw_reward`` with one visible line: a
    per-agent scale and, optionally, Miles' asymmetric outcome weighting (every sample of an
-   episode is multiplied by 1.2 when the episode was correct, by 0.8 when it was not).
+   episode is multiplied by 1.2 when the episode was correct, by 0.8 when it was not) and
+   DAPO's overlong shaping (a penalty growing linearly over the last tokens before a length).
 
 ``weighted_sum`` combines several reward terms (accuracy, format, length...) the way TRL does:
 a term that is None does not apply and contributes nothing; only when no term applies is the
@@ -135,6 +136,15 @@ class RewardConfig:
     incorrect episode's penalty grows (x1/0.8) rather than shrinks (see kernel.rewards)"""
     agent_scale: dict[str, float] = field(default_factory=dict)
     """per-agent reward factor, e.g. {patient: 0.5}; agents not listed get 1.0"""
+    overlong_buffer_len: int = 0
+    """DAPO's overlong reward shaping, off at 0: a sample whose own (sampled) tokens run into
+    the last ``overlong_buffer_len`` of ``overlong_max_len`` loses up to ``overlong_penalty``,
+    linearly (see ``overlong``)"""
+    overlong_max_len: int = 0
+    """with overlong_buffer_len: the length at which the full penalty applies (DAPO's L_max;
+    usually the rollout's max_response_len)"""
+    overlong_penalty: float = 1.0
+    """with overlong_buffer_len: the largest penalty"""
 
     def validate(self) -> RewardConfig:
         for name in ("correct_scale", "incorrect_scale"):
@@ -142,6 +152,17 @@ class RewardConfig:
             # A negative factor would flip which outcome is rewarded; zero would erase it.
             if not (isinstance(value, numbers.Real) and math.isfinite(value) and value > 0):
                 raise ValueError(f"RewardConfig.{name} must be a finite number > 0, got {value!r}")
+        if self.overlong_buffer_len:
+            if not 0 < self.overlong_buffer_len < self.overlong_max_len:
+                raise ValueError(
+                    "RewardConfig.overlong_buffer_len must be in (0, overlong_max_len), got "
+                    f"{self.overlong_buffer_len} with overlong_max_len {self.overlong_max_len}"
+                )
+            penalty = self.overlong_penalty
+            if not (isinstance(penalty, numbers.Real) and math.isfinite(penalty) and penalty >= 0):
+                raise ValueError(
+                    f"RewardConfig.overlong_penalty must be a finite number >= 0, got {penalty!r}"
+                )
         for agent, value in self.agent_scale.items():
             if not (isinstance(value, numbers.Real) and math.isfinite(value)):
                 raise ValueError(
@@ -150,8 +171,21 @@ class RewardConfig:
         return self
 
 
+def overlong(length: int, max_len: int, buffer_len: int) -> float:
+    """DAPO's soft overlong punishment (Yu et al. 2025, eq. 13), in [-1, 0]: 0 up to
+    ``max_len - buffer_len`` tokens, then falling linearly to -1 at ``max_len``, and -1 beyond."""
+    start = max_len - buffer_len
+    if length <= start:
+        return 0.0
+    return max((start - length) / buffer_len, -1.0)
+
+
 def apply_weighting(samples: list[Sample], cfg: RewardConfig, correct: bool | None) -> None:
     """Set ``sample.reward`` for the samples of one episode; a None ``raw_reward`` stays None.
+
+    Order: the agent's scale, Miles' outcome weighting (if on), then DAPO's overlong term (if
+    on) added last, counted over the sample's own sampled tokens (``loss_mask``), so that no
+    outcome factor scales it.
 
     ``correct`` is the episode's outcome; it is required when ``cfg.asymmetric`` is on (a
     ValueError otherwise, rather than silently skipping the weighting) and unused when off.
@@ -168,3 +202,7 @@ def apply_weighting(samples: list[Sample], cfg: RewardConfig, correct: bool | No
             s.reward = asymmetric(
                 s.reward, correct, cfg.correct_scale, cfg.incorrect_scale, cfg.sign_aware
             )
+        if cfg.overlong_buffer_len:
+            length = sum(s.loss_mask)
+            term = overlong(length, cfg.overlong_max_len, cfg.overlong_buffer_len)
+            s.reward += cfg.overlong_penalty * term

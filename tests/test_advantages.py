@@ -282,22 +282,73 @@ def test_team_rewards_tensor_function():
     assert_close(team_rewards(rewards, episode, agent, "mean"), torch.tensor([2.0, 4.0]))
 
 
+# --- CoMLRL's family: the team reward with another baseline ------------------------------------
+
+# group 0, two agents, team rewards (mean of the pair): 1, 0, 0.5, 0.5 (mean 0.5, max 1)
+COMLRL_PAIRS = [(1, 1), (0, 0), (1, 0), (0.5, 0.5)]
+COMLRL_GOLDENS = {
+    "magrpo": [0.5, -0.5, 0.0, 0.0],  # team - mean
+    "mareinforce": [1.0, 0.0, 0.5, 0.5],  # the team reward itself
+    # team - mean of the OTHER three: 1 - 1/3, 0 - 2/3, 0.5 - 1/2, 0.5 - 1/2
+    "marloo": [2 / 3, -2 / 3, 0.0, 0.0],
+    "maremax": [0.0, -1.0, -0.5, -0.5],  # team - max
+}
+
+
+@pytest.mark.parametrize("estimator", list(COMLRL_GOLDENS))
+def test_comlrl_family_goldens_given_to_both_agents(estimator):
+    s = two_agent_episodes(0, COMLRL_PAIRS)
+    run(s, estimator=estimator)
+    expected = COMLRL_GOLDENS[estimator]
+    assert advs(s)[0::2] == pytest.approx(expected) and advs(s)[1::2] == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("estimator", list(COMLRL_GOLDENS))
+def test_comlrl_family_matches_comlrls_own_advantage_function(estimator):
+    """The same team returns through CoMLRL 1.4.3's MAGRPOTrainer._compute_advantages, with
+    the advantage_mode each of its trainers sets (peers extra)."""
+    comlrl = pytest.importorskip("comlrl.trainers.reinforce")
+    trainer = {
+        "magrpo": comlrl.MAGRPOTrainer,
+        "mareinforce": comlrl.MAREINFORCETrainer,
+        "marloo": comlrl.MARLOOTrainer,
+        "maremax": comlrl.MAReMaxTrainer,
+    }[estimator]
+    mode = trainer.default_config_cls().advantage_mode if estimator != "magrpo" else "mean"
+    theirs = trainer._compute_advantages(
+        type("Stub", (), {"advantage_mode": mode})(),
+        torch.tensor([(a + b) / 2 for a, b in COMLRL_PAIRS]),
+    )
+    s = two_agent_episodes(0, COMLRL_PAIRS)
+    run(s, estimator=estimator)
+    assert advs(s)[0::2] == pytest.approx(theirs.tolist())
+
+
+def test_mareinforce_has_no_baseline_so_a_constant_group_keeps_its_reward():
+    s = episodes([0.1, 0.1, 0.1])
+    metrics = run(s, estimator="mareinforce")
+    assert advs(s) == pytest.approx([0.1, 0.1, 0.1])
+    assert metrics["adv/n_degenerate_groups"] == 0  # not all zero: it trains
+    zero = episodes([0.0, 0.0])
+    assert run(zero, estimator="mareinforce")["adv/n_degenerate_groups"] == 1
+
+
 # --- degenerate groups, None rewards, untrainable samples --------------------------------------
 
 
 @pytest.mark.parametrize(
-    "estimator", ["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "magrpo"]
+    "estimator", ["grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "magrpo", "marloo", "maremax"]
 )
 def test_group_of_one_gets_exactly_zero(estimator):
     lonely = episodes([5.0], group=0)
     other = episodes([1, 0], group=1)
     metrics = run(lonely + other, estimator=estimator)
     assert lonely[0].advantage == 0.0  # no baseline available
-    assert other[0].advantage > 0 > other[1].advantage
+    assert other[0].advantage > other[1].advantage and other[1].advantage < 0
     assert metrics["adv/n_degenerate_groups"] == 1
 
 
-@pytest.mark.parametrize("estimator", ESTIMATORS)
+@pytest.mark.parametrize("estimator", [e for e in ESTIMATORS if e != "mareinforce"])
 def test_constant_rewards_give_exactly_zero(estimator):
     # 0.1 + 0.1 + 0.1 = 0.30000000000000004, so the float mean is 0.1 + 1.4e-17: without the
     # explicit mask, (r - mean) / (std + eps) would be about -1.4e-11, not 0.
@@ -347,6 +398,9 @@ def test_estimators_listed():
         "reinforce_pp",
         "reinforce_pp_baseline",
         "magrpo",
+        "mareinforce",
+        "marloo",
+        "maremax",
     )
 
 

@@ -14,6 +14,7 @@ from kernel.rewards import (
     apply_weighting,
     assign_rewards,
     asymmetric,
+    overlong,
     weighted_sum,
 )
 from kernel.sample import Sample
@@ -178,6 +179,9 @@ def test_apply_weighting_asymmetric_needs_the_outcome():
         ({"correct_scale": 0.0}, "correct_scale"),
         ({"incorrect_scale": -0.8}, "incorrect_scale"),
         ({"agent_scale": {"patient": math.nan}}, r"agent_scale\['patient'\]"),
+        ({"overlong_buffer_len": 8}, "overlong_buffer_len"),  # no overlong_max_len
+        ({"overlong_buffer_len": 8, "overlong_max_len": 8}, "overlong_buffer_len"),
+        ({"overlong_buffer_len": 4, "overlong_max_len": 8, "overlong_penalty": -1}, "penalty"),
     ],
 )
 def test_reward_config_validate_names_the_field(kwargs, match):
@@ -197,3 +201,29 @@ def test_assign_rewards_list_gives_one_reward_per_sample():
         assign_rewards(samples, [1.0, 0.0])
     with pytest.raises(ValueError, match="finite"):
         assign_rewards(samples, [1.0, float("nan"), 0.0])
+
+
+# --- DAPO overlong shaping -----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("length", "expected"),
+    # L_max 20, L_cache 8: free up to 12, then -(L - 12) / 8, -1 from 20 on (DAPO eq. 13)
+    [(0, 0.0), (12, 0.0), (13, -0.125), (16, -0.5), (19, -0.875), (20, -1.0), (25, -1.0)],
+)
+def test_overlong_goldens(length, expected):
+    assert overlong(length, max_len=20, buffer_len=8) == pytest.approx(expected)
+
+
+def test_apply_weighting_adds_the_overlong_term_last_over_the_sampled_tokens_only():
+    cfg = RewardConfig(
+        asymmetric=True, overlong_buffer_len=8, overlong_max_len=20, overlong_penalty=0.5
+    ).validate()
+    short, long = Sample(agent="a"), Sample(agent="a")
+    short.loss_mask = [1] * 10 + [0] * 30  # 10 sampled tokens (a partner's 30 are not counted)
+    long.loss_mask = [1] * 16 + [0, 1, 1]  # 18 sampled tokens: -(18 - 12) / 8 = -0.75
+    for s in (short, long):
+        s.raw_reward = 1.0
+    apply_weighting([short, long], cfg, correct=True)
+    # 1.0 x 1.2 (correct), then + 0.5 x the overlong term, not scaled by 1.2
+    assert [short.reward, long.reward] == pytest.approx([1.2, 1.2 - 0.5 * 0.75])

@@ -59,6 +59,11 @@ class RecipeConfig:
     """Weight of token F1 of the final answer in the answer score."""
     format_weight: float = 0.1
     """Weight of the format term (1 if the agent answered with no malformed turn, else 0)."""
+    evidence_weight: float = 0.0
+    """Weight of the evidence term, added to the agent's and every searcher's reward: the share
+    of the question's supporting documents (the data's ``support`` ids, with ``support`` in
+    data.metadata_keys) that were retrieved -- by all the episode's searches for the agent, by
+    its own queries for a searcher. A denser signal than the answer's for small models; 0: off."""
     searcher_reward: str = "outcome"
     """outcome (the main agent's answer score), outcome_format (plus format_weight x its own
     format term), answer_in_summary (1 if a gold answer is in its summary), or none (the

@@ -36,7 +36,7 @@ from kernel.hooks import RolloutContext
 from kernel.sample import Sample
 from recipes.deep_research import prompts
 from recipes.deep_research.config import AGENT, SEARCHER, RecipeConfig, resolve
-from recipes.deep_research.reward import exact_match, f1_score, gold_answers
+from recipes.deep_research.reward import evidence, exact_match, f1_score, gold_answers
 from recipes.deep_research.tools import (
     ACTION_TAGS,
     AGENT_STOP,
@@ -149,6 +149,7 @@ async def run_searcher(
         "sub_question": sub_question,
         "queries": queries,
         "summary": summary,
+        "retrieved": sorted(seen),
         "format_ok": summary is not None and errors == 0,
     }
     return handed, d, meta
@@ -213,9 +214,12 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
             0,
             **outcome,
             format_ok=answer is not None and counts.format_errors == 0,
+            retrieved=sorted({i for _, meta in searchers for i in meta["retrieved"]}),
             metrics=metrics,
             tool_errors=counts.notes,
         )
     ]
+    if samples[0] is not None and sample.metadata.get("support"):
+        metrics["evidence"] = evidence(samples[0])  # logged when the data names support ids
     samples += [d.sample(sample, i, **outcome, **meta) for i, (d, meta) in enumerate(searchers)]
     return [s for s in samples if s is not None]

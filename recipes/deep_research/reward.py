@@ -14,6 +14,9 @@ With gold answers G and the agent's final answer a (None when it never answered)
                 answer_in_summary: 1 if some normalize(g) occurs, token-aligned, in
                                    normalize(summary), else 0
                 none:              None (not trained on)
+    both      + evidence_weight * |support retrieved| / |support|  (if evidence_weight; support
+                = the row's supporting document ids, retrieved = by all the episode's searches
+                for the agent, by its own queries for a searcher; 0 without support ids)
 
 ``normalize`` is SQuAD's: lower case, punctuation removed, the articles a/an/the removed,
 whitespace collapsed. Token F1 = 2PR/(P+R) with P = common/len(pred), R = common/len(gold),
@@ -87,22 +90,31 @@ def answer_score(answer: str | None, label, cfg: RecipeConfig) -> float:
     return cfg.em_weight * exact_match(answer, golds) + cfg.f1_weight * f1_score(answer, golds)
 
 
+def evidence(sample: Sample) -> float:
+    """The share of the row's supporting documents among those the sample's searches
+    retrieved (0 when the row names none)."""
+    support = set(sample.metadata.get("support") or ())
+    retrieved = set(sample.metadata.get("retrieved") or ())
+    return len(support & retrieved) / len(support) if support else 0.0
+
+
 def score_sample(sample: Sample, cfg: RecipeConfig) -> float | None:
     """The reward of one sample of an episode (formulas in the module docstring)."""
     meta = sample.metadata
     outcome = answer_score(meta.get("final_answer"), sample.label, cfg)
     if sample.agent == AGENT:
-        return outcome + cfg.format_weight * float(meta["format_ok"])
-    if sample.agent != SEARCHER:
+        score = outcome + cfg.format_weight * float(meta["format_ok"])
+    elif sample.agent != SEARCHER:
         raise ValueError(f"sample {sample.key}: unknown agent {sample.agent!r}")
-    mode = cfg.searcher_reward
-    if mode == "none":
+    elif cfg.searcher_reward == "none":
         return None
-    if mode == "outcome":
-        return outcome
-    if mode == "outcome_format":
-        return outcome + cfg.format_weight * float(meta["format_ok"])
-    return answer_in(meta.get("summary"), gold_answers(sample.label))
+    elif cfg.searcher_reward == "outcome":
+        score = outcome
+    elif cfg.searcher_reward == "outcome_format":
+        score = outcome + cfg.format_weight * float(meta["format_ok"])
+    else:
+        score = answer_in(meta.get("summary"), gold_answers(sample.label))
+    return score + cfg.evidence_weight * evidence(sample) if cfg.evidence_weight else score
 
 
 def reward(ctx: RolloutContext, samples: list[Sample]) -> RewardResult:

@@ -99,3 +99,30 @@ async def _poll(client: EngineClient, done, deadline_s: float = 30.0) -> list[di
             return workers
         assert time.monotonic() < end, f"router workers never settled: {workers}"
         await asyncio.sleep(0.1)
+
+
+def test_a_keyed_pool_guards_its_engines_and_router_and_its_own_clients_get_through(
+    tiny_model_dir, tmp_path
+):
+    """engine.api_key: the embedded engine and the real sglang-router a run starts both refuse
+    requests without the key (401), the router still registers the keyed worker, the pool's
+    clients send it, and a wrong key is named at once rather than waited out."""
+    from kernel.engine.pool import EngineConfig, EnginePool
+
+    cfg = EngineConfig(start_router=True, num_threads=1, api_key="pool-key").validate()
+    assert "pool-key" not in repr(cfg)
+    body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 2}}
+    with EnginePool(cfg, str(tiny_model_dir), tmp_path) as pool:
+        for url in (pool.urls[0], pool.router_url):
+            assert httpx.post(f"{url}/generate", json=body, timeout=30).status_code == 401, url
+        generators, engines = pool.clients()
+
+        async def main():
+            async with generators[0] as via_router, engines[0] as direct:
+                return [
+                    await c.generate([1, 2, 3], {"max_new_tokens": 2}) for c in (via_router, direct)
+                ]
+
+        assert [len(r.output_ids) for r in asyncio.run(main())] == [2, 2]
+        with pytest.raises(PermissionError, match="api_key"):
+            wait_for_workers(pool.router_url, 1, deadline_s=5, api_key="wrong")

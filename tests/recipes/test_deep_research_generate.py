@@ -199,6 +199,42 @@ def test_full_tool_loop_with_the_real_retriever(world, retriever_url, smollm2_to
     assert reward(ctx, samples) == [pytest.approx(1.6), pytest.approx(1.5)]
 
 
+def test_scaffold_gives_each_turn_its_tag_and_trains_only_what_was_sampled(
+    world, retriever_url, smollm2_tokenizer
+):
+    """recipe_args.scaffold: the agent's turns open with <search> then <answer>, the searcher's
+    with <query> then <summary> (sent with the prompt, not trained on); the replies here close
+    no tag, as a model cut at a line break would not, and each is closed for it."""
+    tok, company, founder = smollm2_tokenizer, world["company"], world["founder"]
+    agent_replies = [f"Who founded {company['title']}?\n", founder["title"]]
+    searcher_replies = [f"{company['title']} founder", f"It was founded by {founder['title']}."]
+    agents = {
+        "agent": ScriptedAgent("agent", tok, agent_replies),
+        "searcher": ScriptedAgent("searcher", tok, searcher_replies),
+    }
+    ctx = _ctx(agents, retriever_url, scaffold=True, max_turns=2, searcher_max_turns=2)
+    seed = _seed(f"Who founded {company['title']}?", [founder["title"]])
+    main, searcher = asyncio.run(_run(ctx, seed))
+
+    sent = [tok.decode(p) for p in agents["agent"].prompts + agents["searcher"].prompts]
+    assert [p[p.rfind("\n") + 1 :] for p in sent] == [
+        "<search>",
+        "<answer>",
+        "<query>",
+        "<summary>",
+    ]
+    assert main.metadata["final_answer"] == founder["title"] and main.metadata["correct"] is True
+    assert searcher.metadata["queries"] == [f"{company['title']} founder"]
+    assert searcher.metadata["summary"] == searcher_replies[1]
+    assert company["id"] in searcher.metadata["retrieved"]  # real retrieval, for the evidence
+    assert main.metadata["retrieved"] == searcher.metadata["retrieved"]
+    assert main.metadata["metrics"]["format_errors"] == 0.0
+    for sample, replies in ((main, agent_replies), (searcher, searcher_replies)):
+        own, whole = _split(sample, tok)
+        assert own == "".join(replies)  # the given tags are context only
+        assert "<answer>" in whole or "<summary>" in whole
+
+
 def test_dead_retriever_is_counted_not_crashed(smollm2_tokenizer):
     tok = smollm2_tokenizer
     agents = {

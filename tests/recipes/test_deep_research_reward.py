@@ -133,6 +133,21 @@ def test_searcher_modes():
     assert out[1:] == [None, None] and out[0] == pytest.approx(1 / 3 + 0.1)
 
 
+def test_evidence_term_is_the_share_of_supporting_documents_retrieved():
+    ep = _episode(None, agent_format_ok=False, summaries=("x", "y"))
+    for s, retrieved in zip(
+        ep, (["t001", "p002", "c003"], ["t001"], ["c003", "p009"]), strict=True
+    ):
+        s.metadata.update(support=["t001", "p002"], retrieved=retrieved)
+    # agent: both supporting documents among all its searches' -> 0.5 x 2/2; searcher 0:
+    # t001 of 2 -> 0.5 x 1/2; searcher 1: none -> 0 (plus an answer score of 0 each)
+    assert _reward(ep, evidence_weight=0.5) == pytest.approx([0.5, 0.25, 0.0])
+    assert _reward(ep) == [0.0, 0.0, 0.0]  # off by default
+    for s in ep:
+        s.metadata.pop("support")  # a row without support ids: the term is 0
+    assert _reward(ep, evidence_weight=0.5) == [0.0, 0.0, 0.0]
+
+
 def test_reward_takes_the_recipe_args_dict_too():
     # no config class: ctx.config is the recipe_args dict; defaults em 1, f1 0, format 0.1
     out = reward(RolloutContext(config={"f1_weight": 0.0}), _episode("blue cheese"))
