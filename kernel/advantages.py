@@ -32,6 +32,14 @@ Estimators (``AdvantageConfig.estimator``):
   episodes (``advantage_mode`` in CoMLRL 1.4.3's ``MAGRPOTrainer._compute_advantages``):
   ``mareinforce`` (MAREINFORCE: the team reward itself, no baseline), ``marloo`` (MARLOO:
   ``team - mean of the other episodes``) and ``maremax`` (MAReMax: ``team - max`` of the group).
+- ``gigpo``: GiGPO (Feng et al. 2025, Dr.MAS), for episodes whose agent turns are separate
+  samples (``turn`` = the step). Episode level: GRPO over the episodes' returns (the sum of
+  each episode's step rewards, one per (group_id, index, agent)), given to every step of the
+  episode. Step level: the discounted return from each step on, ``G_t = sum_k gamma^k r_(t+k)``,
+  normalized like GRPO among the steps of the group's episodes that share an anchor state
+  (``metadata["anchor"]``, any hashable the recipe sets, e.g. the observation text; a step
+  without one, or alone with its anchor, gets 0 there). ``A = A_episode + step_weight *
+  A_step``; ``std_normalize`` applies to both levels.
 
 Groups (``AdvantageConfig.group_by``): the samples sharing ``group_id`` (``"prompt"``),
 plus ``agent`` (``"prompt_agent"``, the default: Dr.MAS, no role is normalised against another
@@ -70,6 +78,7 @@ Estimator = Literal[
     "mareinforce",
     "marloo",
     "maremax",
+    "gigpo",
 ]
 GroupBy = Literal["prompt", "prompt_agent", "prompt_agent_turn"]
 TeamReward = Literal["sum", "mean"]
@@ -91,6 +100,10 @@ class AdvantageConfig:
     """grpo only: divide by the group std (dr_grpo and magrpo never do)"""
     eps: float = 1e-6
     """added to every std before dividing"""
+    gamma: float = 1.0
+    """gigpo: discount of the step-level returns"""
+    step_weight: float = 1.0
+    """gigpo: weight of the step-level advantage (GiGPO's omega)"""
     team_reward: TeamReward = "mean"
     """magrpo, mareinforce, marloo, maremax: team reward of an episode = mean (default) or sum
     of the rewards of its agents that have one (None: does not apply, left out)"""
@@ -105,6 +118,15 @@ class AdvantageConfig:
                 raise ValueError(f"AdvantageConfig.{name} must be one of {allowed}, got {value!r}")
         if not (isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps > 0):
             raise ValueError(f"AdvantageConfig.eps must be a finite number > 0, got {self.eps!r}")
+        if self.estimator == "gigpo" and self.group_by == "prompt_agent_turn":
+            raise ValueError(
+                "AdvantageConfig.group_by: gigpo compares whole episodes (their turns are its "
+                "steps), so group_by must be prompt or prompt_agent, not prompt_agent_turn"
+            )
+        if not 0 <= self.gamma <= 1:
+            raise ValueError(f"AdvantageConfig.gamma must be in [0, 1], got {self.gamma!r}")
+        if not (math.isfinite(self.step_weight) and self.step_weight >= 0):
+            raise ValueError(f"AdvantageConfig.step_weight must be >= 0, got {self.step_weight!r}")
         return self
 
 
@@ -161,6 +183,18 @@ def max_baseline_advantages(rewards: Tensor, index: Tensor) -> Tensor:
         0, index, rewards, "amax", include_self=False
     )  # (G,)
     return rewards - best[index]  # (N,)
+
+
+def discounted_returns(rewards: Tensor, episode: Tensor, step: Tensor, gamma: float) -> Tensor:
+    """``G_t = r_t + gamma * G_(t+1)`` within each episode, steps ordered by ``step``; (N,)."""
+    returns = rewards.clone()
+    order = sorted(range(len(rewards)), key=lambda i: (int(episode[i]), -int(step[i])))
+    later: dict[int, float] = {}  # episode -> the return of its next step
+    for i in order:
+        e = int(episode[i])
+        returns[i] = rewards[i] + gamma * later.get(e, 0.0)
+        later[e] = float(returns[i])
+    return returns
 
 
 def batch_whiten(values: Tensor, eps: float = 1e-6) -> Tensor:
@@ -268,6 +302,8 @@ def compute_advantages(samples: list[Sample], cfg: AdvantageConfig) -> dict[str,
         stats_index = torch.zeros_like(index)  # batch-wide: the batch is the one group
     elif cfg.estimator == "reinforce_pp_baseline":
         adv = reinforce_pp_baseline_advantages(rewards, index, cfg.eps)
+    elif cfg.estimator == "gigpo":
+        adv = _gigpo(valid, rewards, index, cfg)
     else:  # the team estimators (magrpo and the rest of CoMLRL's family)
         episode = _indices([(s.group_id, s.index) for s in valid])  # (N,)
         agent = _indices([s.agent for s in valid])  # (N,)
@@ -301,3 +337,23 @@ def compute_advantages(samples: list[Sample], cfg: AdvantageConfig) -> dict[str,
         }
     )
     return metrics
+
+
+def _gigpo(valid: list[Sample], rewards: Tensor, index: Tensor, cfg: AdvantageConfig) -> Tensor:
+    """GiGPO's two levels (see the module docstring); ``index`` groups the steps' episodes."""
+    episode = _indices([(s.group_id, s.index, s.agent) for s in valid])  # (N,)
+    returns = rewards.new_zeros(int(episode.max()) + 1).index_add(0, episode, rewards)  # (E,)
+    # one row per episode, in the group of its steps (every step of an episode shares one)
+    episode_group = index.new_empty(len(returns)).scatter_(0, episode, index)  # (E,)
+    episode_adv = grpo_advantages(returns, episode_group, cfg.std_normalize, cfg.eps)  # (E,)
+    step = torch.tensor([s.turn for s in valid])  # (N,)
+    step_returns = discounted_returns(rewards, episode, step, cfg.gamma)  # (N,)
+    # steps without an anchor each get a group of their own: no step-level signal
+    anchors = _indices(
+        [
+            (int(g), s.metadata["anchor"]) if s.metadata.get("anchor") is not None else (None, i)
+            for i, (g, s) in enumerate(zip(index.tolist(), valid, strict=True))
+        ]
+    )  # (N,)
+    step_adv = grpo_advantages(step_returns, anchors, cfg.std_normalize, cfg.eps)  # (N,)
+    return episode_adv[episode] + cfg.step_weight * step_adv

@@ -333,6 +333,46 @@ def test_mareinforce_has_no_baseline_so_a_constant_group_keeps_its_reward():
     assert run(zero, estimator="mareinforce")["adv/n_degenerate_groups"] == 1
 
 
+# --- GiGPO ---------------------------------------------------------------------------------------
+
+
+def gigpo_episodes(steps_per_episode, group=0) -> list[Sample]:
+    """One sample per step: steps_per_episode[e] = [(reward, anchor), ...] in turn order."""
+    out = []
+    for e, steps in enumerate(steps_per_episode):
+        for t, (r, anchor) in enumerate(steps):
+            s = sample(r, group=group, index=e, turn=t)
+            if anchor is not None:
+                s.metadata["anchor"] = anchor
+            out.append(s)
+    return out
+
+
+def test_gigpo_golden_mean_normalized():
+    s = gigpo_episodes(
+        [[(0, "s"), (1, "x")], [(0, "s"), (0, "y")], [(0, "s"), (1, "x")]]  # 3 episodes
+    )
+    run(s, estimator="gigpo", std_normalize=False, gamma=0.5, step_weight=1.0)
+    # episode returns 1, 0, 1 -> mean 2/3 -> A_E = 1/3, -2/3, 1/3 (every step of the episode)
+    # step returns (gamma 0.5): ep0 0 + 0.5 * 1 = 0.5, 1; ep1 0, 0; ep2 0.5, 1
+    # anchor s: 0.5, 0, 0.5 -> mean 1/3 -> +1/6, -1/3, +1/6; anchor x: 1, 1 -> 0; y alone -> 0
+    assert advs(s) == pytest.approx([1 / 3 + 1 / 6, 1 / 3, -2 / 3 - 1 / 3, -2 / 3, 0.5, 1 / 3])
+
+
+def test_gigpo_with_std_step_weight_and_a_step_without_anchor():
+    s = gigpo_episodes([[(0, "s"), (1, None)], [(0, "s"), (0, None)]])
+    run(s, estimator="gigpo", gamma=1.0, step_weight=0.5)
+    # returns 1, 0 -> GRPO: +-0.5 / (std sqrt(0.5) + eps)
+    a = 0.5 / (math.sqrt(0.5) + EPS)
+    # anchor s: step returns 1, 0 -> the same +-a, weighted 0.5; no anchor: 0 at step level
+    assert advs(s) == pytest.approx([a + 0.5 * a, a, -a - 0.5 * a, -a])
+
+
+def test_gigpo_needs_whole_episodes_in_a_group():
+    with pytest.raises(ValueError, match="gigpo compares whole episodes"):
+        AdvantageConfig(estimator="gigpo", group_by="prompt_agent_turn").validate()
+
+
 # --- degenerate groups, None rewards, untrainable samples --------------------------------------
 
 
@@ -401,12 +441,20 @@ def test_estimators_listed():
         "mareinforce",
         "marloo",
         "maremax",
+        "gigpo",
     )
 
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("estimator", "ppo"), ("group_by", "agent"), ("team_reward", "max"), ("eps", 0.0)],
+    [
+        ("estimator", "ppo"),
+        ("group_by", "agent"),
+        ("team_reward", "max"),
+        ("eps", 0.0),
+        ("gamma", 1.5),
+        ("step_weight", -1.0),
+    ],
 )
 def test_config_validate_names_the_field(field, value):
     with pytest.raises(ValueError, match=f"AdvantageConfig.{field}"):
