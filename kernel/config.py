@@ -73,7 +73,10 @@ class EvalConfig:
     every: int = 0
     """Evaluate every N steps (and after the last); 0 disables evaluation."""
     n_samples: int = 4
-    """k: episodes per prompt for avg@k and pass@k."""
+    """n: episodes per prompt; avg@n is their mean reward."""
+    pass_k: list[int] = field(default_factory=list)
+    """k of each pass@k reported, each at most n_samples (unbiased, the Codex estimator over the
+    n episodes); empty: pass@n only."""
     max_prompts: int | None = 32
     """Evaluate on at most this many prompts."""
     pass_threshold: float = 1.0
@@ -87,6 +90,11 @@ class EvalConfig:
     def validate(self) -> EvalConfig:
         if self.every < 0 or self.n_samples < 1:
             raise ValueError("eval.every must be >= 0 and eval.n_samples >= 1")
+        if any(not 1 <= k <= self.n_samples for k in self.pass_k):
+            raise ValueError(
+                f"eval.pass_k must hold values in 1..eval.n_samples ({self.n_samples}), "
+                f"got {self.pass_k}"
+            )
         if self.temperature is not None and not 0 <= self.temperature < float("inf"):
             raise ValueError(f"eval.temperature must be >= 0, got {self.temperature}")
         if self.at_start and not self.path:

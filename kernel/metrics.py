@@ -61,6 +61,15 @@ def mean(values) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k of a prompt with ``c`` correct among ``n`` sampled episodes (Chen et
+    al. 2021, the Codex estimator): ``1 - C(n - c, k) / C(n, k)``, the chance that ``k`` of the
+    ``n`` drawn without replacement hold a correct one. Needs ``1 <= k <= n``."""
+    if not 0 <= c <= n or not 1 <= k <= n:
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n}, c={c}, k={k}")
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
 class MetricsLogger:
     """Appends one JSON row per step to metrics.jsonl, flushed and fsynced, so a crash loses at
     most the row it was writing.

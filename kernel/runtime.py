@@ -55,7 +55,7 @@ from kernel.hooks import (
     load_reward,
     package_file,
 )
-from kernel.metrics import MetricsLogger, fsync_path, mean
+from kernel.metrics import MetricsLogger, fsync_path, mean, pass_at_k
 from kernel.models import check_model, load_tokenizer, materialize_model
 from kernel.redact import redact
 from kernel.rollout import GroupResult, RolloutManager, RolloutStats
@@ -287,10 +287,12 @@ class Runtime:
         return [await m.sync.checked() for m in self.models]
 
     async def evaluate(self, updates: int) -> dict[str, float]:
-        """avg@k and pass@k per agent on the held-out prompts (no training on them), on the
-        rewards as the recipe scored them (before the kernel's weighting), at
-        ``eval.temperature``. Every (prompt, agent) result goes to
-        ``<output_dir>/eval/step_<updates>.jsonl`` (``row``: the prompt's row in eval.path,
+        """avg@n and pass@k (unbiased, for each of ``eval.pass_k``, default n) per agent on the
+        held-out prompts (no training on them), n = ``eval.n_samples``, on the rewards as the
+        recipe scored them (before the kernel's weighting), at ``eval.temperature``; a prompt
+        with fewer than k scored episodes (failures) counts with k = its count. Every (prompt,
+        agent) result goes to ``<output_dir>/eval/step_<updates>.jsonl`` (``row``: the
+        prompt's row in eval.path,
         ``rewards`` and ``passed`` per episode), so two evaluations can be compared item by
         item."""
         cfg, ctx = self.cfg, self.ctx
@@ -322,7 +324,7 @@ class Runtime:
                         bool(s.metadata.get("correct", s.raw_reward >= cfg.eval.pass_threshold))
                         for s in mine
                     ]
-                    per_prompt.append((mean(s.raw_reward for s in mine), any(passed)))
+                    per_prompt.append((mean(s.raw_reward for s in mine), passed))
                     items.append(
                         {
                             "row": r.group[0].metadata["row"],
@@ -333,7 +335,10 @@ class Runtime:
                     )
             if per_prompt:
                 row[f"eval/{agent}/avg@{k}"] = mean(a for a, _ in per_prompt)
-                row[f"eval/{agent}/pass@{k}"] = mean(float(p) for _, p in per_prompt)
+                for j in cfg.eval.pass_k or [k]:
+                    row[f"eval/{agent}/pass@{j}"] = mean(
+                        pass_at_k(len(p), sum(p), min(j, len(p))) for _, p in per_prompt
+                    )
         path = Path(cfg.output_dir) / "eval" / f"step_{updates}.jsonl"
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(json.dumps(item) + "\n" for item in items))

@@ -71,6 +71,7 @@ def test_eval_at_start_greedy_per_item_and_a_time_limit(tmp_path):
     # evaluated and checkpointed as the last one, and the starting weights were evaluated too
     flags = ["--eval.path=kernel/presets/toy_prompts.jsonl", "--eval.every=1000"]
     flags += ["--eval.at_start=true", "--eval.temperature=0", "--eval.n_samples=3"]
+    flags += ["--eval.pass_k=[1,3]"]
     cfg = toy_config(tmp_path, "--num_steps=1000", "--max_minutes=0.01", *flags)
     rows = train(cfg)
     assert 1 <= len(rows) < 1000
@@ -85,6 +86,11 @@ def test_eval_at_start_greedy_per_item_and_a_time_limit(tmp_path):
         [json.loads(line) for line in (tmp_path / "eval" / f"step_{k}.jsonl").open()]
         for k in (0, n)
     )
+    # pass@1 (unbiased) is the mean share of passing episodes per prompt, pass@3 whether any
+    share = [sum(i["passed"]) / len(i["passed"]) for i in before]
+    assert logged[0]["eval/default/pass@1"] == pytest.approx(sum(share) / len(share))
+    anyp = [float(any(i["passed"])) for i in before]
+    assert logged[0]["eval/default/pass@3"] == pytest.approx(sum(anyp) / len(anyp))
     n_prompts = len((ROOT / cfg.eval.path).read_text().splitlines())
     assert sorted(i["row"] for i in before) == sorted(i["row"] for i in after)
     assert len(before) == min(n_prompts, cfg.eval.max_prompts)

@@ -1,9 +1,12 @@
 """Metrics destinations: JSONL always (a resumed run keeps each step once), TensorBoard event
-files and an offline Weights & Biases run when enabled."""
+files and an offline Weights & Biases run when enabled; the unbiased pass@k estimator."""
 
+import itertools
 import json
 
-from kernel.metrics import LogConfig, MetricsLogger
+import pytest
+
+from kernel.metrics import LogConfig, MetricsLogger, pass_at_k
 
 
 def test_jsonl_resume_keeps_each_step_once(tmp_path):
@@ -32,3 +35,27 @@ def test_tensorboard_and_offline_wandb(tmp_path, monkeypatch):
     events.Reload()
     assert [e.value for e in events.Scalars("default/reward")] == [0.0, 0.5, 1.0]
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
+
+
+@pytest.mark.parametrize(
+    ("n", "c", "k", "expected"),
+    [
+        (5, 2, 2, 1 - 3 / 10),  # 1 - C(3,2)/C(5,2)
+        (5, 0, 3, 0.0),
+        (5, 5, 1, 1.0),
+        (4, 1, 1, 0.25),  # pass@1 is the share correct
+        (4, 1, 4, 1.0),  # k = n: whether any passed
+        (10, 3, 5, 1 - 21 / 252),  # 1 - C(7,5)/C(10,5)
+    ],
+)
+def test_pass_at_k_is_the_codex_estimator(n, c, k, expected):
+    assert pass_at_k(n, c, k) == pytest.approx(expected)
+    # the same as the chance over every k-subset of n episodes, c of them correct
+    subsets = list(itertools.combinations([True] * c + [False] * (n - c), k))
+    assert pass_at_k(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets))
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(3, 4, 1), (3, 1, 0), (3, 1, 4)])
+def test_pass_at_k_refuses_impossible_counts(n, c, k):
+    with pytest.raises(ValueError, match="pass@k needs"):
+        pass_at_k(n, c, k)
