@@ -69,6 +69,7 @@ LAYERS = {
         "plot",
         "models",
         "toy",
+        "sandbox",
         "",
     ),
     "data and rollout": ("buffer", "rollout"),
