@@ -52,7 +52,7 @@ CLONE_NEWUSER, CLONE_NEWNET = 0x10000000, 0x40000000
 # Resolved here, in the parent: the child between fork and exec must not load anything (another
 # thread may hold the loader's lock at the fork).
 _LIBC = ctypes.CDLL(None, use_errno=True)
-_UNSHARE, _PRCTL = _LIBC.unshare, _LIBC.prctl
+_UNSHARE, _PRCTL = getattr(_LIBC, "unshare", None), getattr(_LIBC, "prctl", None)  # Linux
 PR_SET_PDEATHSIG = 1
 STATUSES = ("passed", "failed", "syntax_error", "timeout", "memory", "output_limit", "crashed")
 
@@ -181,7 +181,8 @@ class RunResult:
 
 def _confine(cfg: SandboxConfig, nobody: bool) -> None:
     """In the child, before exec: limits, no network, user nobody, death with the parent."""
-    _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)  # die with the parent
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL)  # die with the parent
     limits = {
         resource.RLIMIT_CPU: cfg.cpu_s,
         resource.RLIMIT_AS: cfg.memory_mb * 2**20,
@@ -192,7 +193,8 @@ def _confine(cfg: SandboxConfig, nobody: bool) -> None:
     }
     root = os.geteuid() == 0
     # where the kernel refuses (see Sandbox.isolation), the audit hook still refuses sockets
-    _UNSHARE(CLONE_NEWNET if root else CLONE_NEWUSER | CLONE_NEWNET)
+    if _UNSHARE is not None:
+        _UNSHARE(CLONE_NEWNET if root else CLONE_NEWUSER | CLONE_NEWNET)
     if nobody:
         _as_nobody()
     for which, value in limits.items():
@@ -334,12 +336,13 @@ def _probe(python: str | None) -> tuple[str, dict[str, bool]]:
     system's python3; failing both, runs stay root."""
     root = os.geteuid() == 0
     flags = CLONE_NEWNET if root else CLONE_NEWUSER | CLONE_NEWNET
-    ours = os.readlink("/proc/self/ns/net")
+    ours = os.readlink("/proc/self/ns/net") if os.path.exists("/proc/self/ns/net") else None
     code = "import os; print(os.readlink('/proc/self/ns/net'))"
 
     def start(exe: str, nobody: bool) -> str | None:
         def confine() -> None:
-            _UNSHARE(flags)
+            if _UNSHARE is not None:
+                _UNSHARE(flags)
             if nobody:
                 _as_nobody()
 
