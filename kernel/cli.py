@@ -3,6 +3,7 @@
 Commands:
   info   versions, devices, recipes, advantage estimators and loss modes available here
   train  run a training job: a recipe (or the toy task) on engines, with a preset or flags
+  eval   evaluate models, or a run's checkpoint, on a held-out set: avg@n and pass@k
   config validate a training config (YAML file and flags) and print it resolved
   plot   learning curves of a run's metrics.jsonl to PNG
   launch place a training job on a Ray cluster and run it there (--dry-run: only print the plan)
@@ -29,7 +30,7 @@ from kernel.cluster.plan import ClusterConfig, make_plan
 from kernel.cluster.run import run_plan
 from kernel.config import TrainConfig, check_yaml_file, config_files, make_parser
 from kernel.hooks import recipes_root
-from kernel.loop import train
+from kernel.loop import evaluate, train
 from kernel.loss import AGG_MODES
 from kernel.plot import plot_metrics
 
@@ -145,6 +146,26 @@ def cmd_train(cfg) -> None:
     console.print(f"metrics: {metrics}   curves: {png}")
 
 
+def cmd_eval(cfg, checkpoint: str | None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    what = checkpoint or ", ".join(f"{s.name}: {s.model or cfg.model}" for s in cfg.agent_specs())
+    console.print(
+        f"[bold]Tandem[/] evaluating {cfg.recipe} ({what}) on {cfg.eval.path}: "
+        f"{cfg.eval.n_samples} episodes per prompt -> {cfg.output_dir}"
+    )
+    row = evaluate(cfg, checkpoint)
+    table = Table("agent", "metric", "value")
+    for key, value in row.items():
+        if key.startswith("eval/"):
+            _, agent, metric = key.split("/")
+            table.add_row(agent, metric, f"{value:.4f}")
+    console.print(table)
+    console.print(f"{Path(cfg.output_dir) / 'eval.json'}   per item: {cfg.output_dir}/eval/")
+
+
 def cmd_config(cfg) -> None:
     import yaml
 
@@ -216,6 +237,17 @@ def build_parser() -> ArgumentParser:
     )
     train.add_argument("--preset", type=str | None, default=None, help="Preset name (see above).")
     sub.add_subcommand("train", train, help="Run a training job (e.g. --preset toy).")
+    evaluation = _dataclass_parser(
+        TrainConfig,
+        "Evaluate models on eval.path without training: avg@n (eval.n_samples episodes per "
+        "prompt) and unbiased pass@k (eval.pass_k) per agent. --checkpoint serves a run's "
+        "checkpoints/step_N instead of the models. The same flags and presets as train.",
+    )
+    evaluation.add_argument("--preset", type=str | None, default=None, help="Preset name.")
+    evaluation.add_argument(
+        "--checkpoint", type=str | None, default=None, help="A run's checkpoints/step_N folder."
+    )
+    sub.add_subcommand("eval", evaluation, help="Evaluate models or a checkpoint (avg@n, pass@k).")
     sub.add_subcommand(
         "config",
         _dataclass_parser(
@@ -301,6 +333,8 @@ def main(argv: list[str] | None = None) -> None:
             cmd_info()
         elif ns.command == "train":
             cmd_train(_build(TrainConfig, args).validate())
+        elif ns.command == "eval":
+            cmd_eval(_build(TrainConfig, args).validate(), args["checkpoint"])
         elif ns.command == "config":
             cmd_config(_build(TrainConfig, args).validate())
         elif ns.command == "plot":

@@ -35,8 +35,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import dataclasses
+import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from kernel.advantages import compute_advantages
@@ -56,6 +59,34 @@ def train(
     Ray trainer ranks on planned nodes and GPUs, and says which models are colocated."""
     cfg.validate()
     return asyncio.run(_train(cfg, on_step, placement or {}))
+
+
+def evaluate(cfg: TrainConfig, checkpoint: str | None = None) -> dict[str, float]:
+    """Evaluate ``cfg``'s models on ``eval.path`` without training them: avg@n and pass@k per
+    agent (``Runtime.evaluate``), also written to ``<output_dir>/eval.json`` and, per item, to
+    ``<output_dir>/eval/step_0.jsonl``. ``checkpoint`` (a run's ``checkpoints/step_N``) serves
+    each model as that step saved it (``trainers/<owner>``) instead of ``cfg``'s models."""
+    if not cfg.eval.path:
+        raise ValueError("eval.path: kernel eval needs the data set to evaluate on")
+    agents = []
+    for spec in cfg.agent_specs():
+        if spec.share_model_with is None:  # an owner: its model is frozen, or the checkpoint's
+            saved = Path(checkpoint or "") / "trainers" / spec.name
+            if checkpoint and not (saved / "config.json").exists():
+                raise ValueError(f"checkpoint {checkpoint} has no model for agent {spec.name!r}")
+            spec = dataclasses.replace(
+                spec, trainable=False, model=str(saved) if checkpoint else spec.model
+            )
+        agents.append(spec)
+    cfg = dataclasses.replace(cfg, agents=agents).validate()
+
+    async def run() -> dict[str, float]:
+        async with Runtime.open(cfg, {}) as rt:
+            return await rt.evaluate(0)
+
+    row = asyncio.run(run())
+    (Path(cfg.output_dir) / "eval.json").write_text(json.dumps(row, indent=1))
+    return row
 
 
 async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[dict]:
