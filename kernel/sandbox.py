@@ -247,6 +247,9 @@ class Sandbox:
                 start_new_session=True,
                 preexec_fn=lambda: _confine(cfg, nobody),
             )
+        except BaseException:
+            os.close(read_fd)
+            raise
         finally:
             os.close(write_fd)
         limit = cfg.output_kb * 1024
