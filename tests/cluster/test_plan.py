@@ -99,18 +99,32 @@ def test_sglang_command_adds_the_models_own_flags_after_the_clusters(tmp_path):
     doctor, patient = make_plan(cfg, ONE).groups
     cluster_args = ["--dtype", "bfloat16"]
     ip, out = "10.0.0.1", tmp_path
-    cmd = _engine_command("sglang", cfg, doctor, doctor.engines[1], ip, out, cluster_args)
-    assert cmd[1:3] == ["-m", "sglang.launch_server"]
+    cmd, env = _engine_command("sglang", cfg, doctor, doctor.engines[1], ip, out, cluster_args)
+    assert cmd[1:3] == ["-m", "sglang.launch_server"] and env == {}
     assert cmd[3:] == [
         "--model-path", "/ckpt/doctor", "--host", "10.0.0.1", "--port", "30011", "--tp-size", "1",
         "--mem-fraction-static", str(doctor.mem_fraction_static),
         "--dtype", "bfloat16", "--context-length", "8192",
     ]  # fmt: skip
-    cmd = _engine_command("sglang", cfg, patient, patient.engines[0], ip, out, cluster_args)
+    cmd, _ = _engine_command("sglang", cfg, patient, patient.engines[0], ip, out, cluster_args)
     assert cmd[4] == "/ckpt/patient" and cmd[-2:] == cluster_args
     with pytest.raises(ValueError, match=r"engine\.sglang_args must be strings"):
         bad = json.dumps([{"name": "doctor", "engine": {"sglang_args": ["--tp", 2]}}, "patient"])
         recipe_config("takes_two", "--agents", bad).validate()
+
+
+def test_an_engine_api_key_reaches_sglang_by_flag_and_the_embedded_server_by_environment(
+    tmp_path,
+):
+    from kernel.cluster.run import _engine_command
+
+    spec = {"name": "doctor", "model": "/ckpt/doctor", "engine": {"api_key": "k-123"}}
+    cfg = recipe_config("takes_two", "--agents", json.dumps([spec, "patient"]))
+    (doctor,) = make_plan(cfg, ONE).groups
+    cmd, env = _engine_command("sglang", cfg, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
+    assert cmd[cmd.index("--api-key") + 1] == "k-123" and env == {}
+    cmd, env = _engine_command("embedded", cfg, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
+    assert "k-123" not in " ".join(cmd) and env == {"TANDEM_API_KEY": "k-123"}
 
 
 def test_takes_two_on_two_nodes():
