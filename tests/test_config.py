@@ -56,7 +56,7 @@ def _cli(*args):
 def test_cli_help_info_and_config_errors():
     help_out = _cli("--help")
     assert help_out.returncode == 0
-    for cmd in ("info", "train", "config", "plot"):
+    for cmd in ("info", "train", "eval", "config", "plot", "launch"):
         assert cmd in help_out.stdout
     info = _cli("info")
     assert info.returncode == 0
