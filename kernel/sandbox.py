@@ -191,12 +191,7 @@ def _confine(cfg: SandboxConfig, nobody: bool) -> None:
         resource.RLIMIT_NPROC: cfg.max_processes,
         resource.RLIMIT_CORE: 0,
     }
-    root = os.geteuid() == 0
-    # where the kernel refuses (see Sandbox.isolation), the audit hook still refuses sockets
-    if _UNSHARE is not None:
-        _UNSHARE(CLONE_NEWNET if root else CLONE_NEWUSER | CLONE_NEWNET)
-    if nobody:
-        _as_nobody()
+    _isolate(nobody)
     for which, value in limits.items():
         resource.setrlimit(which, (value, value))
 
@@ -332,26 +327,32 @@ def _as_nobody() -> None:
     os.setuid(NOBODY)
 
 
+def _isolate(nobody: bool) -> None:
+    """A network namespace of its own (with a user namespace when not root), then user nobody
+    if asked; where the kernel refuses the namespace (see ``Sandbox.isolation``), the audit
+    hook still refuses sockets."""
+    if _UNSHARE is not None:
+        _UNSHARE(CLONE_NEWNET if os.geteuid() == 0 else CLONE_NEWUSER | CLONE_NEWNET)
+    if nobody:
+        _as_nobody()
+
+
 def _probe(python: str | None) -> tuple[str, dict[str, bool]]:
     """(the interpreter, the confinement this machine allows: a network namespace, running as
     nobody), found by starting a child the way ``_confine`` does. As root, the interpreter must
     be one nobody can run (a virtualenv under /root is not): this one if it can, else the
     system's python3; failing both, runs stay root."""
     root = os.geteuid() == 0
-    flags = CLONE_NEWNET if root else CLONE_NEWUSER | CLONE_NEWNET
     ours = os.readlink("/proc/self/ns/net") if os.path.exists("/proc/self/ns/net") else None
     code = "import os; print(os.readlink('/proc/self/ns/net'))"
 
     def start(exe: str, nobody: bool) -> str | None:
-        def confine() -> None:
-            if _UNSHARE is not None:
-                _UNSHARE(flags)
-            if nobody:
-                _as_nobody()
-
         try:
             run = subprocess.run(
-                [exe, "-I", "-S", "-c", code], preexec_fn=confine, capture_output=True, text=True
+                [exe, "-I", "-S", "-c", code],
+                preexec_fn=lambda: _isolate(nobody),
+                capture_output=True,
+                text=True,
             )
         except OSError:  # nobody may not execute it
             return None
