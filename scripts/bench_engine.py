@@ -53,6 +53,9 @@ class BenchConfig:
     way Tandem sends a GRPO group). 1: C distinct prompts, one request each."""
     seed: int = 0
     """Seed of the prompts."""
+    onednn_linear: bool = True
+    """The server's Linear layers run through oneDNN (its default); false: MKL, as the raw
+    baseline does."""
 
     def validate(self) -> BenchConfig:
         if not self.concurrency or min(self.concurrency) < 1:
@@ -143,7 +146,12 @@ def main(argv: list[str] | None = None) -> None:
     gen = torch.Generator().manual_seed(cfg.seed)
 
     biggest = max(cfg.concurrency)
-    server_cfg = ServerConfig(model=model_path, port=free_port(), max_batch_size=biggest)
+    server_cfg = ServerConfig(
+        model=model_path,
+        port=free_port(),
+        max_batch_size=biggest,
+        onednn_linear=cfg.onednn_linear,
+    )
     server_cfg.num_threads = cfg.num_threads or torch.get_num_threads()
     server = launch_server(server_cfg, Path(tmp.name) / "server.log").wait_healthy(300)
     print(

@@ -31,6 +31,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import types
 from collections import deque
 from collections.abc import Callable, Iterable
 from concurrent.futures import Future
@@ -512,6 +513,41 @@ class Scheduler:
         for _, fut in commands:
             fut.set_exception(exc)
         self._fail_running(exc)
+
+
+def use_onednn_linears(model) -> int:
+    """Run the model's ``nn.Linear`` layers through oneDNN (``torch.ops.mkldnn._linear_pointwise``)
+    instead of the default MKL GEMM; returns how many were switched (0 where it cannot run).
+
+    On CPU at decode batch sizes this is 1.3-2x faster per matmul (``scripts/bench_engine.py``
+    measures the whole engine both ways): MKL's fp32 GEMM is slow with few rows and weights that
+    are not in cache. The math is the same up to float rounding, and the forward reads
+    ``self.weight`` at each call, so every weight-update path is seen at once. Off the CPU, or
+    where the op is missing or refuses the dtype, the model is left as it is.
+    """
+    param = next(model.parameters(), None)
+    if param is None or param.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return 0
+    try:  # a probe: private op, present in CPU builds with oneDNN (all official wheels)
+        x = torch.ones(2, 4, dtype=param.dtype)
+        _onednn_linear(x, torch.ones(3, 4, dtype=param.dtype), torch.ones(3, dtype=param.dtype))
+    except (AttributeError, RuntimeError, NotImplementedError):
+        return 0
+    linears = [m for m in model.modules() if type(m) is torch.nn.Linear]
+    for m in linears:
+        m.forward = types.MethodType(_onednn_forward, m)
+    return len(linears)
+
+
+def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _onednn_forward(self: torch.nn.Linear, x: Tensor) -> Tensor:
+    """``Linear.forward`` through oneDNN; with autograd on (the op has none) it is F.linear."""
+    if torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad):
+        return F.linear(x, self.weight, self.bias)
+    return _onednn_linear(x, self.weight, self.bias)
 
 
 def _check_cache_layers(model) -> None:

@@ -57,7 +57,7 @@ from kernel.engine.process_group import (
     init_custom_process_group,
 )
 from kernel.engine.scheduler import Request as EngineRequest
-from kernel.engine.scheduler import Scheduler, next_version
+from kernel.engine.scheduler import Scheduler, next_version, use_onednn_linears
 from kernel.engine.weights import apply_named_tensors, load_model, parse_dtype, receive_broadcast
 from kernel.models import load_tokenizer
 from kernel.redact import redact
@@ -102,6 +102,9 @@ class ServerConfig:
     num_threads: int | None = None
     """torch CPU threads (default: torch's choice); 1 avoids oversubscription when several
     servers share a few cores."""
+    onednn_linear: bool = True
+    """On CPU, run the Linear layers through oneDNN rather than MKL: 1.3-2x faster matmuls at
+    decode batch sizes, the same math up to float rounding (``use_onednn_linears``)."""
     max_n: int = 1024
     """Most samples one prompt may ask for (sampling_params.n)."""
     max_request_mb: float = 512.0
@@ -168,6 +171,8 @@ class ServerState:
         config = model.config
         self.context_length = settings.context_length or config.max_position_embeddings
         self.vocab_size = model.get_input_embeddings().num_embeddings
+        if settings.onednn_linear:
+            log.info("oneDNN serves %d Linear layers", use_onednn_linears(model))
         self.scheduler = Scheduler(
             model,
             tokenizer,

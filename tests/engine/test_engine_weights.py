@@ -285,3 +285,27 @@ def test_weight_version_endpoint_and_flush_cache_spare_running_requests(server_b
     res, version = _run(main())
     assert res.finish_reason == {"type": "length", "length": 400}
     assert version == "v-next" == res.weight_version  # reported at completion
+
+
+def test_onednn_linears_match_mkl_follow_updates_and_keep_autograd(tiny_model):
+    """The server's oneDNN Linear layers give the default forward's logits (float rounding
+    apart), read the weights at each call (an in-place update is seen at once), and fall back
+    to F.linear where autograd needs a graph."""
+    from kernel.engine import scheduler
+    from kernel.engine.scheduler import use_onednn_linears
+
+    ref = copy.deepcopy(tiny_model)
+    fast = copy.deepcopy(tiny_model)
+    linears = sum(type(m) is torch.nn.Linear for m in fast.modules())
+    assert use_onednn_linears(fast) == linears > 0
+    assert fast.lm_head.forward.__func__ is scheduler._onednn_forward
+    ids = torch.tensor([PROMPT, PROMPT[::-1]])
+    with torch.inference_mode():
+        assert torch.allclose(fast(ids).logits, ref(ids).logits, atol=1e-4)
+        with torch.no_grad():
+            for model in (ref, fast):
+                model.model.layers[0].mlp.down_proj.weight.mul_(3.0)
+        assert torch.allclose(fast(ids).logits, ref(ids).logits, atol=1e-4)
+    loss = fast(ids).logits.logsumexp(-1).mean()  # grad enabled: the F.linear path
+    loss.backward()
+    assert fast.model.layers[0].mlp.down_proj.weight.grad is not None
