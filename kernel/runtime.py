@@ -292,9 +292,9 @@ class Runtime:
         recipe scored them (before the kernel's weighting), at ``eval.temperature``; a prompt
         with fewer than k scored episodes (failures) counts with k = its count. Every (prompt,
         agent) result goes to ``<output_dir>/eval/step_<updates>.jsonl`` (``row``: the
-        prompt's row in eval.path,
-        ``rewards`` and ``passed`` per episode), so two evaluations can be compared item by
-        item."""
+        prompt's row in eval.path; ``rewards``, ``passed`` and ``texts`` per episode, a text
+        being the agent's response decoded, tool messages included), so two evaluations can
+        be compared item by item and read."""
         cfg, ctx = self.cfg, self.ctx
         t0 = time.perf_counter()
         data = replace(
@@ -316,6 +316,7 @@ class Runtime:
         items = []
         k = cfg.eval.n_samples
         for agent in sorted({s.agent for r in kept for s in r.samples}):
+            tokenizer = ctx.agents[agent].tokenizer
             per_prompt = []
             for r in kept:
                 mine = [s for s in r.samples if s.agent == agent and s.raw_reward is not None]
@@ -331,6 +332,7 @@ class Runtime:
                             "agent": agent,
                             "rewards": [s.raw_reward for s in mine],
                             "passed": passed,
+                            "texts": [tokenizer.decode(s.response_ids) for s in mine],
                         }
                     )
             if per_prompt:

@@ -46,7 +46,8 @@ def test_eval_of_a_checkpoint_beats_the_starting_model(tmp_path):
     assert trained.returncode == 0, trained.stderr[-2000:]
     (before, items), (after, _) = read_eval(tmp_path / "base"), read_eval(tmp_path / "trained")
     assert after["eval/default/avg@4"] > before["eval/default/avg@4"] + 0.3
-    assert len(items) == 16 and all(len(i["rewards"]) == 4 for i in items)
+    assert len(items) == 16 and all(len(i["rewards"]) == len(i["texts"]) == 4 for i in items)
+    assert all(isinstance(t, str) and t for i in items for t in i["texts"])
     share = sum(sum(i["passed"]) / 4 for i in items) / len(items)
     assert before["eval/default/pass@1"] == pytest.approx(share)
     assert before["eval/default/pass@1"] <= before["eval/default/pass@4"]
