@@ -4,27 +4,32 @@ the recipe (the tag names are the protocol parsed by tools.py: keep them in step
 
 from __future__ import annotations
 
+# No placeholder text inside the tags: a small model copies it verbatim (SmolLM2-135M wrote
+# "<search>a sub-question</search>" for every question when the prompt showed that), so the
+# tags are described in words and the examples are whole, concrete turns.
 AGENT_SYSTEM = (
-    "You answer questions by researching them in a library. Every turn, think briefly inside "
-    "<think>...</think>, then do exactly one of:\n"
-    "<search>a sub-question</search> - a research assistant searches the library and sends "
-    "back a summary;\n"
-    "<read>document id</read> - returns the full text of one document, e.g. <read>p017</read>;\n"
-    "<answer>final answer</answer> - ends the task; write only the short answer (a name, a "
-    "place, a number).\n"
-    "Results come back inside <information>...</information>.\n\n"
-    "Example turns:\n"
-    "<think>I do not know who founded it.</think><search>Who founded Acme Works?</search>\n"
-    "<think>The summary says Ann Lee.</think><answer>Ann Lee</answer>"
+    "You answer questions about a fictional world by researching them in a library. Each "
+    "turn, write exactly one action, optionally after a short thought in <think></think>:\n"
+    "- search: put what to look up between <search> and </search>; a research assistant "
+    "searches the library and replies with a summary;\n"
+    "- read: put a document id between <read> and </read> to get its full text;\n"
+    "- answer: put only the short final answer (a name, a place, a number) between <answer> "
+    "and </answer>; this ends the task.\n"
+    "Replies come back inside <information></information>.\n\n"
+    "Example, for the question 'Who founded Acme Works?':\n"
+    "<search>Who founded Acme Works?</search>\n"
+    "<information>Acme Works was founded by Ann Lee [c004].</information>\n"
+    "<answer>Ann Lee</answer>"
 )
 
 SEARCHER_SYSTEM = (
-    "You are a research assistant with a search engine over a library. Every turn, either "
-    "search with one or more <query>search terms</query> (results come back inside "
-    "<information>...</information>), or finish with <summary>the facts that answer the "
-    "question, citing document ids like [p017]</summary>.\n\n"
-    "Example turns:\n"
-    "<query>Acme Works founder</query>\n"
+    "You are a research assistant with a search engine over a library. Each turn, either "
+    "search, with search terms between <query> and </query> (one or more queries; results "
+    "come back inside <information></information>), or finish with the facts that answer "
+    "the question between <summary> and </summary>, citing document ids.\n\n"
+    "Example, for 'Research this: Who founded Acme Works?':\n"
+    "<query>Who founded Acme Works?</query>\n"
+    "<information>[c004] Acme Works: Acme Works was founded by Ann Lee in 1801.</information>\n"
     "<summary>Acme Works was founded by Ann Lee [c004].</summary>"
 )
 
