@@ -13,7 +13,9 @@ Anything else is an ordinary HF checkpoint directory or hub name, loaded as usua
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import inspect
 from pathlib import Path
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
@@ -83,6 +85,18 @@ def materialize_model(name_or_path: str, work_dir: str | Path) -> str:
     if not (out / "config.json").exists():
         build_tiny_model(out, family, tokenizer=tokenizer)
     return str(out)
+
+
+def cache_kwargs(model, cache) -> dict:
+    """The keyword that hands ``cache`` to ``model``'s forward: ``cache`` where the forward
+    takes it (newer transformers 5.x, which deprecates ``past_key_values`` and drops it in
+    5.40), else ``past_key_values``."""
+    return {_cache_keyword(type(model)): cache}
+
+
+@functools.cache
+def _cache_keyword(cls) -> str:
+    return "cache" if "cache" in inspect.signature(cls.forward).parameters else "past_key_values"
 
 
 def load_tokenizer(name_or_path: str = SMOLLM2):

@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from kernel.engine.protocol import SamplingParams
+from kernel.models import cache_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -361,7 +362,7 @@ class Scheduler:
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=cache,
+            **cache_kwargs(self.model, cache),
             use_cache=True,
             logits_to_keep=1,
         )
@@ -385,7 +386,7 @@ class Scheduler:
             input_ids=self._last[:, None],
             attention_mask=mask,
             position_ids=positions,
-            past_key_values=self._cache,
+            **cache_kwargs(self.model, self._cache),
             use_cache=True,
         )
         self._mask = mask

@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from kernel.loss import LossConfig
-from kernel.models import load_causal_lm, load_tokenizer
+from kernel.models import cache_kwargs, load_causal_lm, load_tokenizer
 from kernel.sample import Sample
 from kernel.sync.push import LocalBroadcaster
 from kernel.train import update
@@ -211,7 +211,7 @@ class TorchTrainer:
                 input_ids=p.input_ids.to(dev),
                 attention_mask=p.attention_mask.to(dev),
                 position_ids=p.position_ids.to(dev),
-                past_key_values=cache,
+                **cache_kwargs(model, cache),
                 use_cache=True,
                 logits_to_keep=1,
             )
@@ -223,7 +223,7 @@ class TorchTrainer:
                 input_ids=mb.input_ids.to(dev),
                 attention_mask=mb.attention_mask.to(dev),
                 position_ids=mb.position_ids.to(dev),
-                past_key_values=cache,
+                **cache_kwargs(model, cache),
                 use_cache=True,
                 logits_to_keep=mb.keep.to(dev),
             )
