@@ -4,6 +4,8 @@ Commands:
   info   versions, devices, recipes, advantage estimators and loss modes available here
   train  run a training job: a recipe (or the toy task) on engines, with a preset or flags
   eval   evaluate models, or a run's checkpoint, on a held-out set: avg@n and pass@k
+  collect roll a recipe out with fixed models (or a checkpoint) and write the trajectories as
+         JSONL: all, rejection-sampled (min reward), best-of-n, or preference pairs
   config validate a training config (YAML file and flags) and print it resolved
   plot   learning curves of a run's metrics.jsonl to PNG
   launch place a training job on a Ray cluster and run it there (--dry-run: only print the plan)
@@ -28,6 +30,7 @@ from jsonargparse import ArgumentParser
 from kernel.advantages import ESTIMATORS
 from kernel.cluster.plan import ClusterConfig, make_plan
 from kernel.cluster.run import run_plan
+from kernel.collect import CollectConfig, collect
 from kernel.config import TrainConfig, check_yaml_file, config_files, make_parser
 from kernel.hooks import recipes_root
 from kernel.loop import evaluate, train
@@ -166,6 +169,22 @@ def cmd_eval(cfg, checkpoint: str | None) -> None:
     console.print(f"{Path(cfg.output_dir) / 'eval.json'}   per item: {cfg.output_dir}/eval/")
 
 
+def cmd_collect(cfg, ccfg: CollectConfig, checkpoint: str | None) -> None:
+    from rich.console import Console
+
+    console = Console()
+    what = checkpoint or ", ".join(f"{s.name}: {s.model or cfg.model}" for s in cfg.agent_specs())
+    console.print(
+        f"[bold]Tandem[/] collecting {cfg.recipe} ({what}) on {ccfg.path or cfg.data.path}, "
+        f"keep={ccfg.keep} -> {cfg.output_dir}"
+    )
+    summary = collect(cfg, ccfg, checkpoint)
+    console.print(
+        f"{summary['rows']} rows done ({summary['samples']} samples rolled out this time), "
+        f"{summary['kept']} lines kept this time: {summary['file']}"
+    )
+
+
 def cmd_config(cfg) -> None:
     import yaml
 
@@ -248,6 +267,22 @@ def build_parser() -> ArgumentParser:
         "--checkpoint", type=str | None, default=None, help="A run's checkpoints/step_N folder."
     )
     sub.add_subcommand("eval", evaluation, help="Evaluate models or a checkpoint (avg@n, pass@k).")
+    gather = _dataclass_parser(
+        TrainConfig,
+        "Roll a recipe's workflow out with fixed models over a data set (collect.path, default "
+        "data.path) and write every kept sample to <output_dir>/trajectories.jsonl (exact ids, "
+        "loss masks, rewards, agent, turn, weight versions, decoded text), or preference pairs "
+        "to pairs.jsonl. Filters: collect.min_reward (rejection sampling), collect.keep=best "
+        "(best-of-n per row, agent and turn), collect.keep=pairs (best vs worst), "
+        "collect.agents. Run the same command again to resume: finished rows are skipped. "
+        "--checkpoint serves a run's checkpoints/step_N. The same flags and presets as train.",
+    )
+    gather.add_argument("--preset", type=str | None, default=None, help="Preset name.")
+    gather.add_argument(
+        "--checkpoint", type=str | None, default=None, help="A run's checkpoints/step_N folder."
+    )
+    gather.add_class_arguments(CollectConfig, "collect")
+    sub.add_subcommand("collect", gather, help="Write a recipe's rollouts as JSONL (SFT, DPO).")
     sub.add_subcommand(
         "config",
         _dataclass_parser(
@@ -335,6 +370,9 @@ def main(argv: list[str] | None = None) -> None:
             cmd_train(_build(TrainConfig, args).validate())
         elif ns.command == "eval":
             cmd_eval(_build(TrainConfig, args).validate(), args["checkpoint"])
+        elif ns.command == "collect":
+            ccfg = CollectConfig(**vars(args["collect"]))
+            cmd_collect(_build(TrainConfig, args).validate(), ccfg.validate(), args["checkpoint"])
         elif ns.command == "config":
             cmd_config(_build(TrainConfig, args).validate())
         elif ns.command == "plot":

@@ -61,13 +61,9 @@ def train(
     return asyncio.run(_train(cfg, on_step, placement or {}))
 
 
-def evaluate(cfg: TrainConfig, checkpoint: str | None = None) -> dict[str, float]:
-    """Evaluate ``cfg``'s models on ``eval.path`` without training them: avg@n and pass@k per
-    agent (``Runtime.evaluate``), also written to ``<output_dir>/eval.json`` and, per item, to
-    ``<output_dir>/eval/step_0.jsonl``. ``checkpoint`` (a run's ``checkpoints/step_N``) serves
-    each model as that step saved it (``trainers/<owner>``) instead of ``cfg``'s models."""
-    if not cfg.eval.path:
-        raise ValueError("eval.path: kernel eval needs the data set to evaluate on")
+def frozen(cfg: TrainConfig, checkpoint: str | None = None) -> TrainConfig:
+    """``cfg`` with every model frozen (no trainer is built); ``checkpoint`` (a run's
+    ``checkpoints/step_N``) serves each model as that step saved it (``trainers/<owner>``)."""
     agents = []
     for spec in cfg.agent_specs():
         if spec.share_model_with is None:  # an owner: its model is frozen, or the checkpoint's
@@ -78,7 +74,16 @@ def evaluate(cfg: TrainConfig, checkpoint: str | None = None) -> dict[str, float
                 spec, trainable=False, model=str(saved) if checkpoint else spec.model
             )
         agents.append(spec)
-    cfg = dataclasses.replace(cfg, agents=agents).validate()
+    return dataclasses.replace(cfg, agents=agents).validate()
+
+
+def evaluate(cfg: TrainConfig, checkpoint: str | None = None) -> dict[str, float]:
+    """Evaluate ``cfg``'s models on ``eval.path`` without training them: avg@n and pass@k per
+    agent (``Runtime.evaluate``), also written to ``<output_dir>/eval.json`` and, per item, to
+    ``<output_dir>/eval/step_0.jsonl``. ``checkpoint``: as in ``frozen``."""
+    if not cfg.eval.path:
+        raise ValueError("eval.path: kernel eval needs the data set to evaluate on")
+    cfg = frozen(cfg, checkpoint)
 
     async def run() -> dict[str, float]:
         async with Runtime.open(cfg, {}) as rt:
