@@ -6,6 +6,8 @@ Commands:
   eval   evaluate models, or a run's checkpoint, on a held-out set: avg@n and pass@k
   collect roll a recipe out with fixed models (or a checkpoint) and write the trajectories as
          JSONL: all, rejection-sampled (min reward), best-of-n, or preference pairs
+  sft    supervised fine-tuning of one agent's model on chat messages, prompt/response pairs
+         or collect's trajectories (the RL trainer, either backend); held-out NLL
   config validate a training config (YAML file and flags) and print it resolved
   plot   learning curves of a run's metrics.jsonl to PNG
   launch place a training job on a Ray cluster and run it there (--dry-run: only print the plan)
@@ -36,6 +38,7 @@ from kernel.hooks import recipes_root
 from kernel.loop import evaluate, train
 from kernel.loss import AGG_MODES
 from kernel.plot import plot_metrics
+from kernel.sft import SFTConfig, sft
 
 OPTIONAL = {
     "megatron-core": "production trainer",
@@ -185,6 +188,20 @@ def cmd_collect(cfg, ccfg: CollectConfig, checkpoint: str | None) -> None:
     )
 
 
+def cmd_sft(cfg, scfg: SFTConfig) -> None:
+    from rich.console import Console
+
+    console = Console()
+    agent = scfg.agent or cfg.agent_specs()[0].name
+    console.print(
+        f"[bold]Tandem[/] SFT of agent {agent} on {scfg.path}: {scfg.epochs} epoch(s), "
+        f"{scfg.batch_size} examples per update -> {cfg.output_dir}"
+    )
+    row = sft(cfg, scfg)
+    figures = ", ".join(f"{k} {v:.4f}" for k, v in row.items() if k.endswith("nll"))
+    console.print(f"{figures}; model: {Path(cfg.output_dir) / 'model'}")
+
+
 def cmd_config(cfg) -> None:
     import yaml
 
@@ -283,6 +300,19 @@ def build_parser() -> ArgumentParser:
     )
     gather.add_class_arguments(CollectConfig, "collect")
     sub.add_subcommand("collect", gather, help="Write a recipe's rollouts as JSONL (SFT, DPO).")
+    tune = _dataclass_parser(
+        TrainConfig,
+        "Supervised fine-tuning of one agent's model (sft.agent, default the first) on "
+        "sft.path: rows of chat 'messages' (every assistant message trained on), 'prompt' and "
+        "'response', or kernel collect's trajectories (their exact ids and loss masks). The "
+        "agent's own trainer (backend, optimiser, micro-batching) minimises the mean NLL of the "
+        "trained tokens; held-out NLL on sft.eval_path before, every sft.eval_every updates and "
+        "after. Saves <output_dir>/model, an HF folder to start RL from (--model). The same "
+        "flags and presets as train (model, agents, optim, trainer).",
+    )
+    tune.add_argument("--preset", type=str | None, default=None, help="Preset name.")
+    tune.add_class_arguments(SFTConfig, "sft")
+    sub.add_subcommand("sft", tune, help="Supervised fine-tuning of an agent's model.")
     sub.add_subcommand(
         "config",
         _dataclass_parser(
@@ -373,6 +403,9 @@ def main(argv: list[str] | None = None) -> None:
         elif ns.command == "collect":
             ccfg = CollectConfig(**vars(args["collect"]))
             cmd_collect(_build(TrainConfig, args).validate(), ccfg.validate(), args["checkpoint"])
+        elif ns.command == "sft":
+            scfg = SFTConfig(**vars(args["sft"]))
+            cmd_sft(_build(TrainConfig, args).validate(), scfg.validate())
         elif ns.command == "config":
             cmd_config(_build(TrainConfig, args).validate())
         elif ns.command == "plot":

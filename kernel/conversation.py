@@ -209,6 +209,16 @@ class Conversation:
         self._turn_cache = None
         return True
 
+    def add_reply(self, content: str) -> bool:
+        """Add an assistant turn given as text (supervised data): its tokens and the template's
+        end-of-turn token get mask 1, as a sampled turn that stopped would (logprobs 0).
+        Returns False, as ``add_generation``, when it does not fit."""
+        if not isinstance(content, str):
+            raise ConversationError(f"reply content must be str, got {content!r}")
+        _, end = self._assistant_turn()
+        ids = self._tokens(content) + end[:1]
+        return self.add_generation(ids, [0.0] * len(ids)) and not self.truncated
+
     # ---- output --------------------------------------------------------------------------------
 
     def to_sample(self, **fields: Any) -> Sample:

@@ -1,0 +1,228 @@
+"""``python -m kernel sft``: supervised fine-tuning of one agent's model, the usual warm-up
+before RL.
+
+Data (``sft.path``, read like ``data.path``: JSONL, JSON, Parquet or a hub dataset), one
+example a row, in any of three shapes:
+
+- ``messages``: chat messages ``{role, content}``; every assistant message is trained on (its
+  tokens and the template's end-of-turn token, as a sampled turn that stopped), the rest is
+  context;
+- ``prompt`` (a string, the user's message, or chat messages) and ``response`` (the reply);
+- a ``kernel collect`` trajectory: ``prompt_ids``, ``response_ids`` and ``loss_mask``, trained
+  on exactly as collected -- the same tokens and masks RL trained on; rows of agents other
+  than ``sft.agent`` are skipped.
+
+Dialogues are built by the kernel's ``Conversation`` with the agent's own tokenizer and chat
+template, so SFT and RL see the same ids and masks.
+
+The loss is the mean negative log-likelihood of the trained tokens. It is optimised by the
+agent's RL trainer itself (either backend, its optimiser and micro-batching): every sample gets
+advantage 1 and each batch one update whose old logprobs are that forward's own, detached, so
+the ratio is exactly 1 and the policy gradient, ``-mean(A * grad logprob)``, is exactly the
+gradient of the NLL (KL, entropy and clipping are off). Held-out NLL (``sft.eval_path``) is
+measured before training, every ``sft.eval_every`` steps and at the end; the trained model is
+saved as an HF folder, ``<output_dir>/model``, the starting point of an RL run (``--model
+<output_dir>/model``). Metrics go to ``<output_dir>/metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from rich.progress import Progress
+
+from kernel.buffer import DataConfig, DataError, load_rows
+from kernel.config import TrainConfig
+from kernel.conversation import Conversation
+from kernel.hooks import package_file
+from kernel.loss import LossConfig
+from kernel.models import check_model, load_tokenizer, materialize_model
+from kernel.runtime import with_template
+from kernel.sample import Sample, Status
+from kernel.train.trainer import build_trainer
+
+
+@dataclass
+class SFTConfig:
+    """What ``kernel sft`` trains on, and how long."""
+
+    path: str = ""
+    """Training examples: a .jsonl/.json/.parquet file or a hub dataset; rows of chat
+    ``messages``, ``prompt`` and ``response``, or kernel collect trajectories."""
+    eval_path: str = ""
+    """Held-out examples, same shapes; empty: no held-out NLL."""
+    agent: str = ""
+    """The agent whose model is trained (its model, backend, optimiser, trainer and chat
+    template); default: the config's first agent."""
+    epochs: int = 1
+    """Passes over the training examples."""
+    batch_size: int = 8
+    """Examples per optimizer update."""
+    max_len: int = 1024
+    """Longest example in tokens (prompt and response); longer ones are refused, by row."""
+    system: str | None = None
+    """System message put before ``prompt``/``response`` rows (not before ``messages``)."""
+    eval_every: int = 0
+    """Held-out NLL every N updates too (0: before and after only)."""
+
+    def validate(self) -> SFTConfig:
+        if not self.path:
+            raise ValueError("sft.path: kernel sft needs the training examples")
+        if self.epochs < 1 or self.batch_size < 1 or self.max_len < 2:
+            raise ValueError("sft.epochs and sft.batch_size must be >= 1, sft.max_len >= 2")
+        if self.eval_every < 0:
+            raise ValueError(f"sft.eval_every must be >= 0, got {self.eval_every}")
+        return self
+
+
+def example(row: dict[str, Any], tokenizer: Any, cfg: SFTConfig, where: str) -> Sample | None:
+    """One data row as a training sample (None: a collect row of another agent). ``where``
+    names the row in errors (``file: row N``)."""
+
+    def fail(why: str) -> DataError:
+        return DataError(f"{where}: {why}")
+
+    if "response_ids" in row:  # a kernel collect trajectory
+        if cfg.agent and row.get("agent", cfg.agent) != cfg.agent:
+            return None
+        for key in ("prompt_ids", "response_ids", "loss_mask"):
+            if not isinstance(row.get(key), list):
+                raise fail(f"field {key!r} must be a list of ints")
+        if len(row["loss_mask"]) != len(row["response_ids"]) or not any(row["loss_mask"]):
+            raise fail("field 'loss_mask' must match 'response_ids' and mark some token")
+        sample = Sample(
+            prompt_ids=row["prompt_ids"],
+            response_ids=row["response_ids"],
+            loss_mask=row["loss_mask"],
+        )
+    else:
+        conv = Conversation(tokenizer, cfg.max_len)
+        for role, content in _messages(row, cfg, fail):
+            reply = role == "assistant"
+            if not (conv.add_reply(content) if reply else conv.add_message(role, content)):
+                raise fail(f"longer than sft.max_len={cfg.max_len} tokens")
+        if not conv.ids or conv.truncated:
+            raise fail(f"longer than sft.max_len={cfg.max_len} tokens")
+        sample = conv.to_sample()
+        sample.rollout_logprobs = None  # nothing was sampled
+    if len(sample.prompt_ids) + sample.response_length > cfg.max_len:
+        raise fail(f"longer than sft.max_len={cfg.max_len} tokens")
+    return replace(sample, status=Status.COMPLETED, advantage=1.0, agent=cfg.agent or "default")
+
+
+def _messages(row: dict, cfg: SFTConfig, fail) -> list[tuple[str, str]]:
+    """(role, content) pairs of a ``messages`` row or a ``prompt``/``response`` row."""
+    if row.get("messages") is not None:
+        messages = row["messages"]
+    elif "response" in row:
+        prompt = row.get("prompt")
+        if isinstance(prompt, str):
+            messages = [{"role": "user", "content": prompt}]
+        elif isinstance(prompt, list):
+            messages = list(prompt)
+        else:
+            raise fail("field 'prompt' must be a string or a list of chat messages")
+        if cfg.system is not None and not (messages and messages[0].get("role") == "system"):
+            messages.insert(0, {"role": "system", "content": cfg.system})
+        messages.append({"role": "assistant", "content": row["response"]})
+    else:
+        raise fail("needs 'messages', or 'prompt' and 'response', or collect's 'response_ids'")
+    if not isinstance(messages, list):
+        raise fail("field 'messages' must be a list of {role, content}")
+    pairs = []
+    for i, m in enumerate(messages):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
+            raise fail(f"message {i} must be an object with a 'role'")
+        content = m.get("content")
+        if not isinstance(content, str) or (m["role"] == "assistant" and not content.strip()):
+            raise fail(f"message {i} ({m['role']}): 'content' must be a non-empty string")
+        pairs.append((m["role"], content))
+    if not any(role == "assistant" for role, _ in pairs):
+        raise fail("no assistant message to train on")
+    return pairs
+
+
+def load_examples(path: str, tokenizer: Any, cfg: SFTConfig) -> list[Sample]:
+    """Every row of ``path`` as a sample (errors name the file, row and field)."""
+    rows = load_rows(DataConfig(path=package_file(path)))
+    samples = [example(dict(r), tokenizer, cfg, f"{path}: row {i + 1}") for i, r in enumerate(rows)]
+    kept = [s for s in samples if s is not None]
+    if not kept:
+        raise DataError(f"{path}: no example for agent {cfg.agent!r}")
+    return kept
+
+
+def _batches(samples: list[Sample], size: int, rng: random.Random) -> Iterator[list[Sample]]:
+    order = list(range(len(samples)))
+    rng.shuffle(order)
+    for i in range(0, len(order), size):
+        yield [samples[j] for j in order[i : i + size]]
+
+
+def nll(trainer, samples: list[Sample], batch_size: int) -> float:
+    """Mean negative log-likelihood per trained token under the current weights."""
+    total, count = 0.0, 0
+    for i in range(0, len(samples), batch_size):
+        part = samples[i : i + batch_size]
+        for s, lps in zip(part, trainer.compute_logprobs(part), strict=True):
+            total -= sum(lp for lp, m in zip(lps, s.loss_mask, strict=True) if m)
+            count += sum(s.loss_mask)
+    return total / max(count, 1)
+
+
+def sft(cfg: TrainConfig, scfg: SFTConfig) -> dict[str, float]:
+    """Fine-tune ``scfg.agent``'s model on ``scfg.path``; returns the last metrics row."""
+    scfg.validate()
+    specs = {s.name: s for s in cfg.agent_specs()}
+    scfg = replace(scfg, agent=scfg.agent or next(iter(specs)))
+    if scfg.agent not in specs:
+        raise ValueError(f"sft.agent: {scfg.agent!r} is not one of the agents {sorted(specs)}")
+    spec = specs[scfg.agent]
+    owner = specs[spec.share_model_with] if spec.share_model_with else spec
+    settings = cfg.model_settings(owner)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = materialize_model(check_model(settings.model), out / "models")
+    tokenizer = with_template(load_tokenizer(spec.tokenizer or path), spec.chat_template)
+    train = load_examples(scfg.path, tokenizer, scfg)
+    held_out = load_examples(scfg.eval_path, tokenizer, scfg) if scfg.eval_path else []
+    steps = scfg.epochs * math.ceil(len(train) / scfg.batch_size)
+    one_update = replace(settings.trainer, num_minibatches=1, ppo_epochs=1)
+    trainer = build_trainer(path, settings.optim, LossConfig(), one_update, steps, 1.0, cfg.seed)
+    rng = random.Random(cfg.seed)
+    log = (out / "metrics.jsonl").open("w")
+
+    def record(row: dict) -> dict:
+        log.write(json.dumps(row) + "\n")
+        log.flush()
+        return row
+
+    row: dict[str, float] = {}
+    if held_out:
+        row = record({"step": 0, "eval/nll": nll(trainer, held_out, scfg.batch_size)})
+    step, t0 = 0, time.perf_counter()
+    with Progress() as progress:
+        task = progress.add_task("sft (updates)", total=steps)
+        for _ in range(scfg.epochs):
+            for batch in _batches(train, scfg.batch_size, rng):
+                metrics = trainer.train_step(batch)
+                step += 1
+                row = {"step": step, "train/nll": -metrics["logprob_mean"]}
+                row |= {"train/grad_norm": metrics.get("grad_norm", float("nan"))}
+                row["train/tokens"] = metrics.get("loss_tokens", 0.0)
+                due = step == steps or (scfg.eval_every and step % scfg.eval_every == 0)
+                if held_out and due:
+                    row["eval/nll"] = nll(trainer, held_out, scfg.batch_size)
+                record(row | {"time/elapsed_s": time.perf_counter() - t0})
+                progress.advance(task)
+    trainer.save_hf(out / "model")
+    trainer.close()
+    log.close()
+    return row
