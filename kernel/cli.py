@@ -8,6 +8,8 @@ Commands:
          JSONL: all, rejection-sampled (min reward), best-of-n, or preference pairs
   sft    supervised fine-tuning of one agent's model on chat messages, prompt/response pairs
          or collect's trajectories (the RL trainer, either backend); held-out NLL
+  dpo    preference optimisation (DPO or IPO) of one agent's model on preference pairs
+         (collect's pairs.jsonl, or prompt/chosen/rejected rows), frozen reference
   config validate a training config (YAML file and flags) and print it resolved
   plot   learning curves of a run's metrics.jsonl to PNG
   launch place a training job on a Ray cluster and run it there (--dry-run: only print the plan)
@@ -34,6 +36,7 @@ from kernel.cluster.plan import ClusterConfig, make_plan
 from kernel.cluster.run import run_plan
 from kernel.collect import CollectConfig, collect
 from kernel.config import TrainConfig, check_yaml_file, config_files, make_parser
+from kernel.dpo import DPOConfig, dpo
 from kernel.hooks import recipes_root
 from kernel.loop import evaluate, train
 from kernel.loss import AGG_MODES
@@ -202,6 +205,21 @@ def cmd_sft(cfg, scfg: SFTConfig) -> None:
     console.print(f"{figures}; model: {Path(cfg.output_dir) / 'model'}")
 
 
+def cmd_dpo(cfg, dcfg: DPOConfig) -> None:
+    from rich.console import Console
+
+    console = Console()
+    agent = dcfg.agent or cfg.agent_specs()[0].name
+    console.print(
+        f"[bold]Tandem[/] {dcfg.loss.upper()} of agent {agent} on {dcfg.path}: beta "
+        f"{dcfg.beta}, {dcfg.epochs} epoch(s), {dcfg.batch_size} pairs per update -> "
+        f"{cfg.output_dir}"
+    )
+    row = dpo(cfg, dcfg)
+    figures = ", ".join(f"{k} {v:.4f}" for k, v in row.items() if "/" in k and "time" not in k)
+    console.print(f"{figures}; model: {Path(cfg.output_dir) / 'model'}")
+
+
 def cmd_config(cfg) -> None:
     import yaml
 
@@ -313,6 +331,20 @@ def build_parser() -> ArgumentParser:
     tune.add_argument("--preset", type=str | None, default=None, help="Preset name.")
     tune.add_class_arguments(SFTConfig, "sft")
     sub.add_subcommand("sft", tune, help="Supervised fine-tuning of an agent's model.")
+    prefer = _dataclass_parser(
+        TrainConfig,
+        "Preference optimisation of one agent's model (dpo.agent, default the first) on pairs "
+        "in dpo.path: kernel collect's pairs.jsonl (exact ids and loss masks) or rows of "
+        "'prompt', 'chosen' and 'rejected' text. dpo.loss=dpo: -log sigmoid(beta * margin); "
+        "ipo: (margin - 1/(2 beta))^2, margin = the chosen reply's summed logprob gain over "
+        "the reference (the starting weights, frozen) minus the rejected one's. The agent's "
+        "own trainer runs it (either backend). Loss, accuracy and margin per update, and on "
+        "dpo.eval_path before and after; saves <output_dir>/model. The same flags and presets "
+        "as train.",
+    )
+    prefer.add_argument("--preset", type=str | None, default=None, help="Preset name.")
+    prefer.add_class_arguments(DPOConfig, "dpo")
+    sub.add_subcommand("dpo", prefer, help="DPO or IPO on preference pairs.")
     sub.add_subcommand(
         "config",
         _dataclass_parser(
@@ -406,6 +438,9 @@ def main(argv: list[str] | None = None) -> None:
         elif ns.command == "sft":
             scfg = SFTConfig(**vars(args["sft"]))
             cmd_sft(_build(TrainConfig, args).validate(), scfg.validate())
+        elif ns.command == "dpo":
+            dcfg = DPOConfig(**vars(args["dpo"]))
+            cmd_dpo(_build(TrainConfig, args).validate(), dcfg.validate())
         elif ns.command == "config":
             cmd_config(_build(TrainConfig, args).validate())
         elif ns.command == "plot":

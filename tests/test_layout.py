@@ -76,7 +76,7 @@ LAYERS = {
     "engine": ("engine",),
     "sync": ("sync",),
     "train": ("train",),
-    "runtime": ("agents", "config", "runtime", "loop", "collect", "sft"),
+    "runtime": ("agents", "config", "runtime", "loop", "collect", "sft", "dpo"),
     "cli and cluster": ("cli", "__main__", "cluster"),
 }
 

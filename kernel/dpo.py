@@ -1,0 +1,214 @@
+"""``python -m kernel dpo``: preference optimisation of one agent's model, DPO or IPO.
+
+Data (``dpo.path``, read like ``data.path``), one preference pair a row, either:
+
+- ``kernel collect --collect.keep pairs`` output: ``chosen`` and ``rejected`` trajectories,
+  trained on with their exact ids and loss masks;
+- ``prompt`` (a string or chat messages) with ``chosen`` and ``rejected`` replies as text.
+
+With s(y) the sum of the policy's logprobs of a reply's trained tokens, s_ref(y) the same under
+the reference (the starting weights, frozen: computed once before the first update, so no
+second model is held), and the implicit reward margin
+``m = (s(chosen) - s_ref(chosen)) - (s(rejected) - s_ref(rejected))``, the loss of a pair is
+
+    dpo: -log sigmoid(beta * m)                      (Rafailov et al. 2023)
+    ipo: (m - 1 / (2 * beta)) ** 2                   (Azar et al. 2023)
+
+averaged over the pairs of a batch. It is optimised by the agent's RL trainer itself (either
+backend): the loss depends on each reply only through s(y), so its gradient is
+``sum_y dL/ds(y) * grad s(y)``; a no-grad forward gives the margins, every reply gets the
+advantage ``-2 * dL/ds(y)`` and one update of the policy loss with ratio 1 and ``agg =
+seq_mean_token_sum`` (the mean over the 2P replies of each one's token sum) has exactly that
+gradient. Metrics per update: loss, accuracy (share of pairs with m > 0) and mean margin; on
+``dpo.eval_path`` the same, before and after. The model is saved to ``<output_dir>/model``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from rich.progress import Progress
+
+from kernel.buffer import DataConfig, DataError, load_rows
+from kernel.config import TrainConfig
+from kernel.hooks import package_file
+from kernel.loss import LossConfig
+from kernel.models import check_model, load_tokenizer, materialize_model
+from kernel.runtime import with_template
+from kernel.sample import Sample
+from kernel.sft import SFTConfig, example
+from kernel.train.trainer import build_trainer
+
+LOSSES = ("dpo", "ipo")
+
+
+@dataclass
+class DPOConfig:
+    """What ``kernel dpo`` trains on, with which loss, and how long."""
+
+    path: str = ""
+    """Preference pairs: collect's pairs.jsonl, or rows of prompt, chosen and rejected."""
+    eval_path: str = ""
+    """Held-out pairs, same shapes; empty: none."""
+    agent: str = ""
+    """The agent whose model is trained; default: the config's first agent."""
+    loss: str = "dpo"
+    """dpo (sigmoid loss) or ipo (squared loss)."""
+    beta: float = 0.1
+    """Strength of the pull toward the reference (DPO's beta; IPO's tau)."""
+    epochs: int = 1
+    """Passes over the pairs."""
+    batch_size: int = 4
+    """Pairs per optimizer update."""
+    max_len: int = 1024
+    """Longest reply with its prompt, in tokens; longer ones are refused, by row."""
+    system: str | None = None
+    """System message put before text ``prompt`` rows."""
+
+    def validate(self) -> DPOConfig:
+        if not self.path:
+            raise ValueError("dpo.path: kernel dpo needs the preference pairs")
+        if self.loss not in LOSSES:
+            raise ValueError(f"dpo.loss must be one of {LOSSES}, got {self.loss!r}")
+        if not 0 < self.beta < math.inf:
+            raise ValueError(f"dpo.beta must be > 0, got {self.beta}")
+        if self.epochs < 1 or self.batch_size < 1 or self.max_len < 2:
+            raise ValueError("dpo.epochs and dpo.batch_size must be >= 1, dpo.max_len >= 2")
+        return self
+
+
+def preference_loss(margin: torch.Tensor, beta: float, loss: str) -> torch.Tensor:
+    """Per-pair loss of the implicit reward margins ``margin`` (P,)."""
+    if loss == "dpo":
+        return -F.logsigmoid(beta * margin)
+    return (margin - 1 / (2 * beta)) ** 2
+
+
+def pair_advantages(margin: torch.Tensor, beta: float, loss: str) -> torch.Tensor:
+    """(P,) margins -> (P,) advantage of each chosen reply (its rejected one gets the
+    negative): -2 dL/ds(chosen) with L the batch's mean loss times P (see module docstring)."""
+    m = margin.detach().double().requires_grad_()
+    (grad,) = torch.autograd.grad(preference_loss(m, beta, loss).sum(), m)
+    return (-2 * grad).float()
+
+
+def load_pairs(path: str, tokenizer: Any, cfg: DPOConfig) -> list[tuple[Sample, Sample]]:
+    """Every row of ``path`` as (chosen, rejected) samples; errors name file, row and field."""
+    rows = load_rows(DataConfig(path=package_file(path)))
+    scfg = SFTConfig(path=path, agent=cfg.agent, max_len=cfg.max_len, system=cfg.system)
+    pairs = []
+    for i, row in enumerate(rows):
+        where = f"{path}: row {i + 1}"
+        sides = []
+        for side in ("chosen", "rejected"):
+            value = row.get(side)
+            if isinstance(value, dict):  # a collect trajectory
+                sides.append(example(value, tokenizer, scfg, f"{where}, {side}"))
+            elif isinstance(value, str):
+                reply = {"prompt": row.get("prompt"), "response": value}
+                sides.append(example(reply, tokenizer, scfg, f"{where}, {side}"))
+            else:
+                raise DataError(f"{where}: field {side!r} must be a reply (text) or a trajectory")
+        chosen, rejected = sides
+        if chosen is None or rejected is None:
+            continue  # another agent's pair
+        if (chosen.prompt_ids, chosen.response_ids) == (rejected.prompt_ids, rejected.response_ids):
+            raise DataError(f"{where}: 'chosen' and 'rejected' are the same reply")
+        pairs.append((chosen, rejected))
+    if not pairs:
+        raise DataError(f"{path}: no preference pair for agent {cfg.agent!r}")
+    return pairs
+
+
+def sums(trainer, samples: list[Sample]) -> torch.Tensor:
+    """(N,) each sample's summed logprob of its trained tokens, current weights, no grad."""
+    out = trainer.compute_logprobs(samples)
+    total = [
+        sum(lp for lp, m in zip(lps, s.loss_mask, strict=True) if m)
+        for s, lps in zip(samples, out, strict=True)
+    ]
+    return torch.tensor(total, dtype=torch.float64)
+
+
+def dpo(cfg: TrainConfig, dcfg: DPOConfig) -> dict[str, float]:
+    """Train ``dcfg.agent``'s model on ``dcfg.path``'s pairs; returns the last metrics row."""
+    dcfg.validate()
+    specs = {s.name: s for s in cfg.agent_specs()}
+    dcfg = replace(dcfg, agent=dcfg.agent or next(iter(specs)))
+    if dcfg.agent not in specs:
+        raise ValueError(f"dpo.agent: {dcfg.agent!r} is not one of the agents {sorted(specs)}")
+    spec = specs[dcfg.agent]
+    owner = specs[spec.share_model_with] if spec.share_model_with else spec
+    settings = cfg.model_settings(owner)
+    out = Path(cfg.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = materialize_model(check_model(settings.model), out / "models")
+    tokenizer = with_template(load_tokenizer(spec.tokenizer or path), spec.chat_template)
+    train = load_pairs(dcfg.path, tokenizer, dcfg)
+    held_out = load_pairs(dcfg.eval_path, tokenizer, dcfg) if dcfg.eval_path else []
+    steps = dcfg.epochs * math.ceil(len(train) / dcfg.batch_size)
+    one_update = replace(settings.trainer, num_minibatches=1, ppo_epochs=1)
+    loss_cfg = LossConfig(agg="seq_mean_token_sum")
+    trainer = build_trainer(path, settings.optim, loss_cfg, one_update, steps, 1.0, cfg.seed)
+
+    def flat(pairs):
+        return [s for pair in pairs for s in pair]
+
+    ref_train = sums(trainer, flat(train)).view(-1, 2)  # (P, 2): the frozen reference
+    ref_held = sums(trainer, flat(held_out)).view(-1, 2) if held_out else None
+
+    def margins(pairs, ref: torch.Tensor) -> torch.Tensor:
+        s = sums(trainer, flat(pairs)).view(-1, 2) - ref
+        return s[:, 0] - s[:, 1]
+
+    def scores(prefix: str, m: torch.Tensor) -> dict[str, float]:
+        return {
+            f"{prefix}/loss": float(preference_loss(m, dcfg.beta, dcfg.loss).mean()),
+            f"{prefix}/accuracy": float((m > 0).double().mean()),
+            f"{prefix}/margin": float(m.mean()),
+        }
+
+    log = (out / "metrics.jsonl").open("w")
+
+    def record(row: dict) -> dict:
+        log.write(json.dumps(row) + "\n")
+        log.flush()
+        return row
+
+    row: dict[str, float] = {}
+    if held_out:
+        row = record({"step": 0, **scores("eval", margins(held_out, ref_held))})
+    rng, step, t0 = random.Random(cfg.seed), 0, time.perf_counter()
+    with Progress() as progress:
+        task = progress.add_task(f"{dcfg.loss} (updates)", total=steps)
+        for _ in range(dcfg.epochs):
+            order = list(range(len(train)))
+            rng.shuffle(order)
+            for i in range(0, len(order), dcfg.batch_size):
+                idx = order[i : i + dcfg.batch_size]
+                pairs = [train[j] for j in idx]
+                m = margins(pairs, ref_train[idx])
+                adv = pair_advantages(m, dcfg.beta, dcfg.loss)
+                batch = []
+                for (c, r), a in zip(pairs, adv.tolist(), strict=True):
+                    batch += [replace(c, advantage=a), replace(r, advantage=-a)]
+                metrics = trainer.train_step(batch)
+                step += 1
+                row = {"step": step, **scores("train", m)}
+                row["train/grad_norm"] = metrics.get("grad_norm", float("nan"))
+                if held_out and step == steps:
+                    row |= scores("eval", margins(held_out, ref_held))
+                record(row | {"time/elapsed_s": time.perf_counter() - t0})
+                progress.advance(task)
+    trainer.save_hf(out / "model")
+    trainer.close()
+    log.close()
+    return row
