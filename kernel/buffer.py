@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from kernel.benchmarks import is_benchmark, load_benchmark
 from kernel.sample import Sample, Status
 
 if TYPE_CHECKING:
@@ -93,6 +94,11 @@ def load_rows(config: DataConfig) -> datasets.Dataset:
     import datasets
 
     path = config.path
+    if is_benchmark(path):
+        try:
+            return load_benchmark(path)
+        except ValueError as e:
+            raise DataError(str(e)) from e
     ext = os.path.splitext(path)[1].lower()
     if ext in _FILE_BUILDERS:
         if not os.path.isfile(path):
@@ -140,6 +146,7 @@ class DataBuffer:
         """``dataset``: rows already in memory (e.g. generated offline); None reads config.path."""
         self.config = config.validate()
         from_jsonl = dataset is None and config.path.lower().endswith(".jsonl")
+        from_jsonl &= not is_benchmark(config.path)
         if dataset is None:
             dataset = load_rows(config)
         if config.max_prompts is not None and len(dataset) > config.max_prompts:

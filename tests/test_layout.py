@@ -72,7 +72,7 @@ LAYERS = {
         "sandbox",
         "",
     ),
-    "data and rollout": ("buffer", "rollout"),
+    "data and rollout": ("benchmarks", "buffer", "rollout"),
     "engine": ("engine",),
     "sync": ("sync",),
     "train": ("train",),
