@@ -45,6 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import weakref
 from dataclasses import dataclass, field
 
 NOBODY = 65534
@@ -201,12 +202,18 @@ class Sandbox:
 
     def __init__(self, cfg: SandboxConfig | None = None) -> None:
         self.cfg = (cfg or SandboxConfig()).validate()
-        self._slots = asyncio.Semaphore(self.cfg.concurrency)
+        # One semaphore per event loop: an asyncio primitive belongs to the loop that first
+        # waits on it, and a sandbox may serve several (asyncio.run per call, a thread each).
+        self._slots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self.python, self.isolation = _probe(self.cfg.python)
 
     async def run(self, code: str, tests: list[str] | tuple[str, ...] = ()) -> RunResult:
-        """Run ``code``, then each of ``tests`` in its scope; never raises for what they do."""
-        async with self._slots:
+        """Run ``code``, then each of ``tests`` in its scope; never raises for what they do.
+        At most ``concurrency`` runs at once per event loop."""
+        loop = asyncio.get_running_loop()
+        if loop not in self._slots:
+            self._slots[loop] = asyncio.Semaphore(self.cfg.concurrency)
+        async with self._slots[loop]:
             home = tempfile.mkdtemp(prefix="tandem-sandbox-")
             try:
                 return await self._run(home, code, list(tests))

@@ -190,6 +190,8 @@ def test_many_runs_at_once_each_get_their_own_result():
 
     results = asyncio.run(main())
     assert [r.status for r in results] == ["passed"] * 12
+    # the same sandbox, busy again, from a new event loop (its semaphore is per loop)
+    assert [r.status for r in asyncio.run(main())] == ["passed"] * 12
 
 
 def test_config_names_the_bad_field():
