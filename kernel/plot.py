@@ -34,15 +34,19 @@ def _train(key: str, *names: str) -> bool:
 
 
 def read_metrics(path: str | Path) -> list[dict]:
-    """The rows of a metrics.jsonl file; a broken line is an error naming file and line."""
+    """The rows of a metrics.jsonl file; a broken line is an error naming file and line,
+    except a last line with no line break, which a run still writing (or killed mid-write)
+    leaves: it is skipped."""
     rows = []
-    with Path(path).open() as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError as e:
-                    raise ValueError(f"{path}: line {lineno}: not JSON ({e.msg})") from e
+    lines = Path(path).read_text().split("\n")  # the last item: "" or a line being written
+    for lineno, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                if lineno == len(lines):
+                    break
+                raise ValueError(f"{path}: line {lineno}: not JSON ({e.msg})") from e
     return rows
 
 

@@ -48,6 +48,8 @@ def test_plot_errors_name_file_line_and_key(tmp_path):
     path.write_text('{"step": 0, "reward": 1}\n{oops\n')
     with pytest.raises(ValueError, match=r"metrics\.jsonl: line 2"):
         plot_metrics(path)
+    path.write_text('{"step": 0, "a/reward": 1}\n{"step": 1, "a/rew')  # line 2 being written
+    assert plot_metrics(path).exists()
     path.write_text('{"step": 0, "a/reward": 1}\n')
     with pytest.raises(ValueError, match="no metric named"):
         plot_metrics(path, keys=["kl"])
