@@ -97,7 +97,10 @@ class MetricsLogger:
         if cfg.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self._tb = SummaryWriter(str(Path(out_dir) / "tensorboard"))
+            # a resumed run redoes steps from start_step: TensorBoard drops the crashed run's
+            # events of those steps (purge_step), as metrics.jsonl sets its rows aside
+            purge = start_step if start_step > 0 else None
+            self._tb = SummaryWriter(str(Path(out_dir) / "tensorboard"), purge_step=purge)
         if cfg.wandb:
             import wandb
 

@@ -37,6 +37,23 @@ def test_tensorboard_and_offline_wandb(tmp_path, monkeypatch):
     assert list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))
 
 
+def test_tensorboard_after_a_resume_holds_each_step_once(tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    log = MetricsLogger(tmp_path, LogConfig(tensorboard=True))
+    for step in range(5):  # crashed after step 4; its last checkpoint was at step 3
+        log.log({"step": step, "reward": float(step)})
+    log.close()
+    log = MetricsLogger(tmp_path, LogConfig(tensorboard=True), start_step=3)
+    for step in range(3, 6):  # the resumed run redoes 3 and 4, then goes on
+        log.log({"step": step, "reward": 10.0 + step})
+    log.close()
+    events = EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    got = [(e.step, e.value) for e in events.Scalars("reward")]
+    assert got == [(0, 0.0), (1, 1.0), (2, 2.0), (3, 13.0), (4, 14.0), (5, 15.0)]
+
+
 @pytest.mark.parametrize(
     ("n", "c", "k", "expected"),
     [
