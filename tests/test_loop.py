@@ -210,6 +210,44 @@ def test_post_sync_check_catches_a_wrong_conversion(tmp_path, transport):
         asyncio.run(run(pool.clients()[1][0]))
 
 
+def test_post_sync_check_skips_an_engine_that_died_after_the_push(tmp_path):
+    """The check runs beside the next rollout; an engine killed meanwhile gives no reply. It is
+    skipped (its pool restarts it with the current weights); the live ones are still checked,
+    and no engine replying at all is an error."""
+    from kernel.engine.client import ClientConfig, EngineClient
+    from kernel.engine.launch import free_port
+    from kernel.engine.pool import EnginePool
+    from kernel.models import materialize_model
+    from kernel.sync.push import SyncCheckError, WeightSync
+    from kernel.train.torch_backend import TorchTrainer
+
+    cfg = toy_config(tmp_path, "--sync.transport=tensor")
+    model = materialize_model(cfg.model, tmp_path / "models")
+    prompt = [1, 90, 88, 74, 87, 3, 45, 78, 5, 2, 3, 1, 70, 88]
+    fast = ClientConfig(max_retries=1, backoff_s=0.05, connect_timeout_s=2)
+
+    async def run(client):
+        dead = EngineClient(f"http://127.0.0.1:{free_port()}", fast)  # nothing listens there
+        trainer = TorchTrainer(model, cfg.optim, cfg.loss, cfg.trainer, total_steps=1)
+        sync = WeightSync(cfg.sync, [client], tmp_path)
+        try:
+            await sync.push(trainer, 1)
+            both = WeightSync(cfg.sync, [client, dead], tmp_path)
+            assert await both.check(trainer, prompt, 1) < 1e-4  # the live engine, checked
+            wrong = f"engine {client.base_url} serves weight version '1'"
+            with pytest.raises(SyncCheckError, match=wrong):  # a live engine, wrong version
+                await both.check(trainer, prompt, 2)
+            with pytest.raises(SyncCheckError, match="no engine replied"):
+                await WeightSync(cfg.sync, [dead], tmp_path).check(trainer, prompt, 1)
+        finally:
+            await sync.aclose()
+            await client.aclose()
+            await dead.aclose()
+
+    with EnginePool(cfg.engine, model, tmp_path / "logs") as pool:
+        asyncio.run(run(pool.clients()[1][0]))
+
+
 def _engines_of(run_dir: Path) -> list[int]:
     """PIDs of embedded servers serving a model under ``run_dir`` (looked at, never killed)."""
     pids = []

@@ -37,12 +37,14 @@ again -- returns ``sync/check_logprob_diff`` or raises. ``check_every`` thins it
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from kernel.engine.client import EngineError
 from kernel.engine.launch import free_port
 from kernel.engine.process_group import (
     GroupConfig,
@@ -52,6 +54,8 @@ from kernel.engine.process_group import (
 from kernel.engine.weights import FlatBucketWriter, encode_named_tensors
 from kernel.sample import Sample
 from kernel.sync.buckets import NamedTensor, iter_buckets
+
+log = logging.getLogger(__name__)
 
 TRANSPORTS = ("auto", "disk", "tensor", "shared", "distributed")
 
@@ -245,13 +249,32 @@ class WeightSync:
         """Every engine samples ``check_tokens`` tokens after ``probe`` (at the trainer's
         temperature, through ``/generate``); the trainer scores the same tokens. Returns the
         largest mean |engine - trainer| logprob over the engines; raises SyncCheckError naming
-        an engine that is not at ``version`` or differs by more than ``check_tolerance``."""
+        an engine that is not at ``version`` or differs by more than ``check_tolerance``. An
+        engine that gives no reply (it died since the push) is skipped with a warning; none
+        replying is an error."""
         params = {
             "temperature": self.temperature,
             "top_p": 1.0,
             "max_new_tokens": self.cfg.check_tokens,
         }
-        results = await self._all(lambda c: c.generate(probe, params))
+        replies = await asyncio.gather(
+            *(c.generate(probe, params) for c in self.clients), return_exceptions=True
+        )
+        checked, results = [], []
+        for client, reply in zip(self.clients, replies, strict=True):
+            if isinstance(reply, EngineError) and reply.status is None:
+                # No reply: the engine died after the push (its pool restarts it and pushes the
+                # current weights before it serves again); a dead engine serves no rollout.
+                log.warning("weight sync check: engine %s did not reply: skipped", client.base_url)
+                continue
+            if isinstance(reply, BaseException):
+                raise reply
+            checked.append(client)
+            results.append(reply)
+        if not checked:
+            raise SyncCheckError(
+                f"weight sync check: no engine replied after the push of version {version}"
+            )
         samples = [
             Sample(
                 prompt_ids=list(probe), response_ids=r.output_ids, loss_mask=[1] * len(r.output_ids)
@@ -260,7 +283,7 @@ class WeightSync:
         ]
         scored = await self._run(trainer.compute_logprobs, samples)
         worst = 0.0
-        for client, res, ref in zip(self.clients, results, scored, strict=True):
+        for client, res, ref in zip(checked, results, scored, strict=True):
             if res.weight_version != str(version):
                 raise SyncCheckError(
                     f"weight sync check: engine {client.base_url} serves weight version "
