@@ -25,7 +25,6 @@ gradient. Metrics per update: loss, accuracy (share of pairs with m > 0) and mea
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
@@ -41,11 +40,9 @@ from kernel.buffer import DataConfig, DataError, load_rows
 from kernel.config import TrainConfig
 from kernel.hooks import package_file
 from kernel.loss import LossConfig
-from kernel.models import check_model, load_tokenizer, materialize_model
-from kernel.runtime import with_template
+from kernel.metrics import MetricsLogger
 from kernel.sample import Sample
-from kernel.sft import SFTConfig, example
-from kernel.train.trainer import build_trainer
+from kernel.sft import SFTConfig, Tuning, example
 
 LOSSES = ("dpo", "ipo")
 
@@ -141,23 +138,12 @@ def sums(trainer, samples: list[Sample]) -> torch.Tensor:
 def dpo(cfg: TrainConfig, dcfg: DPOConfig) -> dict[str, float]:
     """Train ``dcfg.agent``'s model on ``dcfg.path``'s pairs; returns the last metrics row."""
     dcfg.validate()
-    specs = {s.name: s for s in cfg.agent_specs()}
-    dcfg = replace(dcfg, agent=dcfg.agent or next(iter(specs)))
-    if dcfg.agent not in specs:
-        raise ValueError(f"dpo.agent: {dcfg.agent!r} is not one of the agents {sorted(specs)}")
-    spec = specs[dcfg.agent]
-    owner = specs[spec.share_model_with] if spec.share_model_with else spec
-    settings = cfg.model_settings(owner)
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = materialize_model(check_model(settings.model), out / "models")
-    tokenizer = with_template(load_tokenizer(spec.tokenizer or path), spec.chat_template)
-    train = load_pairs(dcfg.path, tokenizer, dcfg)
-    held_out = load_pairs(dcfg.eval_path, tokenizer, dcfg) if dcfg.eval_path else []
+    tuning = Tuning.of(cfg, dcfg.agent, "dpo.agent")
+    dcfg = replace(dcfg, agent=tuning.agent)
+    train = load_pairs(dcfg.path, tuning.tokenizer, dcfg)
+    held_out = load_pairs(dcfg.eval_path, tuning.tokenizer, dcfg) if dcfg.eval_path else []
     steps = dcfg.epochs * math.ceil(len(train) / dcfg.batch_size)
-    one_update = replace(settings.trainer, num_minibatches=1, ppo_epochs=1)
-    loss_cfg = LossConfig(agg="seq_mean_token_sum")
-    trainer = build_trainer(path, settings.optim, loss_cfg, one_update, steps, 1.0, cfg.seed)
+    trainer = tuning.trainer(LossConfig(agg="seq_mean_token_sum"), steps, cfg.seed)
 
     def flat(pairs):
         return [s for pair in pairs for s in pair]
@@ -176,16 +162,11 @@ def dpo(cfg: TrainConfig, dcfg: DPOConfig) -> dict[str, float]:
             f"{prefix}/margin": float(m.mean()),
         }
 
-    log = (out / "metrics.jsonl").open("w")
-
-    def record(row: dict) -> dict:
-        log.write(json.dumps(row) + "\n")
-        log.flush()
-        return row
-
+    logger = MetricsLogger(Path(cfg.output_dir), cfg.log)
     row: dict[str, float] = {}
     if held_out:
-        row = record({"step": 0, **scores("eval", margins(held_out, ref_held))})
+        row = {"step": 0, **scores("eval", margins(held_out, ref_held))}
+        logger.log(row)
     rng, step, t0 = random.Random(cfg.seed), 0, time.perf_counter()
     with Progress() as progress:
         task = progress.add_task(f"{dcfg.loss} (updates)", total=steps)
@@ -206,9 +187,9 @@ def dpo(cfg: TrainConfig, dcfg: DPOConfig) -> dict[str, float]:
                 row["train/grad_norm"] = metrics.get("grad_norm", float("nan"))
                 if held_out and step == steps:
                     row |= scores("eval", margins(held_out, ref_held))
-                record(row | {"time/elapsed_s": time.perf_counter() - t0})
+                logger.log(row | {"time/elapsed_s": time.perf_counter() - t0})
                 progress.advance(task)
-    trainer.save_hf(out / "model")
+    trainer.save_hf(Path(cfg.output_dir) / "model")
     trainer.close()
-    log.close()
+    logger.close()
     return row

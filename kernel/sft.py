@@ -27,7 +27,6 @@ saved as an HF folder, ``<output_dir>/model``, the starting point of an RL run (
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
@@ -39,10 +38,11 @@ from typing import Any
 from rich.progress import Progress
 
 from kernel.buffer import DataConfig, DataError, load_rows
-from kernel.config import TrainConfig
+from kernel.config import ModelSettings, TrainConfig
 from kernel.conversation import Conversation
 from kernel.hooks import package_file
 from kernel.loss import LossConfig
+from kernel.metrics import MetricsLogger
 from kernel.models import check_model, load_tokenizer, materialize_model
 from kernel.runtime import with_template
 from kernel.sample import Sample, Status
@@ -177,37 +177,52 @@ def nll(trainer, samples: list[Sample], batch_size: int) -> float:
     return total / max(count, 1)
 
 
+@dataclass
+class Tuning:
+    """One agent's model set up for fine-tuning outside the RL loop (``kernel sft`` and
+    ``kernel dpo``): its folder, tokenizer with the agent's chat template, and settings."""
+
+    agent: str
+    path: str
+    tokenizer: Any
+    settings: ModelSettings
+
+    @classmethod
+    def of(cls, cfg: TrainConfig, agent: str, flag: str) -> Tuning:
+        """``agent`` of ``cfg`` (empty: the first); ``flag`` names it in errors."""
+        specs = {s.name: s for s in cfg.agent_specs()}
+        agent = agent or next(iter(specs))
+        if agent not in specs:
+            raise ValueError(f"{flag}: {agent!r} is not one of the agents {sorted(specs)}")
+        spec = specs[agent]
+        settings = cfg.model_settings(specs[spec.share_model_with or agent])
+        out = Path(cfg.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        path = materialize_model(check_model(settings.model), out / "models")
+        tokenizer = with_template(load_tokenizer(spec.tokenizer or path), spec.chat_template)
+        return cls(agent, path, tokenizer, settings)
+
+    def trainer(self, loss: LossConfig, steps: int, seed: int):
+        """The agent's trainer (its backend and optimiser), one update per batch."""
+        one_update = replace(self.settings.trainer, num_minibatches=1, ppo_epochs=1)
+        return build_trainer(self.path, self.settings.optim, loss, one_update, steps, 1.0, seed)
+
+
 def sft(cfg: TrainConfig, scfg: SFTConfig) -> dict[str, float]:
     """Fine-tune ``scfg.agent``'s model on ``scfg.path``; returns the last metrics row."""
     scfg.validate()
-    specs = {s.name: s for s in cfg.agent_specs()}
-    scfg = replace(scfg, agent=scfg.agent or next(iter(specs)))
-    if scfg.agent not in specs:
-        raise ValueError(f"sft.agent: {scfg.agent!r} is not one of the agents {sorted(specs)}")
-    spec = specs[scfg.agent]
-    owner = specs[spec.share_model_with] if spec.share_model_with else spec
-    settings = cfg.model_settings(owner)
-    out = Path(cfg.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    path = materialize_model(check_model(settings.model), out / "models")
-    tokenizer = with_template(load_tokenizer(spec.tokenizer or path), spec.chat_template)
-    train = load_examples(scfg.path, tokenizer, scfg)
-    held_out = load_examples(scfg.eval_path, tokenizer, scfg) if scfg.eval_path else []
+    tuning = Tuning.of(cfg, scfg.agent, "sft.agent")
+    scfg = replace(scfg, agent=tuning.agent)
+    train = load_examples(scfg.path, tuning.tokenizer, scfg)
+    held_out = load_examples(scfg.eval_path, tuning.tokenizer, scfg) if scfg.eval_path else []
     steps = scfg.epochs * math.ceil(len(train) / scfg.batch_size)
-    one_update = replace(settings.trainer, num_minibatches=1, ppo_epochs=1)
-    trainer = build_trainer(path, settings.optim, LossConfig(), one_update, steps, 1.0, cfg.seed)
-    rng = random.Random(cfg.seed)
-    log = (out / "metrics.jsonl").open("w")
-
-    def record(row: dict) -> dict:
-        log.write(json.dumps(row) + "\n")
-        log.flush()
-        return row
-
+    trainer = tuning.trainer(LossConfig(), steps, cfg.seed)
+    logger = MetricsLogger(Path(cfg.output_dir), cfg.log)
     row: dict[str, float] = {}
     if held_out:
-        row = record({"step": 0, "eval/nll": nll(trainer, held_out, scfg.batch_size)})
-    step, t0 = 0, time.perf_counter()
+        row = {"step": 0, "eval/nll": nll(trainer, held_out, scfg.batch_size)}
+        logger.log(row)
+    rng, step, t0 = random.Random(cfg.seed), 0, time.perf_counter()
     with Progress() as progress:
         task = progress.add_task("sft (updates)", total=steps)
         for _ in range(scfg.epochs):
@@ -215,14 +230,14 @@ def sft(cfg: TrainConfig, scfg: SFTConfig) -> dict[str, float]:
                 metrics = trainer.train_step(batch)
                 step += 1
                 row = {"step": step, "train/nll": -metrics["logprob_mean"]}
-                row |= {"train/grad_norm": metrics.get("grad_norm", float("nan"))}
+                row["train/grad_norm"] = metrics.get("grad_norm", float("nan"))
                 row["train/tokens"] = metrics.get("loss_tokens", 0.0)
                 due = step == steps or (scfg.eval_every and step % scfg.eval_every == 0)
                 if held_out and due:
                     row["eval/nll"] = nll(trainer, held_out, scfg.batch_size)
-                record(row | {"time/elapsed_s": time.perf_counter() - t0})
+                logger.log(row | {"time/elapsed_s": time.perf_counter() - t0})
                 progress.advance(task)
-    trainer.save_hf(out / "model")
+    trainer.save_hf(Path(cfg.output_dir) / "model")
     trainer.close()
-    log.close()
+    logger.close()
     return row
