@@ -42,7 +42,7 @@ from kernel.hooks import package_file
 from kernel.loss import LossConfig
 from kernel.metrics import MetricsLogger
 from kernel.sample import Sample
-from kernel.sft import SFTConfig, Tuning, example
+from kernel.sft import SFTConfig, Tuning, batches, example, trained_sums
 
 LOSSES = ("dpo", "ipo")
 
@@ -127,12 +127,7 @@ def load_pairs(path: str, tokenizer: Any, cfg: DPOConfig) -> list[tuple[Sample, 
 
 def sums(trainer, samples: list[Sample]) -> torch.Tensor:
     """(N,) each sample's summed logprob of its trained tokens, current weights, no grad."""
-    out = trainer.compute_logprobs(samples)
-    total = [
-        sum(lp for lp, m in zip(lps, s.loss_mask, strict=True) if m)
-        for s, lps in zip(samples, out, strict=True)
-    ]
-    return torch.tensor(total, dtype=torch.float64)
+    return torch.tensor(trained_sums(trainer, samples), dtype=torch.float64)
 
 
 def dpo(cfg: TrainConfig, dcfg: DPOConfig) -> dict[str, float]:
@@ -171,10 +166,7 @@ def dpo(cfg: TrainConfig, dcfg: DPOConfig) -> dict[str, float]:
     with Progress() as progress:
         task = progress.add_task(f"{dcfg.loss} (updates)", total=steps)
         for _ in range(dcfg.epochs):
-            order = list(range(len(train)))
-            rng.shuffle(order)
-            for i in range(0, len(order), dcfg.batch_size):
-                idx = order[i : i + dcfg.batch_size]
+            for idx in batches(list(range(len(train))), dcfg.batch_size, rng):
                 pairs = [train[j] for j in idx]
                 m = margins(pairs, ref_train[idx])
                 adv = pair_advantages(m, dcfg.beta, dcfg.loss)

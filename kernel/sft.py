@@ -159,22 +159,29 @@ def load_examples(path: str, tokenizer: Any, cfg: SFTConfig) -> list[Sample]:
     return kept
 
 
-def _batches(samples: list[Sample], size: int, rng: random.Random) -> Iterator[list[Sample]]:
-    order = list(range(len(samples)))
+def batches(items: list, size: int, rng: random.Random) -> Iterator[list]:
+    """``items`` shuffled by ``rng``, in batches of ``size`` (the last may be smaller)."""
+    order = list(range(len(items)))
     rng.shuffle(order)
     for i in range(0, len(order), size):
-        yield [samples[j] for j in order[i : i + size]]
+        yield [items[j] for j in order[i : i + size]]
+
+
+def trained_sums(trainer, samples: list[Sample]) -> list[float]:
+    """Each sample's summed logprob of its trained tokens under the current weights."""
+    return [
+        sum(lp for lp, m in zip(lps, s.loss_mask, strict=True) if m)
+        for s, lps in zip(samples, trainer.compute_logprobs(samples), strict=True)
+    ]
 
 
 def nll(trainer, samples: list[Sample], batch_size: int) -> float:
     """Mean negative log-likelihood per trained token under the current weights."""
-    total, count = 0.0, 0
-    for i in range(0, len(samples), batch_size):
-        part = samples[i : i + batch_size]
-        for s, lps in zip(part, trainer.compute_logprobs(part), strict=True):
-            total -= sum(lp for lp, m in zip(lps, s.loss_mask, strict=True) if m)
-            count += sum(s.loss_mask)
-    return total / max(count, 1)
+    total = sum(
+        sum(trained_sums(trainer, samples[i : i + batch_size]))
+        for i in range(0, len(samples), batch_size)
+    )
+    return -total / max(sum(sum(s.loss_mask) for s in samples), 1)
 
 
 @dataclass
@@ -226,7 +233,7 @@ def sft(cfg: TrainConfig, scfg: SFTConfig) -> dict[str, float]:
     with Progress() as progress:
         task = progress.add_task("sft (updates)", total=steps)
         for _ in range(scfg.epochs):
-            for batch in _batches(train, scfg.batch_size, rng):
+            for batch in batches(train, scfg.batch_size, rng):
                 metrics = trainer.train_step(batch)
                 step += 1
                 row = {"step": step, "train/nll": -metrics["logprob_mean"]}
