@@ -71,6 +71,9 @@ class RecipeConfig:
 
     max_turns: int = 4
     """Doctor turns at most (questions plus the final diagnosis); the episode ends there."""
+    min_questions: int = 0
+    """Questions the doctor must ask before it diagnoses (the system prompt says so); a diagnosis
+    after fewer costs ``early_diagnosis_penalty``. 0: the doctor may diagnose at once."""
     last_turn_notice: bool = True
     """Tell the doctor, with the patient's last answer, that its next turn must be the diagnosis."""
     max_quote_chars: int = 400
@@ -104,6 +107,8 @@ class RecipeConfig:
     """Doctor: subtracted when the episode ends without a 'Diagnosis:' turn."""
     malformed_penalty: float = 0.5
     """Doctor: subtracted when the final turn lacks a non-empty Diagnosis or Recommendation."""
+    early_diagnosis_penalty: float = 1.0
+    """Doctor: subtracted when it diagnoses after fewer than ``min_questions`` questions."""
     faithfulness_weight: float = 1.0
     """Patient: weight of the share of its content words grounded in the case."""
     leak_penalty: float = 1.0
@@ -118,6 +123,11 @@ class RecipeConfig:
     def validate(self) -> RecipeConfig:
         if self.max_turns < 1:
             raise ValueError(f"recipe_args.max_turns must be >= 1, got {self.max_turns}")
+        if not 0 <= self.min_questions < self.max_turns:
+            raise ValueError(
+                f"recipe_args.min_questions must be >= 0 and below max_turns={self.max_turns} "
+                f"(the diagnosis needs a turn), got {self.min_questions}"
+            )
         if self.max_quote_chars < 1:
             raise ValueError(
                 f"recipe_args.max_quote_chars must be >= 1, got {self.max_quote_chars}"

@@ -50,7 +50,9 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     cfg = as_config(ctx.config)
     case = Case.from_sample(sample)
     opening = prompts.doctor_opening(case.chief_complaint)
-    doctor = Dialogue(ctx.agents[DOCTOR], prompts.doctor_system(cfg.max_turns), opening)
+    doctor = Dialogue(
+        ctx.agents[DOCTOR], prompts.doctor_system(cfg.max_turns, cfg.min_questions), opening
+    )
     patient = Dialogue(
         ctx.agents[PATIENT],
         prompts.patient_system(case.chief_complaint, case.facts, cfg.unknown_reply),

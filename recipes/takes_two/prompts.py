@@ -7,10 +7,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
-def doctor_system(max_turns: int) -> str:
+def doctor_system(max_turns: int, min_questions: int = 0) -> str:
+    first = ""
+    if min_questions:
+        first = f"Ask at least {min_questions} question{'s' if min_questions > 1 else ''} first. "
     return (
         "You are a doctor in a consultation. In each turn ask the patient exactly ONE short "
-        "question. When you know enough, and at the latest in turn "
+        f"question. {first}When you know enough, and at the latest in turn "
         f"{max_turns}, reply only with two lines:\n"
         "Diagnosis: <the most likely condition>\n"
         "Recommendation: <the treatment or advice>"

@@ -13,6 +13,7 @@ Doctor (``doctor_reward``)::
              - multi_question_penalty * (# question turns with 2+ '?')
              - no_diagnosis_penalty   * [no 'Diagnosis:' turn]
              - malformed_penalty      * [final turn lacks a non-empty Diagnosis or Recommendation]
+             - early_diagnosis_penalty * [diagnosed after fewer than min_questions questions]
 
 ``sim`` is the configured rapidfuzz scorer / 100. ``gain_k`` is the share of the self-report's
 facts that answer k reveals for the first time (a fact is revealed when ``reveal_threshold`` of
@@ -194,14 +195,18 @@ def asks_several(turn: str) -> bool:
 
 def compliance_penalty(doctor_turns: Sequence[str], cfg: RecipeConfig) -> float:
     """Minus the penalties for the DOCTOR's own turns: several questions in one turn (each),
-    no final diagnosis, a malformed final turn. A well-formed episode scores exactly 0."""
+    no final diagnosis, a malformed final turn, a diagnosis before ``min_questions`` questions.
+    A well-formed episode scores exactly 0."""
     final = parse_final(doctor_turns[-1]) if doctor_turns else None
     questions = doctor_turns if final is None else doctor_turns[:-1]
     penalty = cfg.multi_question_penalty * sum(asks_several(q) for q in questions)
     if final is None:
         penalty += cfg.no_diagnosis_penalty
-    elif not final.well_formed:
-        penalty += cfg.malformed_penalty
+    else:
+        if not final.well_formed:
+            penalty += cfg.malformed_penalty
+        if len(questions) < cfg.min_questions:
+            penalty += cfg.early_diagnosis_penalty
     return -penalty
 
 

@@ -110,7 +110,7 @@ def test_two_models_each_train_only_on_their_own_tokens(engines):
             "doctor": _handle("doctor", d_url, d_tok),
             "patient": _handle("patient", p_url, p_tok),
         },
-        config=RecipeConfig(max_turns=3).validate(),
+        config=RecipeConfig(max_turns=3, min_questions=1).validate(),
     )
     samples = _run(ctx)
     assert [s.agent for s in samples] == ["doctor", "patient"]
@@ -143,6 +143,8 @@ def test_two_models_each_train_only_on_their_own_tokens(engines):
     assert LABEL["diagnosis"] not in patient_dialogue + doctor_dialogue
     # the last-turn notice reached the doctor with the patient's second answer
     assert "This is your last turn" in doctor_dialogue
+    # min_questions reaches the doctor's system prompt
+    assert "Ask at least 1 question first." in doctor_dialogue
 
 
 class _ScriptedDoctor(AgentHandle):

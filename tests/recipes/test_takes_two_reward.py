@@ -157,6 +157,17 @@ def test_compliance_penalties():
     assert compliance_penalty([], CFG) == -1.0  # never spoke: no diagnosis
 
 
+def test_early_diagnosis_costs_only_below_min_questions():
+    two = RecipeConfig(max_turns=4, min_questions=2, early_diagnosis_penalty=0.75).validate()
+    assert compliance_penalty([FINAL], two) == -0.75  # no question asked
+    assert compliance_penalty(["Where?", FINAL], two) == -0.75  # one of two
+    assert compliance_penalty(["Where?", "Since when?", FINAL], two) == 0.0
+    # a malformed early diagnosis pays both; running out of turns is the no-diagnosis penalty
+    assert compliance_penalty(["Diagnosis: migraine"], two) == -(0.5 + 0.75)
+    assert compliance_penalty(["Where?"], two) == -1.0
+    assert compliance_penalty([FINAL], CFG) == 0.0  # the default (0) never charges it
+
+
 def test_mrlx_precedence_bug_catcher_well_formed_final_is_not_penalised():
     """MrlX bug-catcher (operator precedence): MrlX's compliance reward tested
     ``if not diagnosis or recommendation`` -- i.e. ``(not diagnosis) or recommendation`` -- so a
@@ -278,6 +289,8 @@ def test_reward_hook_metrics_correct_flag_and_no_patient_reward_without_answers(
     ("args", "field"),
     [
         ({"max_turns": 0}, "max_turns"),
+        ({"max_turns": 3, "min_questions": 3}, "min_questions"),
+        ({"min_questions": -1}, "min_questions"),
         ({"similarity": "cosine"}, "similarity"),
         ({"reveal_threshold": 0}, "reveal_threshold"),
         ({"leak_penalty": -1}, "leak_penalty"),
