@@ -40,6 +40,10 @@ Estimators (``AdvantageConfig.estimator``):
   (``metadata["anchor"]``, any hashable the recipe sets, e.g. the observation text; a step
   without one, or alone with its anchor, gets 0 there). ``A = A_episode + step_weight *
   A_step``; ``std_normalize`` applies to both levels.
+- ``gae``: PPO with a critic. Not computed here: each trainer's critic gives its samples
+  per-token GAE advantages (``gamma``, ``lam``) over the agent's own tokens, whitened over the
+  step's tokens when ``std_normalize`` (``kernel/train/critic.py``); this function only
+  leaves them unset and counts the samples.
 
 Groups (``AdvantageConfig.group_by``): the samples sharing ``group_id`` (``"prompt"``),
 plus ``agent`` (``"prompt_agent"``, the default: Dr.MAS, no role is normalised against another
@@ -79,6 +83,7 @@ Estimator = Literal[
     "marloo",
     "maremax",
     "gigpo",
+    "gae",
 ]
 GroupBy = Literal["prompt", "prompt_agent", "prompt_agent_turn"]
 TeamReward = Literal["sum", "mean"]
@@ -97,11 +102,14 @@ class AdvantageConfig:
     group_by: GroupBy = "prompt_agent"
     """samples sharing a baseline: prompt, prompt_agent (default, per role) or prompt_agent_turn"""
     std_normalize: bool = True
-    """grpo only: divide by the group std (dr_grpo and magrpo never do)"""
+    """grpo: divide by the group std (dr_grpo and magrpo never do); gae: whiten the per-token
+    advantages over the step's tokens"""
     eps: float = 1e-6
     """added to every std before dividing"""
     gamma: float = 1.0
-    """gigpo: discount of the step-level returns"""
+    """gigpo: discount of the step-level returns; gae: discount per own token"""
+    lam: float = 1.0
+    """gae: GAE's lambda (1: the discounted return minus the value; 0: one-step TD)"""
     step_weight: float = 1.0
     """gigpo: weight of the step-level advantage (GiGPO's omega)"""
     team_reward: TeamReward = "mean"
@@ -125,6 +133,8 @@ class AdvantageConfig:
             )
         if not 0 <= self.gamma <= 1:
             raise ValueError(f"AdvantageConfig.gamma must be in [0, 1], got {self.gamma!r}")
+        if not 0 <= self.lam <= 1:
+            raise ValueError(f"AdvantageConfig.lam must be in [0, 1], got {self.lam!r}")
         if not (math.isfinite(self.step_weight) and self.step_weight >= 0):
             raise ValueError(f"AdvantageConfig.step_weight must be >= 0, got {self.step_weight!r}")
         return self
@@ -284,7 +294,7 @@ def compute_advantages(samples: list[Sample], cfg: AdvantageConfig) -> dict[str,
         "adv/n_groups": 0.0,
         "adv/n_degenerate_groups": 0.0,
     }
-    if not valid:
+    if not valid or cfg.estimator == "gae":  # gae: each trainer's critic sets them per token
         return metrics
 
     rewards = torch.tensor([s.reward for s in valid], dtype=torch.float64)  # (N,)

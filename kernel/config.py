@@ -25,10 +25,11 @@ from kernel.loss import LossConfig
 from kernel.metrics import LogConfig
 from kernel.rewards import RewardConfig
 from kernel.sync.push import SyncConfig
+from kernel.train.critic import CriticConfig
 from kernel.train.optim import OptimConfig
 from kernel.train.ray_trainer import RayConfig
 from kernel.train.torch_backend import TorchTrainerConfig
-from kernel.train.trainer import backend_config
+from kernel.train.trainer import CRITIC_BACKEND_ERROR, backend_config
 
 
 @dataclass
@@ -163,6 +164,8 @@ class TrainConfig:
     """Reward weighting."""
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     """Advantage estimation."""
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    """The value model of advantage.estimator gae (one per trained model)."""
     loss: LossConfig = field(default_factory=LossConfig)
     """Policy loss."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -205,6 +208,9 @@ class TrainConfig:
                     f"agents[{specs[0].name!r}]: rollout.temperature must be > 0 for training "
                     "(greedy has no policy); freeze the agent (trainable: false) to sample greedily"
                 )
+            trained = any(s.trainable for s in specs)
+            if self.advantage.estimator == "gae" and settings.backend == "megatron" and trained:
+                raise ValueError(f"agents[{specs[0].name!r}]: {CRITIC_BACKEND_ERROR}")
             if settings.backend == "megatron" and len(groups) > 1 and not self.ray.enabled:
                 raise ValueError(
                     "agents: the megatron backend trains one model per process; give the other "

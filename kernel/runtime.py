@@ -417,6 +417,8 @@ def place_trainer(cfg: TrainConfig, model: Model, where) -> Trainer | None:
     settings = model.settings
     args = (model.path, settings.optim, settings.loss, settings.trainer, cfg.num_steps)
     args += (model.temperature, cfg.seed)
+    if cfg.advantage.estimator == "gae":  # each trained model gets its own critic (IPPO)
+        args += (cfg.critic, cfg.advantage)
     if not cfg.ray.enabled:
         return build_trainer(*args)
     if where:

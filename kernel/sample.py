@@ -57,7 +57,7 @@ class Sample:
     status: Status = Status.PENDING
     raw_reward: float | None = None  # what the recipe's reward function returned
     reward: float | None = None  # after the kernel's weighting; what advantages are computed from
-    advantage: float | None = None
+    advantage: float | list[float] | None = None  # list: per response token (gae)
     weight_versions: list[int] = field(default_factory=list)  # engine version per generation call
     metadata: dict[str, Any] = field(default_factory=dict)
 

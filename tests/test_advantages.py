@@ -388,7 +388,7 @@ def test_group_of_one_gets_exactly_zero(estimator):
     assert metrics["adv/n_degenerate_groups"] == 1
 
 
-@pytest.mark.parametrize("estimator", [e for e in ESTIMATORS if e != "mareinforce"])
+@pytest.mark.parametrize("estimator", [e for e in ESTIMATORS if e not in ("mareinforce", "gae")])
 def test_constant_rewards_give_exactly_zero(estimator):
     # 0.1 + 0.1 + 0.1 = 0.30000000000000004, so the float mean is 0.1 + 1.4e-17: without the
     # explicit mask, (r - mean) / (std + eps) would be about -1.4e-11, not 0.
@@ -442,7 +442,17 @@ def test_estimators_listed():
         "marloo",
         "maremax",
         "gigpo",
+        "gae",
     )
+
+
+def test_gae_leaves_the_advantages_to_the_critic():
+    s = episodes([1.0, 0.0, 1.0])
+    for x in s:
+        x.advantage = 0.5  # a stale value must not survive
+    metrics = run(s, estimator="gae")
+    assert advs(s) == [None, None, None]  # each trainer's critic sets them, per token
+    assert metrics["adv/n_samples"] == 3 and metrics["adv/n_groups"] == 0
 
 
 @pytest.mark.parametrize(

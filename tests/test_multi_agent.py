@@ -199,6 +199,20 @@ def test_comlrl_family_learns_the_duo_with_both_agents_rising(
 
 
 @pytest.mark.slow
+def test_ippo_one_critic_per_agent_learns_the_duo_with_both_agents_rising(tmp_path):
+    """IPPO: advantage.estimator gae gives each agent's model its own critic, on its own view;
+    both agents' rewards rise and each critic follows its own agent's returns."""
+    rows = train(duo_config(tmp_path, "--advantage.estimator=gae", "--critic.lr=0.002"))
+    assert mean(rows[:5], "doctor/reward") <= 0.45 and mean(rows[:5], "patient/reward") <= 0.25
+    assert mean(rows[-5:], "doctor/reward") >= 0.75
+    assert mean(rows[-5:], "patient/reward") >= 0.75
+    logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    for agent in ("doctor", "patient"):
+        value = f"train/{agent}/critic/value_mean"
+        assert logged[0][value] == 0.0 and mean(logged[-5:], value) >= 0.6
+
+
+@pytest.mark.slow
 def test_update_every_heterogeneous_models_and_resume(tmp_path):
     """The patient is another family (SmolLM2's tokenizer, a Llama body) trained every 2nd step;
     a resumed run continues each model's weight versions from its own checkpoint."""

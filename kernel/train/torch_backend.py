@@ -28,12 +28,14 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from kernel.advantages import AdvantageConfig
 from kernel.loss import LossConfig
 from kernel.models import cache_kwargs, load_causal_lm, load_tokenizer
 from kernel.sample import Sample
 from kernel.sync.push import LocalBroadcaster
 from kernel.train import update
 from kernel.train.batching import MicroBatch
+from kernel.train.critic import Critic, CriticConfig
 from kernel.train.optim import OptimConfig, build_optimizer
 
 
@@ -123,10 +125,14 @@ class TorchTrainer:
         total_steps: int,
         temperature: float = 1.0,
         seed: int = 0,
+        critic: CriticConfig | None = None,
+        advantage: AdvantageConfig | None = None,
     ):
         """``temperature``: the rollout's, which logits are divided by before the softmax (so
         the trainer's logprobs are those of the distribution the engine sampled from);
-        ``seed``: of the mini-batch shuffling (the run's seed)."""
+        ``seed``: of the mini-batch shuffling (the run's seed); ``critic``: a value model
+        trained beside the policy, whose GAE (``advantage``'s gamma, lam, eps and
+        std_normalize) gives the advantages (``kernel.train.critic``)."""
         update.configure(self, model_path, optim, loss, cfg, total_steps, temperature, seed)
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
@@ -160,6 +166,16 @@ class TorchTrainer:
         self.optimizer, self.scheduler = build_optimizer(
             self.model.parameters(), optim, total_steps
         )
+        self.critic = None
+        if critic is not None:
+            if self.world_size > 1:
+                raise ValueError(
+                    "critic (advantage.estimator gae): the critic trains on one rank; this "
+                    f"trainer has {self.world_size} data-parallel ranks"
+                )
+            self.critic = Critic(
+                critic, advantage or AdvantageConfig(), model_path, self.device, cfg
+            )
 
     # ---------------------------------------------------------------- set-up
 
@@ -332,6 +348,8 @@ class TorchTrainer:
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
         torch.save(rng, out / f"rng_rank{self.rank}.pt")
+        if self.critic is not None:
+            self.critic.save(out)
         self._barrier()
         return out
 
@@ -369,6 +387,8 @@ class TorchTrainer:
             torch.set_rng_state(rng["torch"])
             if "cuda" in rng and self.device.type == "cuda":
                 torch.cuda.set_rng_state(rng["cuda"], self.device)
+        if self.critic is not None:
+            self.critic.load(ckpt)
         self._barrier()
 
     def _barrier(self) -> None:

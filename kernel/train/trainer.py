@@ -15,13 +15,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Protocol
 
+from kernel.advantages import AdvantageConfig
 from kernel.loss import LossConfig
 from kernel.sample import Sample
+from kernel.train.critic import CriticConfig
 from kernel.train.megatron_backend import MegatronTrainer, MegatronTrainerConfig
 from kernel.train.optim import OptimConfig
 from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
 
 BACKENDS = ("torch", "megatron")
+CRITIC_BACKEND_ERROR = (
+    "advantage.estimator gae trains a critic, which only the torch backend has; give the "
+    "trained agents backend torch, or pick a critic-free estimator for megatron"
+)
 
 
 class Trainer(Protocol):
@@ -74,10 +80,17 @@ def build_trainer(
     total_steps: int,
     temperature: float = 1.0,
     seed: int = 0,
+    critic: CriticConfig | None = None,
+    advantage: AdvantageConfig | None = None,
 ) -> Trainer:
     """The trainer of one model in this process (one rank of it when torch.distributed is
     initialised); ``settings``, made by ``backend_config``, say which backend. ``temperature``
     is the agent's rollout temperature (the trainer's logprobs divide the logits by it),
-    ``seed`` the run's."""
-    backend = MegatronTrainer if isinstance(settings, MegatronTrainerConfig) else TorchTrainer
-    return backend(model_path, optim, loss, settings, total_steps, temperature, seed)
+    ``seed`` the run's; ``critic`` (with ``advantage``'s GAE settings) adds a value model
+    (``kernel.train.critic``: torch backend only)."""
+    if isinstance(settings, MegatronTrainerConfig):
+        if critic is not None:
+            raise ValueError(CRITIC_BACKEND_ERROR)
+        return MegatronTrainer(model_path, optim, loss, settings, total_steps, temperature, seed)
+    args = (model_path, optim, loss, settings, total_steps, temperature, seed)
+    return TorchTrainer(*args, critic=critic, advantage=advantage)

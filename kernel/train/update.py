@@ -272,8 +272,21 @@ def train_step(p: Policy, samples: list[Sample], version: int | None = None) -> 
     ``version`` is the weight version being trained: samples whose oldest token was sampled
     by an older one are stale, and with ``loss.tis_cap`` unset they get truncated importance
     sampling at ``loss.stale_tis_cap`` (metric ``stale_samples``).
+
+    With a critic (``p.critic``, ``advantage.estimator: gae``; ``kernel.train.critic``) the
+    samples' per-token advantages come from it first, it trains on the same mini-batch
+    schedule, and the policy trains only once ``critic.num_critic_only_steps`` have passed.
     """
     cfg, lcfg = p.cfg, p.loss_cfg
+    critic_metrics: dict[str, float] = {}
+    critic = getattr(p, "critic", None)
+    if critic is not None:
+        waits = critic.policy_waits
+        step, critic_metrics = critic.advantages(samples)
+        critic_metrics |= critic.train(step, minibatch_schedule(p, len(step.samples)))
+        if waits:
+            p.last_updates = []
+            return critic_metrics | {"n_updates": 0.0, "n_samples": 0.0}
     n_stale = p.all_reduce([sum(version is not None and _stale(s, version) for s in samples)])[0]
     tis = lcfg.stale_tis_cap if lcfg.tis_cap is None and n_stale else None  # None: config's
     if cfg.num_minibatches == 1 and cfg.ppo_epochs == 1 and lcfg.old_logprobs == "recompute":
@@ -283,28 +296,37 @@ def train_step(p: Policy, samples: list[Sample], version: int | None = None) -> 
         if stepped:
             metrics.update(p.optim_step())
         p.last_updates = [metrics] if stepped else []
-        return metrics | {"n_updates": float(stepped), "stale_samples": n_stale}
-    return _ppo_updates(p, samples, tis) | {"stale_samples": n_stale}
+        return metrics | critic_metrics | {"n_updates": float(stepped), "stale_samples": n_stale}
+    return _ppo_updates(p, samples, tis) | critic_metrics | {"stale_samples": n_stale}
+
+
+def minibatch_schedule(p: Policy, n: int) -> list[list[int]]:
+    """The updates of a step over ``n`` samples, as index lists: ``ppo_epochs`` passes of
+    ``num_minibatches`` contiguous parts of a seeded shuffle (no shuffle with one part: its
+    order changes nothing)."""
+    cfg = p.cfg
+    order = torch.Generator().manual_seed(p.seed * 1_000_003 + p.step)
+    parts = []
+    for _ in range(cfg.ppo_epochs):
+        perm = list(range(n))
+        if cfg.num_minibatches > 1:
+            perm = torch.randperm(n, generator=order).tolist()
+        parts += _split(perm, cfg.num_minibatches)
+    return parts
 
 
 def _ppo_updates(p: Policy, samples: list[Sample], tis_cap: float | None) -> dict[str, float]:
     """``ppo_epochs`` shuffled passes of ``num_minibatches`` updates, every one against the
     old logprobs taken before the first; each update's own metrics stay in
     ``last_updates``."""
-    cfg = p.cfg
     kept = [s for s in samples if trainable(s)]
     old = _old_logprobs(p, kept)  # before any update
-    order = torch.Generator().manual_seed(p.seed * 1_000_003 + p.step)
     updates = []
-    for _ in range(cfg.ppo_epochs):
-        perm = list(range(len(kept)))  # one mini-batch: its order changes nothing
-        if cfg.num_minibatches > 1:
-            perm = torch.randperm(len(kept), generator=order).tolist()
-        for part in _split(perm, cfg.num_minibatches):
-            metrics = p.forward_backward([kept[i] for i in part], [old[i] for i in part], tis_cap)
-            if metrics["n_samples"] > 0:  # global: every rank steps, or none does
-                metrics.update(p.optim_step())
-                updates.append(metrics)
+    for part in minibatch_schedule(p, len(kept)):
+        metrics = p.forward_backward([kept[i] for i in part], [old[i] for i in part], tis_cap)
+        if metrics["n_samples"] > 0:  # global: every rank steps, or none does
+            metrics.update(p.optim_step())
+            updates.append(metrics)
     p.last_updates = updates
     counts = [
         len(kept),
@@ -412,7 +434,10 @@ def microbatch_loss(
     sums, dev = acc.sums, p.device
     mb_samples = [kept[j] for j in mb.indices] or [None]  # None: a dummy row
     mask = mb.loss_mask.to(dev)  # (S, R)
-    adv = torch.tensor([s.advantage if s else 0.0 for s in mb_samples])  # (S,)
+    if any(s and isinstance(s.advantage, list) for s in mb_samples):  # per token (gae)
+        adv = to_rows([s.advantage if s else [] for s in mb_samples], mb.max_response)  # (S, R)
+    else:
+        adv = torch.tensor([s.advantage if s else 0.0 for s in mb_samples])  # (S,)
     rollout = to_rows(
         [s.rollout_logprobs if s and s.rollout_logprobs else [] for s in mb_samples],
         mb.max_response,

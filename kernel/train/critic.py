@@ -1,0 +1,328 @@
+"""PPO's critic (``advantage.estimator: gae``): a value model per trained model, GAE over each
+agent's own tokens, and the clipped value loss.
+
+One critic per trained model, each seeing only the dialogues of the agents that model plays,
+as those agents saw them: with one model per agent that is IPPO (independent critics, each on
+its own view). The critic is a separate model: the body of an HF causal LM (every layer but the
+LM head; ``critic.model``, by default the trained model's starting weights) and a new scalar
+head, zero-initialised so that the first advantages are the plain returns. Its value ``V_t``
+of response token ``t`` is read at the position that predicts ``t`` (the state before it).
+
+Per training step (``kernel.train.update.train_step``):
+
+1. the critic's values of every own token of the step's samples (no gradient);
+2. GAE over the agent's OWN tokens (``gae_tokens``): the tokens the loss mask excludes (the
+   other agents' words, tool outputs) are not steps of this agent, so the step after the last
+   token of a turn is the first token of the agent's next turn; the reward comes at the last
+   own token, and the value after it is 0. ``A_t = sum_k (gamma lam)^k delta_(t+k)``,
+   ``delta_t = r_t + gamma V_(t+1) - V_t``, returns ``A_t + V_t``;
+3. the advantages are whitened over the step's own tokens (``advantage.std_normalize``, as in
+   PPO implementations) and given to the policy loss per token;
+4. the critic trains on the same mini-batches and epochs as the policy (``trainer.ppo_epochs``
+   x ``trainer.num_minibatches``) with the clipped value loss (``value_loss``) against the
+   returns and its values of step 1; the policy trains after ``critic.num_critic_only_steps``
+   steps of the critic alone (slime's warm-up).
+
+Supported on the torch backend with one rank; the Megatron backend and data-parallel ranks
+refuse it when the trainer is built (``kernel.train.trainer.build_trainer``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from kernel.advantages import AdvantageConfig
+from kernel.models import load_causal_lm
+from kernel.sample import Sample
+from kernel.train.batching import MicroBatch, collate, plan_microbatches, to_rows
+
+
+@dataclass
+class CriticConfig:
+    """The value model of ``advantage.estimator: gae`` (one per trained model)."""
+
+    model: str | None = None
+    """HF causal LM whose body, with a new scalar head, is the critic; None: the trained
+    model's own starting weights (a separate copy)"""
+    lr: float = 1e-5
+    """AdamW learning rate of the critic (constant)"""
+    value_clip: float = 0.2
+    """PPO value clipping: a value moves at most this far from the step's old value before the
+    loss stops rewarding it (the larger of the clipped and unclipped errors counts); 0: off"""
+    grad_clip: float = 1.0
+    """clip the critic's gradient norm to this; 0: off"""
+    num_critic_only_steps: int = 0
+    """the first steps train the critic alone (the policy waits for sensible values)"""
+
+    def validate(self) -> CriticConfig:
+        for name in ("lr", "value_clip", "grad_clip"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"critic.{name} must be a finite number >= 0, got {value!r}")
+        if self.lr <= 0:
+            raise ValueError(f"critic.lr must be > 0, got {self.lr}")
+        if self.num_critic_only_steps < 0:
+            raise ValueError(
+                f"critic.num_critic_only_steps must be >= 0, got {self.num_critic_only_steps}"
+            )
+        return self
+
+
+# ---------------------------------------------------------------- pure functions
+
+
+def gae(rewards: Tensor, values: Tensor, gamma: float, lam: float) -> tuple[Tensor, Tensor]:
+    """GAE of one trajectory: (T,) rewards and values of its steps in order -> (advantages,
+    returns), each (T,). The value after the last step is 0 (the episode ends)."""
+    adv = torch.zeros_like(values)
+    running = values.new_zeros(())
+    for t in reversed(range(values.shape[0])):
+        next_value = values[t + 1] if t + 1 < values.shape[0] else 0.0
+        delta = rewards[t] + gamma * next_value - values[t]
+        running = delta + gamma * lam * running
+        adv[t] = running
+    return adv, adv + values
+
+
+def gae_tokens(
+    loss_mask: list[int], values: list[float], reward: float, gamma: float, lam: float
+) -> tuple[list[float], list[float]]:
+    """GAE over a sample's own tokens (``loss_mask`` 1; the others are not this agent's
+    steps): the episode reward at the last own token. Returns per-response-token advantages
+    and returns, 0 on the masked tokens."""
+    own = [t for t, m in enumerate(loss_mask) if m]
+    rewards = torch.zeros(len(own), dtype=torch.float64)
+    if own:
+        rewards[-1] = reward
+    adv, ret = gae(rewards, torch.tensor([values[t] for t in own], dtype=torch.float64), gamma, lam)
+    out_adv, out_ret = [0.0] * len(loss_mask), [0.0] * len(loss_mask)
+    for j, t in enumerate(own):
+        out_adv[t], out_ret[t] = float(adv[j]), float(ret[j])
+    return out_adv, out_ret
+
+
+def whiten(advantages: list[list[float]], masks: list[list[int]], eps: float) -> list[list[float]]:
+    """Per-token advantages shifted and scaled to mean 0, std 1 over the masked tokens of all
+    samples (population std; a batch of one token, or a constant one, gives 0)."""
+    pairs = zip(advantages, masks, strict=True)
+    flat = torch.tensor(
+        [a for adv, m in pairs for a, k in zip(adv, m, strict=True) if k], dtype=torch.float64
+    )
+    if flat.numel() == 0:
+        return advantages
+    mean = flat.mean()
+    std = flat.std(unbiased=False)
+    if flat.numel() < 2 or float(std) == 0.0:
+        return [[0.0] * len(a) for a in advantages]
+    scale = 1.0 / (float(std) + eps)
+    return [
+        [(a - float(mean)) * scale if k else 0.0 for a, k in zip(adv, m, strict=True)]
+        for adv, m in zip(advantages, masks, strict=True)
+    ]
+
+
+def value_loss(
+    values: Tensor, old_values: Tensor, returns: Tensor, mask: Tensor, clip: float
+) -> tuple[Tensor, dict[str, float]]:
+    """The clipped value loss, a mean over the masked tokens (all (S, R)):
+    ``0.5 * max((V - R)^2, (V_old + clamp(V - V_old, -clip, clip) - R)^2)``; ``clip`` 0: the
+    unclipped ``0.5 * (V - R)^2``. Metrics: ``vf_clipfrac``, the share of tokens where the
+    clipped error is the larger one."""
+    n = mask.sum().clamp(min=1.0)
+    unclipped = (values - returns) ** 2
+    if clip > 0:
+        clipped = (old_values + (values - old_values).clamp(-clip, clip) - returns) ** 2
+        per_token = 0.5 * torch.maximum(unclipped, clipped)
+        clipfrac = float(((clipped > unclipped).float() * mask).sum() / n)
+    else:
+        per_token = 0.5 * unclipped
+        clipfrac = 0.0
+    return (per_token * mask).sum() / n, {"vf_clipfrac": clipfrac}
+
+
+def explained_variance(values: Tensor, returns: Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns) over (N,) tokens; NaN when the returns are
+    constant."""
+    var = returns.var(unbiased=False)
+    if float(var) == 0.0:
+        return math.nan
+    return float(1 - (returns - values).var(unbiased=False) / var)
+
+
+# ---------------------------------------------------------------- the model
+
+
+class ValueModel(nn.Module):
+    """An HF causal LM's body and a scalar head (zero-initialised: values start at 0)."""
+
+    def __init__(self, path: str, device: torch.device):
+        super().__init__()
+        lm = load_causal_lm(path, dtype="float32", device=str(device))
+        self.body = lm.get_decoder()
+        self.head = nn.Linear(lm.config.hidden_size, 1, device=device)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    def forward(self, mb: MicroBatch, device: torch.device) -> Tensor:
+        """Values (S, R) of ``mb``'s response tokens (0 past each response)."""
+        out = self.body(
+            input_ids=mb.input_ids.to(device),
+            attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(device),
+            position_ids=mb.position_ids.to(device),
+            use_cache=False,
+        )
+        flat = self.head(out.last_hidden_state[mb.keep.to(device)]).squeeze(-1)  # (N,)
+        index = (mb.seq.to(device), mb.pos.to(device))
+        return flat.new_zeros(tuple(mb.loss_mask.shape)).index_put(index, flat)
+
+
+@dataclass
+class CriticStep:
+    """One training step's critic inputs: the samples it trains on, their values before the
+    step (the old values of the clip) and their GAE returns, per response token."""
+
+    samples: list[Sample]
+    old: list[list[float]]
+    returns: list[list[float]]
+
+    def flat(self, rows: list[list[float]]) -> Tensor:
+        """The own-token entries of per-sample ``rows``, concatenated: (N,) float64."""
+        pairs = zip(rows, (s.loss_mask for s in self.samples), strict=True)
+        own = [v for row, m in pairs for v, k in zip(row, m, strict=True) if k]
+        return torch.tensor(own, dtype=torch.float64)
+
+
+class Critic:
+    """A trained model's critic: values, GAE and the clipped value-loss update."""
+
+    def __init__(
+        self,
+        cfg: CriticConfig,
+        advantage: AdvantageConfig,
+        model_path: str,
+        device: torch.device,
+        trainer: Any,
+    ):
+        """``advantage``: gamma, lam, eps and std_normalize of the GAE; ``trainer``: the
+        policy trainer's settings (its micro-batch token budget and packing apply here too)."""
+        self.cfg = cfg.validate()
+        self.adv = advantage.validate()
+        self.device = device
+        self.max_tokens, self.pack = trainer.max_tokens_per_microbatch, trainer.pack_sequences
+        self.model = ValueModel(cfg.model or model_path, device)
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
+        self.steps = 0  # training steps (batches) the critic has trained on
+
+    @property
+    def policy_waits(self) -> bool:
+        """Whether this step trains the critic alone (num_critic_only_steps)."""
+        return self.steps < self.cfg.num_critic_only_steps
+
+    def _microbatches(self, samples: list[Sample]) -> list[MicroBatch]:
+        lengths = [len(s.prompt_ids) + s.response_length for s in samples]
+        groups = plan_microbatches(lengths, self.max_tokens, self.pack)
+        return [collate([samples[i] for i in g], g, self.pack) for g in groups]
+
+    @torch.no_grad()
+    def values(self, samples: list[Sample]) -> list[list[float]]:
+        """Each sample's value of every response token under the current critic."""
+        out: list[list[float]] = [[] for _ in samples]
+        self.model.eval()
+        for mb in self._microbatches(samples):
+            v = self.model(mb, self.device)
+            for row, j in enumerate(mb.indices):
+                out[j] = v[row, : samples[j].response_length].float().cpu().tolist()
+        return out
+
+    def advantages(self, samples: list[Sample]) -> tuple[CriticStep, dict[str, float]]:
+        """Values, GAE and (whitened) per-token advantages of the samples that have a reward,
+        a trainable status and an own token (``sample.advantage`` a list; None for the
+        others). Returns what ``train`` needs, and the raw GAE mean."""
+        for s in samples:
+            s.advantage = None
+        batch = [
+            s for s in samples if s.reward is not None and s.status.trainable and any(s.loss_mask)
+        ]
+        step = CriticStep(batch, self.values(batch), [])
+        advs = []
+        for s, v in zip(batch, step.old, strict=True):
+            a, r = gae_tokens(s.loss_mask, v, s.reward, self.adv.gamma, self.adv.lam)
+            advs.append(a)
+            step.returns.append(r)
+        raw = step.flat(advs)
+        if self.adv.std_normalize:
+            advs = whiten(advs, [s.loss_mask for s in batch], self.adv.eps)
+        for s, a in zip(batch, advs, strict=True):
+            s.advantage = a
+        return step, ({"critic/gae_mean": float(raw.mean())} if raw.numel() else {})
+
+    def train(self, step: CriticStep, minibatches: list[list[int]]) -> dict[str, float]:
+        """One update of the clipped value loss per mini-batch (indices into
+        ``step.samples``); metrics averaged over the updates, and the explained variance of
+        the step's old values."""
+        self.model.train()
+        sums: dict[str, float] = defaultdict(float)
+        n_updates = 0
+        for part in minibatches:
+            samples = [step.samples[i] for i in part]
+            if not samples:
+                continue
+            n_tok = float(sum(sum(s.loss_mask) for s in samples))
+            for mb in self._microbatches(samples):
+                idx = [part[j] for j in mb.indices]
+                width = mb.max_response
+                old = to_rows([step.old[i] for i in idx], width).to(self.device)
+                ret = to_rows([step.returns[i] for i in idx], width).to(self.device)
+                mask = mb.loss_mask.to(self.device)
+                values = self.model(mb, self.device)
+                loss, m = value_loss(values, old, ret, mask, self.cfg.value_clip)
+                share = float(mask.sum()) / n_tok
+                (loss * share).backward()
+                sums["value_loss"] += float(loss.detach()) * share
+                sums["vf_clipfrac"] += m["vf_clipfrac"] * share
+            max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+            if math.isfinite(norm):  # a non-finite gradient is dropped, as the policy's
+                self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+            sums["grad_norm"] += norm
+            n_updates += 1
+        self.steps += 1
+        out = {f"critic/{k}": v / max(n_updates, 1) for k, v in sums.items()}
+        old, ret = step.flat(step.old), step.flat(step.returns)
+        if old.numel():
+            out["critic/explained_var"] = explained_variance(old, ret)
+            out["critic/value_mean"] = float(old.mean())
+            out["critic/return_mean"] = float(ret.mean())
+        return out | {"critic/n_updates": float(n_updates)}
+
+    # ---------------------------------------------------------------- checkpoints
+
+    def save(self, out_dir: Path) -> None:
+        torch.save(
+            {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "steps": self.steps,
+            },
+            Path(out_dir) / "critic.pt",
+        )
+
+    def load(self, ckpt_dir: Path) -> None:
+        path = Path(ckpt_dir) / "critic.pt"
+        if not path.exists():
+            raise FileNotFoundError(
+                f"{path}: the checkpoint has no critic (it was saved by a run without "
+                "advantage.estimator gae)"
+            )
+        state = torch.load(path, map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.steps = int(state["steps"])
