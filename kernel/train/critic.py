@@ -3,10 +3,15 @@ agent's own tokens, and the clipped value loss.
 
 One critic per trained model, each seeing only the dialogues of the agents that model plays,
 as those agents saw them: with one model per agent that is IPPO (independent critics, each on
-its own view). The critic is a separate model: the body of an HF causal LM (every layer but the
-LM head; ``critic.model``, by default the trained model's starting weights) and a new scalar
-head, zero-initialised so that the first advantages are the plain returns. Its value ``V_t``
-of response token ``t`` is read at the position that predicts ``t`` (the state before it).
+its own view). With ``critic.centralized`` (MAPPO) each critic also reads the episode's global
+state, ``sample.metadata["global_state"]``, set by the recipe (takes_two: the patient's hidden
+case, which the doctor never sees), before the dialogue.
+
+The critic is a separate model: the body of an HF causal LM (every layer but the LM head;
+``critic.model``, by default the trained model's starting weights) and a new scalar head,
+zero-initialised so that the first advantages are the plain returns. Its value ``V_t`` of
+response token ``t`` is read at the position that predicts ``t`` (the state before it). A value
+head on the actor itself (sharing its body) is not offered.
 
 Per training step (``kernel.train.update.train_step``):
 
@@ -31,7 +36,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from kernel.advantages import AdvantageConfig
-from kernel.models import load_causal_lm
+from kernel.models import load_causal_lm, load_tokenizer
 from kernel.sample import Sample
 from kernel.train.batching import MicroBatch, collate, plan_microbatches, to_rows
 
@@ -60,6 +65,10 @@ class CriticConfig:
     """clip the critic's gradient norm to this; 0: off"""
     num_critic_only_steps: int = 0
     """the first steps train the critic alone (the policy waits for sensible values)"""
+    centralized: bool = False
+    """MAPPO: the critic also reads each sample's ``metadata["global_state"]`` (text the
+    recipe's generate sets: what the other agents saw and this one did not), before the
+    agent's own dialogue; False: IPPO, each critic sees only its agent's view"""
 
     def validate(self) -> CriticConfig:
         for name in ("lr", "value_clip", "grad_clip"):
@@ -216,7 +225,9 @@ class Critic:
         self.adv = advantage.validate()
         self.device = device
         self.max_tokens, self.pack = trainer.max_tokens_per_microbatch, trainer.pack_sequences
-        self.model = ValueModel(cfg.model or model_path, device)
+        path = cfg.model or model_path
+        self.model = ValueModel(path, device)
+        self.tokenizer = load_tokenizer(path) if cfg.centralized else None
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
         self.steps = 0  # training steps (batches) the critic has trained on
 
@@ -225,7 +236,22 @@ class Critic:
         """Whether this step trains the critic alone (num_critic_only_steps)."""
         return self.steps < self.cfg.num_critic_only_steps
 
+    def _view(self, s: Sample) -> Sample:
+        """What the critic reads of ``s``: its dialogue, after the global state when
+        centralized (the response tokens, hence the values' positions, are unchanged)."""
+        if self.tokenizer is None:
+            return s
+        state = s.metadata.get("global_state")
+        if not isinstance(state, str):
+            raise ValueError(
+                f"sample {s.key}: critic.centralized needs metadata['global_state'] (text the "
+                f"recipe's generate sets), got {type(state).__name__}"
+            )
+        ids = self.tokenizer(state + "\n\n", add_special_tokens=False)["input_ids"]
+        return replace(s, prompt_ids=list(ids) + list(s.prompt_ids))
+
     def _microbatches(self, samples: list[Sample]) -> list[MicroBatch]:
+        samples = [self._view(s) for s in samples]
         lengths = [len(s.prompt_ids) + s.response_length for s in samples]
         groups = plan_microbatches(lengths, self.max_tokens, self.pack)
         return [collate([samples[i] for i in g], g, self.pack) for g in groups]

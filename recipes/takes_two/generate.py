@@ -12,7 +12,8 @@ the tokens it sampled. When a dialogue runs out of context budget (``conv.trunca
 episode ends there, and the samples report it (status TRUNCATED, ``context_exhausted``).
 
 Returns one sample per agent: the doctor's, and the patient's if it answered at least once.
-Both carry the dialogue in ``metadata`` (``doctor_turns``, ``answers``) for reward.py; the
+Both carry the dialogue in ``metadata`` (``doctor_turns``, ``answers``) for reward.py and the
+hidden case as ``global_state`` (what a centralized critic reads, ``critic.centralized``); the
 doctor's carries the episode metrics in ``metadata["metrics"]``.
 """
 
@@ -89,7 +90,10 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
             f"max_context_len={doctor.conv.max_context_len}"
         )
     exhausted = doctor.conv.truncated or patient.conv.truncated
-    dialogue = {"doctor_turns": doctor_turns, "answers": answers}
+    # the hidden case, for a centralized critic (MAPPO: critic.centralized); the patient's own
+    # prompt holds it already, the doctor's never does
+    state = prompts.global_state(case.chief_complaint, case.facts)
+    dialogue = {"doctor_turns": doctor_turns, "answers": answers, "global_state": state}
     metrics = episode_metrics(doctor_turns, answers, cfg.max_turns, exhausted)
     samples = [
         doctor.sample(sample, metrics=metrics, **dialogue),

@@ -45,6 +45,12 @@ def patient_system(chief_complaint: str, facts: Sequence[str], unknown_reply: st
     )
 
 
+def global_state(chief_complaint: str, facts: Sequence[str]) -> str:
+    """The episode's hidden case as a centralized critic reads it (never shown to the doctor)."""
+    report = "\n".join(f"- {f}" for f in facts)
+    return f"Case. Complaint: {chief_complaint}\nFacts:\n{report}"
+
+
 def to_patient(question: str, max_chars: int) -> str:
     """The doctor's question as the patient's next user message."""
     return question[:max_chars].strip() or "(silence)"

@@ -140,6 +140,9 @@ def test_two_models_each_train_only_on_their_own_tokens(engines):
     # the hidden case: the patient sees its facts, the doctor only the complaint
     assert all(f in patient_dialogue for f in FACTS) and COMPLAINT in doctor_dialogue
     assert not any(f in doctor_dialogue for f in FACTS)
+    # ... and both samples carry it for a centralized critic (critic.centralized)
+    for s in samples:
+        assert all(f in s.metadata["global_state"] for f in FACTS)
     assert LABEL["diagnosis"] not in patient_dialogue + doctor_dialogue
     # the last-turn notice reached the doctor with the patient's second answer
     assert "This is your last turn" in doctor_dialogue

@@ -176,3 +176,23 @@ def test_critic_config_errors_name_the_field(field, value):
         replace(CriticConfig(), **{field: value}).validate()
     with pytest.raises(ValueError, match="lam"):
         AdvantageConfig(estimator="gae", lam=1.5).validate()
+
+
+def test_a_centralized_critic_reads_the_global_state(char_model_dir, make_samples):
+    """MAPPO: the critic reads metadata['global_state'] before the dialogue, so two samples
+    differing only there get different values; an IPPO critic cannot tell them apart."""
+    samples = _rewarded(make_samples)
+    for s in samples:
+        s.metadata["global_state"] = "state 1" if s.reward else "state 0"
+    a, b = replace(samples[0], metadata={"global_state": "state 1"}), replace(samples[0])
+    b.metadata = {"global_state": "state 0"}
+    central = _trainer(char_model_dir, CriticConfig(lr=3e-3, centralized=True))
+    independent = _trainer(char_model_dir, CriticConfig(lr=3e-3))
+    for _ in range(3):
+        central.train_step(samples)
+        independent.train_step(samples)
+    assert central.critic.values([a]) != central.critic.values([b])
+    assert independent.critic.values([a]) == independent.critic.values([b])
+    samples[3].metadata.pop("global_state")
+    with pytest.raises(ValueError, match=r"g\d+/e\d+/.*metadata\['global_state'\]"):
+        central.train_step(samples)
