@@ -61,6 +61,9 @@ HEADLINES = {
         "doctor", "reward", "doctor reward (diagnosis + recommendation + information - penalties)"
     ),
     "deep_research": Headline("agent", "passed", "exact match of the final answer", run_sh=True),
+    "code_pair": Headline(
+        "main", "reward", "team reward (CoMLRL-style partial credit, 0..4; HumanEval checks)"
+    ),
 }
 
 

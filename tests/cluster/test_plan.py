@@ -433,6 +433,17 @@ def test_takes_two_run_sh_gives_each_model_its_own_gpus(tmp_path):
     ]  # fmt: skip
 
 
+def test_code_pair_run_sh_plans_two_models_with_an_even_share(tmp_path):
+    models = {"HELPER_MODEL": "/ckpt/h", "MAIN_MODEL": "/ckpt/m"}
+    out = run_sh("code_pair", tmp_path, DRY_RUN="json", **models)
+    assert planned(out, *KEYS, "model") == [
+        {**dict(zip(KEYS, ("helper", "megatron", False, 1, 1, 2, 2, 2, "distributed"),
+                    strict=True)), "model": "/ckpt/h"},
+        {**dict(zip(KEYS, ("main", "megatron", False, 1, 1, 2, 2, 2, "distributed"),
+                    strict=True)), "model": "/ckpt/m"},
+    ]  # fmt: skip
+
+
 def test_deep_research_run_sh_plans_before_starting_the_retriever(tmp_path):
     out = run_sh("deep_research", tmp_path, MODEL="/ckpt/m", TRAIN_GPUS="6", DRY_RUN="json")
     assert planned(out, *KEYS) == [
@@ -447,6 +458,7 @@ def test_deep_research_run_sh_plans_before_starting_the_retriever(tmp_path):
         ("math_solver_verifier", {"MODEL": "/m", "PLACEMENT": "both"},
          "PLACEMENT must be split or colocate"),
         ("takes_two", {"DOCTOR_MODEL": "/d"}, "set PATIENT_MODEL"),
+        ("code_pair", {"HELPER_MODEL": "/h"}, "set MAIN_MODEL"),
         ("deep_research", {"MODEL": "/m", "TRAIN_GPUS": "9", "DRY_RUN": "1"}, "infer_gpus"),
     ],
 )  # fmt: skip

