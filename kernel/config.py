@@ -217,6 +217,13 @@ class TrainConfig:
                     "agents backend torch or share_model_with, or train on Ray (ray.enabled, "
                     "or kernel launch): each model's ranks are processes of their own there"
                 )
+        team = ("magrpo", "mareinforce", "marloo", "maremax")
+        if self.reward.joint_mode == "cross" and self.advantage.estimator in team:
+            raise ValueError(
+                f"reward.joint_mode cross already gives each sample its joint return; "
+                f"advantage.estimator {self.advantage.estimator} would average it again over "
+                "the episode's agents: use grpo or dr_grpo (per-agent baselines, CoMLRL's cross)"
+            )
         if min(self.max_staleness, self.save_every, self.max_refill_rounds) < 0:
             raise ValueError("max_staleness, save_every and max_refill_rounds must be >= 0")
         if self.replay_groups < 0:

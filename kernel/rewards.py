@@ -121,6 +121,9 @@ def assign_rewards(samples: list[Sample], result: RewardResult) -> None:
         s.raw_reward = value
 
 
+JOINT_MODES = ("align", "cross")
+
+
 @dataclass
 class RewardConfig:
     """How raw rewards become the rewards advantages are computed from."""
@@ -145,6 +148,11 @@ class RewardConfig:
     usually the rollout's max_response_len)"""
     overlong_penalty: float = 1.0
     """with overlong_buffer_len: the largest penalty"""
+    joint_mode: str = "align"
+    """CoMLRL's joint_mode for agents that each answer once, in parallel: align (episode k's
+    samples are one joint action) or cross (every combination of the group's samples, one per
+    agent, is a joint action the reward hook scores; a sample's reward is the SUM of the
+    rewards it got over the joint actions it is part of; see kernel.rollout)"""
 
     def validate(self) -> RewardConfig:
         for name in ("correct_scale", "incorrect_scale"):
@@ -163,6 +171,10 @@ class RewardConfig:
                 raise ValueError(
                     f"RewardConfig.overlong_penalty must be a finite number >= 0, got {penalty!r}"
                 )
+        if self.joint_mode not in JOINT_MODES:
+            raise ValueError(
+                f"RewardConfig.joint_mode must be one of {JOINT_MODES}, got {self.joint_mode!r}"
+            )
         for agent, value in self.agent_scale.items():
             if not (isinstance(value, numbers.Real) and math.isfinite(value)):
                 raise ValueError(

@@ -13,6 +13,17 @@ contained to the episode:
 - the reward hook raises -> the episode's samples get no reward (None: not trained on) and are
   counted.
 
+Joint actions (``reward.joint_mode``, CoMLRL's): ``align`` scores each episode on its own.
+``cross`` is for agents that each answer once, in parallel (each episode has exactly one
+sample per agent, all trainable): when the group's episodes are in, every combination of one
+sample per agent (K^N for K episodes and N agents) is handed to the reward hook as a joint
+action, and each sample's raw reward is the sum of what it got over the K^(N-1) joint actions
+it takes part in (CoMLRL 1.4.3 sums, it does not average). The combinations are scored a
+bounded number at a time on copies (only the diagonal, episode k with itself, sees the
+originals, so their metadata is the episode's own), and nothing but the K x N samples is kept:
+no sample is added to the batch. Per-agent baselines (grpo or dr_grpo, ``group_by:
+prompt_agent``) then give CoMLRL's cross-mode advantages.
+
 Dynamic sampling (DAPO) is a group filter: with ``drop_constant_groups`` a group whose
 trainable samples all have the same reward (per agent) carries no signal and is dropped; the
 loop refills from the buffer.
@@ -21,7 +32,9 @@ loop refills from the buffer.
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
+import itertools
 import logging
 import time
 from dataclasses import dataclass, field
@@ -78,6 +91,12 @@ class RolloutStats:
         return {f"rollout/{k}": float(v) for k, v in dataclasses.asdict(self).items()}
 
 
+def _copy(s: Sample) -> Sample:
+    """A sample for one joint action with its own copy of the metadata, so the reward hook's
+    writes stay off the original."""
+    return dataclasses.replace(s, metadata=copy.deepcopy(s.metadata))
+
+
 class RolloutManager:
     """Runs episodes through the recipe's hooks with bounded concurrency and timeouts."""
 
@@ -94,6 +113,10 @@ class RolloutManager:
         self.reward_cfg = reward_cfg
         self.timeout_s = timeout_s
         self._semaphore = asyncio.Semaphore(concurrency)
+
+    @property
+    def cross(self) -> bool:
+        return self.reward_cfg.joint_mode == "cross"
 
     async def _episode(self, ctx: RolloutContext, seed: Sample, stats: RolloutStats):
         async with self._semaphore:
@@ -127,8 +150,8 @@ class RolloutManager:
                         seed, status=Status.FAILED, metadata={**seed.metadata, "error": repr(e)}
                     )
                 ]
-            if any(s.status is Status.ABORTED for s in samples):
-                return samples
+            if any(s.status is Status.ABORTED for s in samples) or self.cross:
+                return samples  # cross: the group's joint actions are scored in _group
             t0 = time.perf_counter()
             try:
                 assign_rewards(samples, await call_reward(self.reward, ctx, samples))
@@ -147,7 +170,55 @@ class RolloutManager:
         episodes = await asyncio.gather(*(self._episode(ctx, seed, stats) for seed in group))
         result = GroupResult(group=group, samples=[s for ep in episodes for s in ep])
         result.aborted = any(s.status is Status.ABORTED for s in result.samples)
+        if self.cross and not result.aborted:
+            t0 = time.perf_counter()
+            await self._cross(ctx, episodes, stats)
+            stats.reward_seconds += time.perf_counter() - t0
         return result
+
+    async def _cross(self, ctx: RolloutContext, episodes: list[list[Sample]], stats) -> None:
+        """joint_mode cross (module docstring): score every combination of one sample per
+        agent, and give each sample the sum of its rewards."""
+        scored = [ep for ep in episodes if all(s.status.trainable for s in ep)]
+        if not scored:
+            return
+        agents = [s.agent for s in scored[0]]
+        for ep in scored:
+            if [s.agent for s in ep] != agents:
+                raise ValueError(
+                    f"reward.joint_mode cross needs one sample per agent in every episode, in "
+                    f"one order ({agents}); episode {ep[0].key} has {[s.agent for s in ep]}"
+                )
+        totals: dict[tuple[int, int], float | None] = {}  # (episode, agent) -> summed reward
+        bound = asyncio.Semaphore(max(1, len(scored)))
+
+        async def joint(combo: tuple[int, ...]) -> None:
+            diagonal = len(set(combo)) == 1
+            async with bound:  # at most K joint actions' copies exist at once
+                members = [
+                    scored[k][a] if diagonal else _copy(scored[k][a]) for a, k in enumerate(combo)
+                ]
+                try:
+                    values = await call_reward(self.reward, ctx, members)
+                    assign_rewards(members, values)
+                except Exception as e:
+                    stats.reward_errors += 1
+                    log.warning("reward of joint action %s failed: %r", combo, e)
+                    for a, k in enumerate(combo):
+                        totals[k, a] = None
+                    return
+            for a, (k, m) in enumerate(zip(combo, members, strict=True)):
+                if totals.get((k, a), 0.0) is None or m.raw_reward is None:
+                    totals[k, a] = None
+                else:
+                    totals[k, a] = totals.get((k, a), 0.0) + m.raw_reward
+
+        combos = itertools.product(range(len(scored)), repeat=len(agents))
+        await asyncio.gather(*(joint(c) for c in combos))
+        for k, ep in enumerate(scored):
+            for a, s in enumerate(ep):
+                s.raw_reward = totals.get((k, a))
+            apply_weighting(ep, self.reward_cfg, ep[0].metadata.get("correct"))
 
     async def run(
         self, ctx: RolloutContext, groups: list[list[Sample]], drop_constant_groups: bool = False

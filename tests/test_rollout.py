@@ -4,6 +4,8 @@ groups returned whole, reward errors masked, DAPO constant-group filter."""
 import asyncio
 import dataclasses
 
+import pytest
+
 from kernel.hooks import RolloutContext
 from kernel.rewards import RewardConfig
 from kernel.rollout import RolloutManager
@@ -182,3 +184,77 @@ def test_loop_refills_dropped_and_aborted_groups_from_the_buffer(tmp_path):
     assert attempts == {0: 1, 1: 2, 2: 1, 3: 1, 4: 1}
     assert batch.stats.dropped_groups == 2 and batch.stats.aborted_groups == 1
     assert buffer.next_groups(1)[0][0].metadata["row"] == 5  # nothing skipped or repeated
+
+
+# ---- joint_mode cross (CoMLRL) ----------------------------------------------------------------
+
+
+async def pair(ctx, seed):
+    """Two agents answering in parallel: a's answer is index + 1, b's is 10 x (index + 1)."""
+    return [finished(seed, "a", seed.index + 1), finished(seed, "b", 10 * (seed.index + 1))]
+
+
+def test_cross_scores_every_combination_and_sums_each_samples_rewards():
+    calls, live, peak = [], 0, 0
+
+    async def product(ctx, samples):
+        nonlocal live, peak
+        live += 1
+        peak = max(peak, live)
+        await asyncio.sleep(0.001)
+        live -= 1
+        a, b = (s.response_ids[-1] for s in samples)
+        calls.append((a, b))
+        for s in samples:
+            s.metadata["scored_with"] = (a, b)  # a hook writing metadata
+        return {"a": float(a * b), "b": float(a * b)}  # one team reward per joint action
+
+    cfg = RewardConfig(joint_mode="cross")
+    m = RolloutManager(pair, product, cfg, concurrency=8, timeout_s=5)
+    kept, _, stats = run(m, [seeds(0, 3)])
+    # 3 x 3 joint actions; a_i's reward = a_i x (10 + 20 + 30), b_j's = b_j x (1 + 2 + 3)
+    assert sorted(calls) == sorted((a, b) for a in (1, 2, 3) for b in (10, 20, 30))
+    samples = kept[0].samples
+    assert len(samples) == 6  # nothing but the K x N samples is kept
+    assert [s.reward for s in samples if s.agent == "a"] == [60.0, 120.0, 180.0]
+    assert [s.reward for s in samples if s.agent == "b"] == [60.0, 120.0, 180.0]
+    # each original carries its own episode's scoring (the diagonal), never another's
+    assert [s.metadata["scored_with"] for s in samples if s.agent == "a"] == [
+        (1, 10), (2, 20), (3, 30)
+    ]  # fmt: skip
+    assert peak <= 3 and stats.reward_errors == 0  # at most K joint actions at once
+
+
+def test_cross_none_or_failing_joint_actions_mask_their_members():
+    def picky(ctx, samples):
+        a, b = (s.response_ids[-1] for s in samples)
+        if (a, b) == (1, 20):
+            raise RuntimeError("judge down")
+        return {"a": 1.0, "b": None if b == 30 else 1.0}
+
+    m = RolloutManager(pair, picky, RewardConfig(joint_mode="cross"), concurrency=8, timeout_s=5)
+    kept, _, stats = run(m, [seeds(0, 3)])
+    rewards = {(s.agent, s.index): s.reward for s in kept[0].samples}
+    # (1, 20) failed: a_0 and b_1 lose their sums; b_2 is None in every joint action
+    assert rewards == {("a", 0): None, ("a", 1): 3.0, ("a", 2): 3.0,
+                       ("b", 0): 3.0, ("b", 1): None, ("b", 2): None}  # fmt: skip
+    assert stats.reward_errors == 1
+
+
+def test_cross_refuses_episodes_without_one_sample_per_agent():
+    async def lonely(ctx, seed):
+        return [finished(seed, "a", 1)] if seed.index else [finished(seed, "b", 1)]
+
+    m = RolloutManager(lonely, lambda c, s: 1.0, RewardConfig(joint_mode="cross"), 8, 5)
+    with pytest.raises(ValueError, match=r"one sample per agent.*g0/e1/a/t0"):
+        run(m, [seeds(0, 2)])
+
+
+def test_cross_config_refuses_a_team_estimator():
+    from kernel.config import load_train_config
+
+    flags = ["--data.path=x.jsonl", "--reward.joint_mode=cross", "--advantage.estimator=magrpo"]
+    with pytest.raises(ValueError, match="use grpo or dr_grpo"):
+        load_train_config(flags).validate()
+    with pytest.raises(ValueError, match="joint_mode"):
+        RewardConfig(joint_mode="crossed").validate()
