@@ -61,6 +61,7 @@ HEADLINES = {
         "doctor", "reward", "doctor reward (diagnosis + recommendation + information - penalties)"
     ),
     "deep_research": Headline("agent", "passed", "exact match of the final answer", run_sh=True),
+    "debate": Headline("alice", "passed", "accuracy of the debate's majority verdict"),
     "code_pair": Headline(
         "main", "reward", "team reward (CoMLRL-style partial credit, 0..4; HumanEval checks)"
     ),

@@ -34,7 +34,7 @@ def bench_learning():
 
 def test_learn_presets_exist_and_hold_out_their_eval_set():
     recipes = {p.parent.parent.name for p in LEARN}
-    assert recipes == {"code_pair", "deep_research", "math_solver_verifier", "takes_two"}
+    assert recipes == {"code_pair", "debate", "deep_research", "math_solver_verifier", "takes_two"}
     for preset in LEARN:
         cfg = yaml.safe_load(preset.read_text())
         assert cfg["eval"]["path"] and cfg["eval"]["every"], preset

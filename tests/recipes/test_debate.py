@@ -1,0 +1,195 @@
+"""debate: answer extraction, the majority verdict and the per-debater rewards against goldens;
+a debate on a real embedded server where each debater hears the others' answers (masked out
+of its loss) between rounds; a model judge; the tiny preset through the loop."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from kernel.agents import AgentHandle
+from kernel.config import load_train_config
+from kernel.engine.client import EngineClient, GenerateResult
+from kernel.engine.launch import free_port, launch_server
+from kernel.engine.server import ServerConfig
+from kernel.hooks import RolloutContext
+from kernel.loop import train
+from kernel.models import load_tokenizer
+from kernel.sample import Sample
+from recipes.debate.config import RecipeConfig
+from recipes.debate.generate import generate
+from recipes.debate.reward import extract_answer, majority, reward, same
+
+TINY = Path(__file__).resolve().parents[2] / "recipes" / "debate" / "presets" / "tiny.yaml"
+CFG = RecipeConfig().validate()
+
+
+@pytest.mark.parametrize(
+    ("text", "answer"),
+    [
+        ("5 - 3 = 2. Answer: 2", "2"),
+        ("First 7, then the answer is -4.", "-4"),
+        ("Answer: 3, no wait. Answer: **12**", "12"),
+        ("It is 1,250 in total", "1250"),
+        ("half: 1/2", "1/2"),
+        ("I do not know.", None),
+    ],
+)
+def test_extract_answer(text, answer):
+    assert extract_answer(text) == answer
+
+
+def test_same_compares_numbers_then_text():
+    assert same("2.0", "2") and same("1/2", "0.5") and not same("3", "2")
+    assert same("x ", "x") and not same(None, "2")
+
+
+def test_majority_and_its_ties():
+    order = ["a", "b", "c"]
+    assert majority({"a": "1", "b": "2", "c": "2.0"}, order) == "2"
+    assert majority({"a": "1", "b": "2", "c": None}, order) == "1"  # tie: the earliest debater
+    assert majority({"a": None, "b": "7", "c": "1"}, order) == "7"
+    assert majority({"a": None, "b": None}, ["a", "b"]) is None
+
+
+def _debate(turns: dict[str, list[str]], verdict: str | None = None, label: str = "2"):
+    meta = {"debate": turns, "verdict": verdict}
+    return [
+        Sample(prompt="Calculate 5 - 3.", label=label, agent=name, metadata=dict(meta))
+        for name in turns
+    ]
+
+
+def test_rewards_per_debater_golden():
+    # alice right from the start; bob wrong, then convinced: majority 2, right
+    samples = _debate({"alice": ["Answer: 2", "Answer: 2"], "bob": ["Answer: 8", "Answer: 2"]})
+    assert reward(RolloutContext(config=CFG), samples) == {"alice": 1.5, "bob": 1.5}
+    m = samples[0].metadata["metrics"]
+    assert m["first_round_accuracy"] == 0.5 and m["final_accuracy"] == 1.0
+    assert m["agreement"] == 1.0 and m["changed_answer"] == 0.5 and m["verdict_correct"] == 1.0
+    assert all(s.metadata["correct"] is True for s in samples)
+    # a split: the tie goes to alice's wrong answer; bob is right alone; carol states nothing
+    three = RecipeConfig(debaters=["alice", "bob", "carol"]).validate()
+    samples = _debate({"alice": ["Answer: 8"], "bob": ["Answer: 2"], "carol": ["hmm"]})
+    assert reward(RolloutContext(config=three), samples) == {
+        "alice": 0.0,
+        "bob": 1.0,
+        "carol": -0.5,
+    }
+    assert samples[0].metadata["correct"] is False
+
+
+def test_model_judge_rewards_itself_on_its_verdict():
+    cfg = RecipeConfig(judge="model").validate()
+    turns = {"alice": ["Answer: 2"], "bob": ["Answer: 8"]}
+    samples = _debate(turns, verdict="bob is wrong. Answer: 2")
+    assert reward(RolloutContext(config=cfg), samples) == {"alice": 1.5, "bob": 0.0, "judge": 1.0}
+    samples = _debate(turns, verdict="I cannot decide")
+    assert reward(RolloutContext(config=cfg), samples) == {"alice": 1.0, "bob": 0.0, "judge": -0.5}
+
+
+@pytest.mark.parametrize(
+    ("args", "field"),
+    [
+        ({"debaters": ["alice"]}, "debaters"),
+        ({"debaters": ["alice", "judge"]}, "debaters"),
+        ({"rounds": 0}, "rounds"),
+        ({"judge": "vote"}, "judge"),
+        ({"format_penalty": -1}, "format_penalty"),
+    ],
+)
+def test_config_errors_name_the_field(args, field):
+    with pytest.raises(ValueError, match=field):
+        RecipeConfig(**args).validate()
+
+
+# ---- on real engines -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, tmp_path_factory):
+    proc = launch_server(
+        ServerConfig(model=str(tiny_model_dir), port=free_port(), num_threads=1),
+        tmp_path_factory.mktemp("debate") / "engine.log",
+    )
+    try:
+        proc.wait_healthy(deadline_s=180)
+        yield proc.url, load_tokenizer(str(tiny_model_dir))
+    finally:
+        proc.stop()
+
+
+def _spans(s: Sample) -> list[list[int]]:
+    spans, current = [], []
+    for t, m in zip(s.response_ids, s.loss_mask, strict=True):
+        if m:
+            current.append(t)
+        elif current:
+            spans, current = [*spans, current], []
+    return spans + ([current] if current else [])
+
+
+def _seed() -> Sample:
+    return Sample(prompt="Calculate 5 - 3.", label="2", group_id=1, index=0)
+
+
+def test_a_debate_on_a_real_engine_each_debater_hears_the_others_masked(engine):
+    url, tok = engine
+    agents = {
+        n: AgentHandle(n, [EngineClient(url)], tok, {"temperature": 1.0}, 12, 768)
+        for n in ("alice", "bob")
+    }
+    cfg = RecipeConfig(rounds=3).validate()
+    samples = asyncio.run(generate(RolloutContext(agents=agents, config=cfg), _seed()))
+    assert [s.agent for s in samples] == ["alice", "bob"]
+    turns = samples[0].metadata["debate"]
+    for s in samples:
+        s.validate()
+        own = turns[s.agent]
+        assert len(own) == 3
+        assert [tok.decode(x, skip_special_tokens=True) for x in _spans(s)] == own
+        other = "bob" if s.agent == "alice" else "alice"
+        dialogue = tok.decode(s.prompt_ids + s.response_ids)
+        # rounds 1 and 2 of the other debater reached it, round 3 (the last) did not
+        assert dialogue.count("The others answered") == 2
+        assert turns[other][0][:300].strip() in dialogue
+    rewards = reward(RolloutContext(agents=agents, config=cfg), samples)
+    assert set(rewards) == {"alice", "bob"}
+
+
+class _Scripted(AgentHandle):
+    def __init__(self, name, tok, script):
+        super().__init__(name, [object()], tok, {}, 32, 768)
+        self.script = list(script)
+
+    async def generate(self, input_ids, sampling=None) -> GenerateResult:
+        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+        ids = [*self.tokenizer.encode(self.script.pop(0), add_special_tokens=False), end]
+        return GenerateResult(ids, [-0.5] * len(ids), {"type": "stop", "matched": end}, "1")
+
+
+def test_a_model_judge_reads_the_final_answers(engine):
+    _, tok = engine
+    agents = {
+        "alice": _Scripted("alice", tok, ["Answer: 2", "Still 2. Answer: 2"]),
+        "bob": _Scripted("bob", tok, ["Answer: 9", "Answer: 8"]),
+        "judge": _Scripted("judge", tok, ["Answer: 2"]),
+    }
+    cfg = RecipeConfig(judge="model").validate()
+    ctx = RolloutContext(agents=agents, config=cfg)
+    samples = asyncio.run(generate(ctx, _seed()))
+    assert [s.agent for s in samples] == ["alice", "bob", "judge"]
+    view = tok.decode(samples[2].prompt_ids)
+    assert "alice: Still 2. Answer: 2" in view and "bob: Answer: 8" in view
+    assert "bob: Answer: 9" not in view  # the judge reads the final answers only
+    assert reward(ctx, samples) == {"alice": 1.5, "bob": 0.0, "judge": 1.0}
+
+
+@pytest.mark.slow
+def test_tiny_preset_runs_end_to_end(tmp_path):
+    rows = train(load_train_config([f"--output_dir={tmp_path}"], yaml_path=TINY))
+    assert [r["step"] for r in rows] == [0, 1]
+    assert all("episode/verdict_correct" in r and "alice/reward" in r for r in rows)
+    assert "eval/alice/avg@2" in rows[-1]
