@@ -91,3 +91,17 @@ def test_ray_trainer_ranks_must_split_over_the_trainers_parallel_sizes(tmp_path)
     (model,) = plan_models(cfg, tmp_path, {})
     with pytest.raises(ValueError, match=r"agents\['default'\]: 3 trainer ranks .* = 2 x 1"):
         place_trainer(cfg, model, None)
+
+
+@pytest.mark.parametrize(
+    "preset",
+    sorted(Path(__file__).resolve().parents[1].glob("*/presets/*.yaml"))
+    + sorted(Path(__file__).resolve().parents[1].glob("recipes/*/presets/*.yaml")),
+    ids=lambda p: f"{p.parent.parent.name}/{p.stem}",
+)
+def test_every_preset_passes_its_checks(preset):
+    """Each shipped preset loads and validates as it is (its recipe config included)."""
+    from kernel.hooks import default_recipe_config, load_recipe_config
+
+    cfg = load_train_config([], yaml_path=preset).validate()
+    load_recipe_config(cfg.recipe_config or default_recipe_config(cfg.recipe), cfg.recipe_args)

@@ -9,6 +9,8 @@ import os
 from dataclasses import dataclass, field
 
 AGENT, SEARCHER = "agent", "searcher"
+VERIFIER, ANSWERER = "verifier", "answerer"
+WORKFLOWS = ("agent", "routed")
 """The two agents' names: ``agents: [agent, searcher]`` in a preset."""
 
 SEARCHER_REWARDS = ("outcome", "outcome_format", "answer_in_summary", "none")
@@ -18,6 +20,12 @@ SEARCHER_REWARDS = ("outcome", "outcome_format", "answer_in_summary", "none")
 class RecipeConfig:
     """deep_research settings."""
 
+    workflow: str = "agent"
+    """agent: one main agent searches (through its searcher), reads and answers; routed:
+    Dr.MAS's search hierarchy, a verifier that routes each loop to the searcher (more
+    evidence) or to the answerer (enough), which answers from the evidence"""
+    max_loops: int = 3
+    """routed: the verifier's turns at most; then the answerer answers with what there is"""
     retriever_url: str = "http://127.0.0.1:8000"
     """Base URL of the retriever service (python -m retriever serve)."""
     retriever_api_key: str | None = field(default=None, repr=False)
@@ -77,7 +85,12 @@ class RecipeConfig:
             raise ValueError(
                 f"recipe_args.retriever_url must be an http(s) URL, got {self.retriever_url!r}"
             )
+        if self.workflow not in WORKFLOWS:
+            raise ValueError(
+                f"recipe_args.workflow must be one of {WORKFLOWS}, got {self.workflow!r}"
+            )
         for name in (
+            "max_loops",
             "topk",
             "max_turns",
             "searcher_max_turns",

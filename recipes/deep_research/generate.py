@@ -21,6 +21,9 @@ responses enter each dialogue as ``tool_role`` messages, so they are in the cont
 out of the loss: each agent trains only on the tokens it sampled, in its own Conversation with
 its own tokenizer (the two agents may be different models).
 
+``recipe_args.workflow: routed`` is Dr.MAS's search hierarchy instead (``routed`` below): a
+verifier routes each loop to the searcher or to an answerer.
+
 Returns the main agent's sample (turn 0) and one sample per searcher call (agent "searcher",
 turn = the call's number). Every sample carries ``final_answer`` and ``correct`` (exact match)
 for reward.py and the kernel's outcome weighting; the main agent's sample carries the episode
@@ -35,18 +38,30 @@ from kernel.agents import Dialogue
 from kernel.hooks import RolloutContext
 from kernel.sample import Sample
 from recipes.deep_research import prompts
-from recipes.deep_research.config import AGENT, SEARCHER, RecipeConfig, resolve
+from recipes.deep_research.config import (
+    AGENT,
+    ANSWERER,
+    SEARCHER,
+    VERIFIER,
+    RecipeConfig,
+    resolve,
+)
 from recipes.deep_research.reward import evidence, exact_match, f1_score, gold_answers
 from recipes.deep_research.tools import (
     ACTION_TAGS,
     AGENT_STOP,
+    ANSWERER_STOP,
+    ROUTE_TAGS,
     SEARCHER_STOP,
     SEARCHER_TAGS,
+    VERIFIER_STOP,
+    Action,
     DocumentNotFound,
     FormatError,
     RetrieverClient,
     RetrieverError,
     parse_action,
+    parse_route,
     parse_searcher_turn,
 )
 
@@ -173,6 +188,8 @@ async def read_document(
 async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     """The recipe's generate hook: one research episode (see the module docstring)."""
     cfg = resolve(ctx.config)
+    if cfg.workflow == "routed":
+        return await routed(ctx, sample)
     main = Dialogue(ctx.agents[AGENT], prompts.AGENT_SYSTEM, prompts.question(str(sample.prompt)))
     counts = Counts()
     answer: str | None = None
@@ -221,5 +238,74 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     ]
     if samples[0] is not None and sample.metadata.get("support"):
         metrics["evidence"] = evidence(samples[0])  # logged when the data names support ids
+    samples += [d.sample(sample, i, **outcome, **meta) for i, (d, meta) in enumerate(searchers)]
+    return [s for s in samples if s is not None]
+
+
+async def routed(ctx: RolloutContext, sample: Sample) -> list[Sample]:
+    """Dr.MAS's search hierarchy (``workflow: routed``): the verifier reads the question and
+    the evidence so far and routes each loop to the searcher (``<search>sub-question
+    </search>``: a searcher call, its summary back to the verifier as a tool response and into
+    the evidence) or to the answerer (``<enough></enough>``); after ``max_loops`` verifier
+    turns the answerer answers anyway. The answerer sees the question and the evidence and
+    writes ``<answer>...</answer>``. Samples: the verifier's (turn 0), the answerer's (turn
+    0), one per searcher call (turn = its number); the verifier's carries the metrics
+    (``loops``, ``routed_to_answer``: the verifier said enough, ``searches``, ...)."""
+    cfg = resolve(ctx.config)
+    question = str(sample.prompt)
+    verifier = Dialogue(ctx.agents[VERIFIER], prompts.VERIFIER_SYSTEM, prompts.question(question))
+    counts, evidence_found, enough = Counts(), [], False
+    searchers: list[tuple[Dialogue, dict]] = []
+    retriever = RetrieverClient(
+        cfg.retriever_url, cfg.request_timeout_s, cfg.retries, cfg.retriever_api_key
+    )
+    async with retriever:
+        for _ in range(cfg.max_loops):
+            text = await verifier.speak(_sampling(cfg, VERIFIER_STOP))
+            if text is None:
+                break
+            counts.turns += 1
+            route = parse_route(text)
+            if isinstance(route, FormatError):
+                counts.format_errors += 1
+                reply = prompts.format_error(route.why, ROUTE_TAGS)
+            elif route.kind == "enough":
+                enough = True
+                break
+            else:
+                counts.searches += 1
+                reply, dialogue, meta = await run_searcher(ctx, retriever, route.arg, counts)
+                searchers.append((dialogue, meta))
+                evidence_found.append(f"{route.arg} {reply}")
+            if not verifier.say(cfg.tool_role, prompts.information(reply)):
+                break
+
+    view = prompts.evidence_view(question, evidence_found)
+    answerer = Dialogue(ctx.agents[ANSWERER], prompts.ANSWERER_SYSTEM, view)
+    answer = None
+    if answerer.fits:
+        opening = "<answer>" if cfg.scaffold else ""
+        text = await answerer.speak(_sampling(cfg, ANSWERER_STOP), opening)
+        action = parse_action(_closed(text, opening)) if text is not None else None
+        answer = action.arg if isinstance(action, Action) and action.kind == "answer" else None
+
+    golds = gold_answers(sample.label)
+    em, f1 = exact_match(answer, golds), f1_score(answer, golds)
+    outcome = {"final_answer": answer, "correct": em == 1.0}
+    metrics = episode_metrics(counts, answer is not None, em, f1)
+    metrics |= {"loops": float(counts.turns), "routed_to_answer": float(enough)}
+    retrieved = sorted({i for _, meta in searchers for i in meta["retrieved"]})
+    samples = [
+        verifier.sample(
+            sample,
+            0,
+            **outcome,
+            format_ok=counts.format_errors == 0,
+            retrieved=retrieved,
+            metrics=metrics,
+            tool_errors=counts.notes,
+        ),
+        answerer.sample(sample, 0, **outcome, format_ok=answer is not None, retrieved=retrieved),
+    ]
     samples += [d.sample(sample, i, **outcome, **meta) for i, (d, meta) in enumerate(searchers)]
     return [s for s in samples if s is not None]

@@ -34,6 +34,33 @@ SEARCHER_SYSTEM = (
 )
 
 
+VERIFIER_SYSTEM = (
+    "You decide whether the evidence gathered so far answers a question about a fictional "
+    "world. Each turn, either ask a research assistant to look something up, by putting it "
+    "between <search> and </search> (a summary comes back inside "
+    "<information></information>), or, when the evidence is enough to answer, reply "
+    "<enough></enough> and a colleague will answer from it.\n\n"
+    "Example, for the question 'Who founded Acme Works?':\n"
+    "<search>Who founded Acme Works?</search>\n"
+    "<information>Acme Works was founded by Ann Lee [c004].</information>\n"
+    "<enough></enough>"
+)
+
+ANSWERER_SYSTEM = (
+    "You answer a question about a fictional world from the evidence researchers gathered. "
+    "Put only the short final answer (a name, a place, a number) between <answer> and "
+    "</answer>.\n\n"
+    "Example:\nQuestion: Who founded Acme Works?\nEvidence:\n- Who founded Acme Works? Acme "
+    "Works was founded by Ann Lee [c004].\n<answer>Ann Lee</answer>"
+)
+
+
+def evidence_view(text: str, evidence: list[str]) -> str:
+    """The answerer's prompt: the question and every search's summary."""
+    listed = "\n".join(f"- {e.strip()}" for e in evidence) or "(none was gathered)"
+    return f"Question: {text.strip()}\nEvidence:\n{listed}"
+
+
 def question(text: str) -> str:
     return f"Question: {text.strip()}"
 

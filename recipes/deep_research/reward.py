@@ -14,7 +14,9 @@ With gold answers G and the agent's final answer a (None when it never answered)
                 answer_in_summary: 1 if some normalize(g) occurs, token-aligned, in
                                    normalize(summary), else 0
                 none:              None (not trained on)
-    both      + evidence_weight * |support retrieved| / |support|  (if evidence_weight; support
+    verifier, answerer (workflow routed): as the agent; the verifier's format_ok = no malformed
+                routing turn, the answerer's = it answered
+    all       + evidence_weight * |support retrieved| / |support|  (if evidence_weight; support
                 = the row's supporting document ids, retrieved = by all the episode's searches
                 for the agent, by its own queries for a searcher; 0 without support ids)
 
@@ -32,7 +34,14 @@ from collections.abc import Sequence
 
 from kernel.hooks import RewardResult, RolloutContext
 from kernel.sample import Sample
-from recipes.deep_research.config import AGENT, SEARCHER, RecipeConfig, resolve
+from recipes.deep_research.config import (
+    AGENT,
+    ANSWERER,
+    SEARCHER,
+    VERIFIER,
+    RecipeConfig,
+    resolve,
+)
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
@@ -102,7 +111,7 @@ def score_sample(sample: Sample, cfg: RecipeConfig) -> float | None:
     """The reward of one sample of an episode (formulas in the module docstring)."""
     meta = sample.metadata
     outcome = answer_score(meta.get("final_answer"), sample.label, cfg)
-    if sample.agent == AGENT:
+    if sample.agent in (AGENT, VERIFIER, ANSWERER):  # the routed workflow's roles score alike
         score = outcome + cfg.format_weight * float(meta["format_ok"])
     elif sample.agent != SEARCHER:
         raise ValueError(f"sample {sample.key}: unknown agent {sample.agent!r}")

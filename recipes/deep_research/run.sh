@@ -9,7 +9,7 @@
 #             plan gives them, NCCL weight sync; the retriever on RETRIEVER_DEVICE of this node
 #             (the rollouts, which call it, run here).
 #
-#   MODEL (smollm2 | HF path), DATA (train jsonl/parquet), STEPS, OUT, PRESET (cpu | tiny | learn),
+#   MODEL (smollm2 | HF path), DATA (train jsonl/parquet), STEPS, OUT, PRESET (cpu | tiny | learn | routed),
 #   CORPUS (retriever JSONL, default the shipped one), INDEX (index folder; built if missing),
 #   EMBEDDER (retriever model, default minilm), RETRIEVER_DEVICE (cpu), RETRIEVER_PORT (free);
 #   gpu: TRAIN_GPUS (default half), BACKEND (megatron | torch), TP, PP, ENGINE_TP, GPUS (per

@@ -10,6 +10,9 @@ Text inside ``<think>`` is ignored, so an agent may think about tags without cal
 
 Searcher turn: ``<summary>...</summary>`` (final), or one or more ``<query>...</query>``.
 
+Verifier turn (workflow ``routed``): ``<search>sub-question</search>`` or ``<enough></enough>``;
+the answerer's: ``<answer>final answer</answer>``.
+
 ``RetrieverClient`` calls the retriever service over HTTP (httpx) with a timeout and retries
 (tenacity) on connection errors, timeouts and HTTP 5xx; whatever still fails is a
 ``RetrieverError`` whose message becomes the tool response.
@@ -28,9 +31,13 @@ ACTION_TAGS = "<search>...</search>, <read>...</read> or <answer>...</answer>"
 SEARCHER_TAGS = "<query>...</query> or <summary>...</summary>"
 AGENT_STOP = ["</search>", "</read>", "</answer>"]
 SEARCHER_STOP = ["</summary>"]
+ROUTE_TAGS = "<search>...</search> or <enough>...</enough>"
+VERIFIER_STOP = ["</search>", "</enough>"]
+ANSWERER_STOP = ["</answer>"]
 
 _THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
 _ACTION = re.compile(r"<(search|read|answer)>(.*?)</\1>", re.DOTALL)
+_ROUTE = re.compile(r"<(search|enough)>(.*?)</\1>", re.DOTALL)
 _QUERY = re.compile(r"<query>(.*?)</query>", re.DOTALL)
 _SUMMARY = re.compile(r"<summary>(.*?)</summary>", re.DOTALL)
 
@@ -82,6 +89,23 @@ def parse_action(text: str) -> Action | FormatError:
     if not arg:
         return FormatError(f"empty <{kind}>")
     return Action(kind, arg)
+
+
+def parse_route(text: str) -> Action | FormatError:
+    """A verifier turn (workflow routed): ``<search>sub-question</search>`` (more evidence) or
+    ``<enough>...</enough>`` (hand over to the answerer; the text inside may be empty)."""
+    visible = _outside_think(text)
+    if isinstance(visible, FormatError):
+        return visible
+    found = _ROUTE.findall(visible)
+    if not found:
+        return FormatError("no complete <search> or <enough> tag")
+    if len(found) > 1:
+        return FormatError(f"{len(found)} routing tags in one turn")
+    kind, arg = found[0]
+    if kind == "search" and not arg.strip():
+        return FormatError("empty <search>")
+    return Action(kind, arg.strip())
 
 
 def parse_searcher_turn(text: str, max_queries: int) -> SearcherTurn | FormatError:

@@ -354,3 +354,92 @@ def test_short_cpu_training_run_logs_every_metric(tmp_path, retriever_url):
             assert f"episode/{key}" in row, key
         assert row["train/n_samples"] > 0
     assert "eval/agent/pass@2" in rows[-1]
+
+
+# ---- workflow routed: Dr.MAS's verifier -> searcher | answerer ---------------------------------
+
+
+def test_parse_route_goldens():
+    from recipes.deep_research.tools import Action, FormatError, parse_route
+
+    assert parse_route("<search>Who founded X?</search>") == Action("search", "Who founded X?")
+    assert parse_route("<think>done</think><enough></enough>") == Action("enough", "")
+    assert parse_route("<enough>the summary names him</enough>").kind == "enough"
+    assert parse_route("<search> </search>") == FormatError("empty <search>")
+    assert isinstance(parse_route("<answer>X</answer>"), FormatError)
+    assert isinstance(parse_route("<search>a</search><enough></enough>"), FormatError)
+
+
+def _routed(world, tok, verifier_replies, searcher_replies, answer, url, **cfg):
+    company, founder = world["company"], world["founder"]
+    agents = {
+        "verifier": ScriptedAgent("verifier", tok, verifier_replies),
+        "searcher": ScriptedAgent("searcher", tok, searcher_replies),
+        "answerer": ScriptedAgent("answerer", tok, [answer]),
+    }
+    ctx = _ctx(agents, url, workflow="routed", **cfg)
+    seed = _seed(f"Who founded {company['title']}?", [founder["title"]])
+    return agents, ctx, asyncio.run(_run(ctx, seed))
+
+
+def test_routed_verifier_sends_to_the_searcher_then_to_the_answerer(
+    world, retriever_url, smollm2_tokenizer
+):
+    tok, company, founder = smollm2_tokenizer, world["company"], world["founder"]
+    summary = f"{company['title']} was founded by {founder['title']} [{company['id']}]."
+    _, ctx, samples = _routed(
+        world,
+        tok,
+        [f"<search>Who founded {company['title']}?</search>", "<enough></enough>"],
+        [f"<query>{company['title']} founder</query>", f"<summary>{summary}</summary>"],
+        f"<answer>{founder['title']}</answer>",
+        retriever_url,
+    )
+    assert [(s.agent, s.turn) for s in samples] == [
+        ("verifier", 0),
+        ("answerer", 0),
+        ("searcher", 0),
+    ]
+    verifier, answerer, _ = samples
+    for s in samples:
+        s.validate()
+        assert s.metadata["final_answer"] == founder["title"] and s.metadata["correct"] is True
+    # the summary went back to the verifier (in context, out of its loss) and to the answerer
+    own, whole = _split(verifier, tok)
+    assert summary in whole and summary not in own
+    assert summary in tok.decode(answerer.prompt_ids)
+    assert _split(answerer, tok)[0] == f"<answer>{founder['title']}</answer>"
+    m = verifier.metadata["metrics"]
+    assert (m["loops"], m["searches"], m["routed_to_answer"], m["em"]) == (2.0, 1.0, 1.0, 1.0)
+    # verifier and answerer: EM 1 + 0.5 F1 1 + 0.1 format; searcher (outcome) 1.5
+    assert reward(ctx, samples) == [pytest.approx(1.6), pytest.approx(1.6), pytest.approx(1.5)]
+
+
+def test_routed_answers_anyway_after_max_loops_and_counts_a_bad_route(
+    world, retriever_url, smollm2_tokenizer
+):
+    tok, company = smollm2_tokenizer, world["company"]
+    agents, ctx, samples = _routed(
+        world,
+        tok,
+        ["I think it is fine.", f"<search>{company['title']}</search>"],
+        [f"<query>{company['title']}</query>", "<summary>nothing useful</summary>"],
+        "<answer>Nobody</answer>",
+        retriever_url,
+        max_loops=2,
+    )
+    verifier = samples[0]
+    m = verifier.metadata["metrics"]
+    assert (m["loops"], m["format_errors"], m["searches"], m["routed_to_answer"]) == (
+        2.0,
+        1.0,
+        1.0,
+        0.0,
+    )
+    assert "Invalid turn: no complete <search> or <enough> tag" in tok.decode(
+        verifier.prompt_ids + verifier.response_ids
+    )
+    assert agents["answerer"].replies == [] and samples[1].metadata["correct"] is False
+    # the verifier made a malformed turn: no format credit; the answerer answered: it has one
+    r = reward(ctx, samples)
+    assert r[0] == pytest.approx(0.0) and r[1] == pytest.approx(0.1)
