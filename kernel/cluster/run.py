@@ -164,9 +164,10 @@ def _launch_config(cfg, plan, server: str):
         if g.colocate and server == "sglang":
             raise ValueError(
                 f"agents[{g.owner!r}].resources.colocate on real SGLang: its colocated "
-                "update_weights_from_tensor takes CUDA-IPC handles (load_format "
-                "flattened_bucket), which Tandem does not send yet; place this model "
-                "disaggregated (infer_gpus) or serve it with cluster.engine_server embedded"
+                "update_weights_from_tensor takes one flattened_bucket payload per engine TP "
+                "rank, made on that rank's own GPU by the trainer rank sharing it, which kernel "
+                "launch does not wire yet; place this model disaggregated (infer_gpus) or serve "
+                "it with cluster.engine_server embedded"
             )
         if g.colocate and cfg.async_mode:
             raise ValueError(

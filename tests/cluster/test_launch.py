@@ -182,8 +182,9 @@ def test_launch_refuses_a_plan_bigger_than_the_ray_cluster(tmp_path, fake_gpu_ra
 
 
 def test_launch_refuses_colocation_on_real_sglang_before_starting_anything(tmp_path, fake_gpu_ray):
-    """Colocated weight sync to real SGLang needs CUDA-IPC handles that Tandem does not send
-    yet: the launch says so, naming the agent, instead of failing at the first sync."""
+    """Colocated weight sync to real SGLang needs a flattened_bucket payload per engine TP rank
+    made on that rank's GPU, which kernel launch does not wire yet: the launch says so, naming
+    the agent, instead of failing at the first sync."""
     cfg = toy(tmp_path, {"train_gpus": 2, "colocate": True})
     plan = make_plan(cfg, replace(cluster(2), engine_server="sglang"))
     with pytest.raises(ValueError, match=r"agents\['default'\].resources.colocate on real SGLang"):
