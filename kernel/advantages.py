@@ -91,6 +91,7 @@ TeamReward = Literal["sum", "mean"]
 ESTIMATORS: tuple[str, ...] = typing.get_args(Estimator)
 GROUP_BY: tuple[str, ...] = typing.get_args(GroupBy)
 TEAM_REWARDS: tuple[str, ...] = typing.get_args(TeamReward)
+TEAM_ESTIMATORS = ("magrpo", "mareinforce", "marloo", "maremax")
 
 
 @dataclass
@@ -112,6 +113,13 @@ class AdvantageConfig:
     """gae: GAE's lambda (1: the discounted return minus the value; 0: one-step TD)"""
     step_weight: float = 1.0
     """gigpo: weight of the step-level advantage (GiGPO's omega)"""
+    discount: float | None = None
+    """magrpo, mareinforce, marloo, maremax: None, one team reward per episode (an agent's
+    turns averaged); a number, CoMLRL's multi-turn returns: the team reward of each turn (over
+    the agents' samples of that turn) plus ``discount`` times the next turn's return, so every
+    turn's samples get the discounted team return from there on (1.0: CoMLRL 1.4.3's
+    undiscounted sum); pair it with ``group_by: prompt_agent_turn`` for CoMLRL's per-turn
+    baselines"""
     team_reward: TeamReward = "mean"
     """magrpo, mareinforce, marloo, maremax: team reward of an episode = mean (default) or sum
     of the rewards of its agents that have one (None: does not apply, left out)"""
@@ -135,6 +143,16 @@ class AdvantageConfig:
             raise ValueError(f"AdvantageConfig.gamma must be in [0, 1], got {self.gamma!r}")
         if not 0 <= self.lam <= 1:
             raise ValueError(f"AdvantageConfig.lam must be in [0, 1], got {self.lam!r}")
+        if self.discount is not None:
+            if self.estimator not in TEAM_ESTIMATORS:
+                raise ValueError(
+                    f"AdvantageConfig.discount applies to {TEAM_ESTIMATORS}, not "
+                    f"{self.estimator!r} (gigpo and gae discount with gamma)"
+                )
+            if not 0 <= self.discount <= 1:
+                raise ValueError(
+                    f"AdvantageConfig.discount must be in [0, 1], got {self.discount!r}"
+                )
         if not (math.isfinite(self.step_weight) and self.step_weight >= 0):
             raise ValueError(f"AdvantageConfig.step_weight must be >= 0, got {self.step_weight!r}")
         return self
@@ -315,14 +333,23 @@ def compute_advantages(samples: list[Sample], cfg: AdvantageConfig) -> dict[str,
     elif cfg.estimator == "gigpo":
         adv = _gigpo(valid, rewards, index, cfg)
     else:  # the team estimators (magrpo and the rest of CoMLRL's family)
-        episode = _indices([(s.group_id, s.index) for s in valid])  # (N,)
         agent = _indices([s.agent for s in valid])  # (N,)
-        team = team_rewards(rewards, episode, agent, cfg.team_reward)  # (E,)
-        # One row per (group, episode): each episode counts once in each group it appears in.
-        pair = _indices(list(zip(index.tolist(), episode.tolist(), strict=True)))  # (N,)
+        if cfg.discount is None:  # one team reward per episode
+            unit = _indices([(s.group_id, s.index) for s in valid])  # (N,)
+            value = team_rewards(rewards, unit, agent, cfg.team_reward)  # (U,)
+        else:  # one per (episode, turn): the discounted team return from that turn on
+            unit = _indices([(s.group_id, s.index, s.turn) for s in valid])  # (N,)
+            team = team_rewards(rewards, unit, agent, cfg.team_reward)  # (U,)
+            episode = _indices([(s.group_id, s.index) for s in valid])  # (N,)
+            turn = torch.tensor([s.turn for s in valid])  # (N,)
+            unit_episode = episode.new_empty(len(team)).scatter_(0, unit, episode)  # (U,)
+            unit_turn = turn.new_empty(len(team)).scatter_(0, unit, turn)  # (U,)
+            value = discounted_returns(team, unit_episode, unit_turn, cfg.discount)  # (U,)
+        # One row per (group, unit): each episode (or turn) counts once in each group it is in.
+        pair = _indices(list(zip(index.tolist(), unit.tolist(), strict=True)))  # (N,)
         n_pairs = int(pair.max()) + 1
         pair_group = index.new_empty(n_pairs).scatter_(0, pair, index)  # (P,)
-        pair_team = team.new_empty(n_pairs).scatter_(0, pair, team[episode])  # (P,)
+        pair_team = value.new_empty(n_pairs).scatter_(0, pair, value[unit])  # (P,)
         baseline = {
             "magrpo": dr_grpo_advantages,
             "marloo": rloo_advantages,

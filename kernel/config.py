@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from kernel.advantages import AdvantageConfig
+from kernel.advantages import TEAM_ESTIMATORS, AdvantageConfig
 from kernel.agents import AgentSpec, agent_specs, model_groups
 from kernel.buffer import DataConfig
 from kernel.engine.pool import EngineConfig
@@ -217,8 +217,7 @@ class TrainConfig:
                     "agents backend torch or share_model_with, or train on Ray (ray.enabled, "
                     "or kernel launch): each model's ranks are processes of their own there"
                 )
-        team = ("magrpo", "mareinforce", "marloo", "maremax")
-        if self.reward.joint_mode == "cross" and self.advantage.estimator in team:
+        if self.reward.joint_mode == "cross" and self.advantage.estimator in TEAM_ESTIMATORS:
             raise ValueError(
                 f"reward.joint_mode cross already gives each sample its joint return; "
                 f"advantage.estimator {self.advantage.estimator} would average it again over "

@@ -488,3 +488,36 @@ def test_bilateral_rewards_to_per_agent_advantages():
     run(batch, estimator="dr_grpo")
     # doctor: mean 0.6 -> +0.6, -0.6; patient: constant -> 0
     assert advs(batch) == pytest.approx([0.6, 0.0, -0.6, 0.0])
+
+
+def test_team_discount_gives_each_turn_its_discounted_team_return():
+    """CoMLRL's multi-turn returns: two agents, two turns, two episodes. Team reward per turn
+    (mean of the agents): ep0 (0.5, 1.0), ep1 (0.0, 0.5). discount 0.5: G(ep0) = (0.5 + 0.5 x
+    1.0, 1.0) = (1.0, 1.0), G(ep1) = (0.0 + 0.5 x 0.5, 0.5) = (0.25, 0.5). Per-turn groups,
+    mean baseline: turn 0 (1.0, 0.25) -> +-0.375, turn 1 (1.0, 0.5) -> +-0.25, for both agents."""
+    rewards = {(0, 0): (1, 0), (0, 1): (1, 1), (1, 0): (0, 0), (1, 1): (1, 0)}
+    s = [
+        sample(r, index=e, agent=agent, turn=t)
+        for (e, t), pair in rewards.items()
+        for agent, r in zip("ab", pair, strict=True)
+    ]
+    run(s, estimator="magrpo", discount=0.5, group_by="prompt_agent_turn")
+    got = {(x.index, x.turn, x.agent): x.advantage for x in s}
+    for agent in "ab":
+        assert got[0, 0, agent] == pytest.approx(0.375) and got[1, 0, agent] == pytest.approx(
+            -0.375
+        )
+        assert got[0, 1, agent] == pytest.approx(0.25) and got[1, 1, agent] == pytest.approx(-0.25)
+    # discount 1.0 is CoMLRL's undiscounted sum: ep0 t0 1.5, ep1 t0 0.5 -> +-0.5
+    run(s, estimator="magrpo", discount=1.0, group_by="prompt_agent_turn")
+    assert [x.advantage for x in s if x.turn == 0 and x.agent == "a"] == [0.5, -0.5]
+    # without discount one team reward per episode: ep0 (0.5 + 1.0) / 2 ... the old rule
+    run(s, estimator="magrpo", group_by="prompt_agent")
+    assert [x.advantage for x in s if x.turn == 0 and x.agent == "a"] == [0.25, -0.25]
+
+
+def test_discount_is_for_the_team_estimators_only():
+    with pytest.raises(ValueError, match="discount applies to"):
+        AdvantageConfig(estimator="grpo", discount=0.9).validate()
+    with pytest.raises(ValueError, match="discount must be in"):
+        AdvantageConfig(estimator="marloo", discount=1.5).validate()
