@@ -40,7 +40,7 @@ from kernel.dpo import DPOConfig, dpo
 from kernel.hooks import recipes_root
 from kernel.loop import evaluate, train
 from kernel.loss import AGG_MODES
-from kernel.plot import plot_metrics
+from kernel.plot import compare_runs, plot_metrics
 from kernel.sft import SFTConfig, sft
 
 OPTIONAL = {
@@ -352,10 +352,20 @@ def build_parser() -> ArgumentParser:
         ),
         help="Validate a training config and print it as YAML.",
     )
-    plot = ArgumentParser(description="Render learning curves of a metrics.jsonl to PNG.")
+    plot = ArgumentParser(
+        description="Render learning curves of a metrics.jsonl to PNG; with --compare, overlay "
+        "other runs' metrics.jsonl on it (a panel per --keys metric, a line per run)."
+    )
     plot.add_argument("metrics", type=str, help="Path to a run's metrics.jsonl.")
     plot.add_argument("--out", type=str | None, default=None, help="PNG path (default beside).")
-    plot.add_argument("--keys", type=list[str] | None, default=None, help="Metrics to plot.")
+    plot.add_argument("--keys", type=str, nargs="*", default=None, help="Metrics to plot.")
+    plot.add_argument(
+        "--compare",
+        type=str,
+        nargs="*",
+        default=[],
+        help="Other runs' metrics.jsonl to overlay (needs --keys and --out).",
+    )
     sub.add_subcommand("plot", plot, help="Learning curves of a run to PNG.")
     sub.add_subcommand("launch", _launch_parser(), help="Place a run on a Ray cluster and run it.")
     return parser
@@ -443,6 +453,11 @@ def main(argv: list[str] | None = None) -> None:
             cmd_dpo(_build(TrainConfig, args).validate(), dcfg.validate())
         elif ns.command == "config":
             cmd_config(_build(TrainConfig, args).validate())
+        elif ns.command == "plot" and args["compare"]:
+            if not args["out"]:
+                raise ValueError("plot --compare: give the PNG path with --out")
+            paths = [args["metrics"], *args["compare"]]
+            print(compare_runs(paths, args["keys"] or [], args["out"]))
         elif ns.command == "plot":
             print(plot_metrics(args["metrics"], args["out"], args["keys"]))
         elif ns.command == "launch":

@@ -5,6 +5,8 @@ ones a user checks first - reward, response length, entropy, KL, the PPO update'
 fraction and largest ratio, policy loss, the rollout/training logprob gap, and evaluation
 scores - each with one line per agent where the metric is per agent (``<agent>/reward``) or per
 model (``train/<agent>/clipfrac``); ``keys`` plots chosen metrics instead, one panel each.
+``compare_runs`` overlays several runs: a panel per chosen metric, a line per run (an ablation
+against its baseline).
 """
 
 from __future__ import annotations
@@ -61,6 +63,12 @@ def _panels(rows: list[dict], keys: list[str] | None) -> list[tuple[str, list[st
     return [(title, ks) for title, ks in panels if ks]
 
 
+def _line(ax, rows: list[dict], key: str, label: str) -> None:
+    """One metric of a run against its steps (rows without it are skipped)."""
+    pts = [(r.get("step", i), r[key]) for i, r in enumerate(rows) if r.get(key) is not None]
+    ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", linewidth=1.2, label=label)
+
+
 def plot_metrics(path: str | Path, out: str | Path | None = None, keys: list[str] | None = None):
     """Render the metrics of ``path`` against ``step`` to a PNG; returns its path."""
     import matplotlib
@@ -82,8 +90,7 @@ def plot_metrics(path: str | Path, out: str | Path | None = None, keys: list[str
     )
     for ax, (title, ks) in zip(axes[:, 0], panels, strict=True):
         for key in ks:
-            pts = [(r.get("step", i), r[key]) for i, r in enumerate(rows) if r.get(key) is not None]
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=".", linewidth=1.2, label=key)
+            _line(ax, rows, key, key)
         ax.set_title(title, fontsize=10)
         ax.grid(alpha=0.3)
         if len(ks) > 1 or ks[0] != title:
@@ -91,6 +98,36 @@ def plot_metrics(path: str | Path, out: str | Path | None = None, keys: list[str
     axes[-1, 0].set_xlabel("step")
     fig.suptitle(str(path), fontsize=9)
     out = Path(out) if out else Path(path).with_name("curves.png")
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out
+
+
+def compare_runs(paths: list[str | Path], keys: list[str], out: str | Path) -> Path:
+    """Several runs' ``keys`` against ``step`` in one PNG: a panel per key, a line per run
+    (labelled by its folder); a key no run has is an error naming it."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if not keys:
+        raise ValueError("comparing runs needs the metrics to plot (keys)")
+    runs = [(Path(p), read_metrics(p)) for p in paths]
+    for key in keys:
+        if not any(key in r for _, rows in runs for r in rows):
+            raise ValueError(f"no run has a metric named {key!r}: {[str(p) for p, _ in runs]}")
+    fig, axes = plt.subplots(
+        len(keys), 1, figsize=(7, 2.6 * len(keys)), squeeze=False, layout="constrained"
+    )
+    for ax, key in zip(axes[:, 0], keys, strict=True):
+        for path, rows in runs:
+            _line(ax, rows, key, path.parent.name or str(path))
+        ax.set_title(key, fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    axes[-1, 0].set_xlabel("step")
+    out = Path(out)
     fig.savefig(out, dpi=100)
     plt.close(fig)
     return out

@@ -1,6 +1,8 @@
 """Learning-curve plots: a PNG from metrics.jsonl, clear errors for bad input."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -53,3 +55,21 @@ def test_plot_errors_name_file_line_and_key(tmp_path):
     path.write_text('{"step": 0, "a/reward": 1}\n')
     with pytest.raises(ValueError, match="no metric named"):
         plot_metrics(path, keys=["kl"])
+
+
+def test_compare_overlays_runs_and_names_a_missing_metric(tmp_path):
+    from kernel.plot import compare_runs
+
+    for name, rewards in (("co", [0.1, 0.5]), ("frozen", [0.1, 0.2])):
+        (tmp_path / name).mkdir()
+        rows = [{"step": i, "doctor/reward": r} for i, r in enumerate(rewards)]
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    paths = [tmp_path / "co" / "metrics.jsonl", tmp_path / "frozen" / "metrics.jsonl"]
+    out = compare_runs(paths, ["doctor/reward"], tmp_path / "both.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no run has a metric named 'patient/reward'"):
+        compare_runs(paths, ["patient/reward"], tmp_path / "x.png")
+    cmd = [sys.executable, "-m", "kernel", "plot", str(paths[0]), "--compare", str(paths[1])]
+    p = subprocess.run([*cmd, "--keys", "doctor/reward", "--out", str(tmp_path / "cli.png")],
+                       capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert p.returncode == 0 and (tmp_path / "cli.png").exists(), p.stderr
