@@ -193,3 +193,28 @@ def test_tiny_preset_runs_end_to_end(tmp_path):
     assert [r["step"] for r in rows] == [0, 1]
     assert all("episode/verdict_correct" in r and "alice/reward" in r for r in rows)
     assert "eval/alice/avg@2" in rows[-1]
+
+
+@pytest.mark.slow
+def test_a_tiny_char_model_learns_to_state_answers_in_the_debate(tmp_path):
+    """Learning on the debate's own reward with a tiny model built from a config (100-token
+    character vocabulary, one model for both debaters): a random model often states no number
+    (-0.5) and is rarely right; within 30 steps the debaters' mean reward rises (measured:
+    about -0.2 to 0.0, as the share of debates without any stated answer falls from 0.19 to 0). The signal a tiny
+    model can follow is mostly the format term (stating a number), so this pins that the recipe
+    trains end to end on its reward, not that a tiny model learns arithmetic."""
+    flags = [
+        f"--output_dir={tmp_path}",
+        "--model=tiny-char",
+        "--num_steps=30",
+        "--rollout.max_response_len=8",
+        "--rollout.max_context_len=1024",
+        "--data.n_samples_per_prompt=8",
+        "--data.prompts_per_step=4",
+        "--optim.lr=0.002",
+        "--eval.every=0",
+    ]
+    rows = train(load_train_config(flags, yaml_path=TINY))
+    first = sum(r["alice/reward"] + r["bob/reward"] for r in rows[:5]) / 10
+    last = sum(r["alice/reward"] + r["bob/reward"] for r in rows[-5:]) / 10
+    assert last >= first + 0.1, (first, last)
