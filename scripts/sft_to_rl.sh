@@ -25,10 +25,10 @@ RL_MINUTES="${RL_MINUTES:-15}"
 mkdir -p "$OUT"
 
 stage() { echo; echo "== $1"; }
-evaluate() {  # evaluate NAME [flags]: held-out accuracy into $OUT/NAME/eval.json
+evaluate() {  # evaluate NAME [flags]: held-out accuracy into $OUT/eval_NAME/eval.json
   local name="$1"; shift
-  [ -f "$OUT/$name/eval.json" ] && { echo "(done: $OUT/$name/eval.json)"; return; }
-  "$PY" -m kernel eval "${RECIPE[@]}" --output_dir "$OUT/$name" \
+  [ -f "$OUT/eval_$name/eval.json" ] && { echo "(done: $OUT/eval_$name/eval.json)"; return; }
+  "$PY" -m kernel eval "${RECIPE[@]}" --output_dir "$OUT/eval_$name" \
     --eval.max_prompts "$EVAL_PROMPTS" "$@"
 }
 
@@ -63,8 +63,8 @@ def acc(path):
 rl = json.loads((out / "rl" / "learning.json").read_text())
 kept = sum(1 for _ in (out / "collect" / "trajectories.jsonl").open())
 print(f"| stage | accuracy |\n|---|---|")
-print(f"| base SmolLM2-135M-Instruct | {acc(out / 'base' / 'eval.json'):.3f} |")
-print(f"| + SFT on {kept} kept correct answers | {acc(out / 'sft' / 'eval.json'):.3f} |")
+print(f"| base SmolLM2-135M-Instruct | {acc(out / 'eval_base' / 'eval.json'):.3f} |")
+print(f"| + SFT on {kept} kept correct answers | {acc(out / 'eval_sft' / 'eval.json'):.3f} |")
 print(f"| + RL ({rl['steps']} steps) | {rl['after']:.3f} (RL's own diff {rl['diff']:+.3f} "
       f"[{rl['ci_low']:+.3f}, {rl['ci_high']:+.3f}]) |")
 EOF
