@@ -55,7 +55,8 @@ class CriticConfig:
 
     model: str | None = None
     """HF causal LM whose body, with a new scalar head, is the critic; None: the trained
-    model's own starting weights (a separate copy)"""
+    model's own starting weights (a separate copy). It reads the trained model's token ids, so
+    it must have the same tokenizer (checked at start-up)"""
     lr: float = 1e-5
     """AdamW learning rate of the critic (constant)"""
     value_clip: float = 0.2
@@ -226,6 +227,14 @@ class Critic:
         self.device = device
         self.max_tokens, self.pack = trainer.max_tokens_per_microbatch, trainer.pack_sequences
         path = cfg.model or model_path
+        if (
+            cfg.model
+            and load_tokenizer(cfg.model).get_vocab() != load_tokenizer(model_path).get_vocab()
+        ):
+            raise ValueError(
+                f"critic.model {cfg.model!r} has another tokenizer than the trained model "
+                f"{model_path!r}; the critic reads the trained model's token ids"
+            )
         self.model = ValueModel(path, device)
         self.tokenizer = load_tokenizer(path) if cfg.centralized else None
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)

@@ -200,9 +200,10 @@ def test_a_tiny_char_model_learns_to_state_answers_in_the_debate(tmp_path):
     """Learning on the debate's own reward with a tiny model built from a config (100-token
     character vocabulary, one model for both debaters): a random model often states no number
     (-0.5) and is rarely right; within 30 steps the debaters' mean reward rises (measured:
-    about -0.2 to 0.0, as the share of debates without any stated answer falls from 0.19 to 0). The signal a tiny
-    model can follow is mostly the format term (stating a number), so this pins that the recipe
-    trains end to end on its reward, not that a tiny model learns arithmetic."""
+    about -0.2 to 0.0, as the share of debates without any stated answer falls from 0.19 to
+    0). The signal a tiny model can follow is mostly the format term (stating a number), so
+    this pins that the recipe trains end to end on its reward, not that a tiny model learns
+    arithmetic."""
     flags = [
         f"--output_dir={tmp_path}",
         "--model=tiny-char",

@@ -196,3 +196,8 @@ def test_a_centralized_critic_reads_the_global_state(char_model_dir, make_sample
     samples[3].metadata.pop("global_state")
     with pytest.raises(ValueError, match=r"g\d+/e\d+/.*metadata\['global_state'\]"):
         central.train_step(samples)
+
+
+def test_a_critic_model_with_another_tokenizer_is_refused(char_model_dir, tiny_model_dir):
+    with pytest.raises(ValueError, match="another tokenizer"):
+        _trainer(char_model_dir, CriticConfig(model=str(tiny_model_dir)))
