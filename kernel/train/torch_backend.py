@@ -369,6 +369,17 @@ class TorchTrainer:
                 "and optimizer.pt)"
             )
         weights = {k: v for f in files for k, v in load_file(f).items()}
+        shapes = {k: tuple(v.shape) for k, v in self.model.state_dict().items()}  # global shapes
+        wrong = [
+            f"{k}: {tuple(v.shape)} there, {shapes[k]} here"
+            for k, v in weights.items()
+            if k in shapes and tuple(v.shape) != shapes[k]
+        ]
+        if wrong:
+            raise ValueError(
+                f"{ckpt}: weights do not match the model ({self.model_path}): {len(wrong)} "
+                f"tensors differ in shape, e.g. {wrong[:3]}; a checkpoint of another model?"
+            )
         result = set_model_state_dict(self.model, weights, options=self._options(strict=False))
         if result.missing_keys or result.unexpected_keys:
             raise ValueError(

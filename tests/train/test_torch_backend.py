@@ -324,3 +324,16 @@ def test_a_runs_trainer_takes_its_agents_rollout_temperature(tmp_path, make_samp
         at = {t: token_logprobs(logits, targets, t) for t in (0.7, 1.0)}
         torch.testing.assert_close(torch.tensor(lp), at[0.7], rtol=1e-4, atol=1e-5)
         assert (at[1.0] - at[0.7]).abs().max() > 1e-3  # temperature 1 would be told apart
+
+
+def test_a_checkpoint_of_another_architecture_is_named(char_model_dir, tiny_model_dir, tmp_path):
+    """Resuming a trainer from another model's checkpoint fails naming the checkpoint."""
+    other = TorchTrainer(
+        str(tiny_model_dir), OptimConfig(), LossConfig(), TorchTrainerConfig(), total_steps=5
+    )
+    other.save(tmp_path / "other")
+    mine = TorchTrainer(
+        char_model_dir, OptimConfig(), LossConfig(), TorchTrainerConfig(), total_steps=5
+    )
+    with pytest.raises(ValueError, match=r"other: .*do not match the model"):
+        mine.load(tmp_path / "other")
