@@ -218,7 +218,13 @@ class RolloutManager:
         for k, ep in enumerate(scored):
             for a, s in enumerate(ep):
                 s.raw_reward = totals.get((k, a))
-            apply_weighting(ep, self.reward_cfg, ep[0].metadata.get("correct"))
+            try:
+                apply_weighting(ep, self.reward_cfg, ep[0].metadata.get("correct"))
+            except ValueError as e:  # e.g. asymmetric weighting of an episode with no outcome
+                stats.reward_errors += 1
+                log.warning("reward weighting of episode %s failed: %r", ep[0].key, e)
+                for s in ep:
+                    s.raw_reward = s.reward = None
 
     async def run(
         self, ctx: RolloutContext, groups: list[list[Sample]], drop_constant_groups: bool = False

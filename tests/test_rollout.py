@@ -258,3 +258,10 @@ def test_cross_config_refuses_a_team_estimator():
         load_train_config(flags).validate()
     with pytest.raises(ValueError, match="joint_mode"):
         RewardConfig(joint_mode="crossed").validate()
+
+
+def test_cross_weighting_error_masks_the_episode_and_counts():
+    cfg = RewardConfig(joint_mode="cross", asymmetric=True)  # the hook sets no "correct"
+    m = RolloutManager(pair, lambda c, s: {"a": 1.0, "b": 1.0}, cfg, concurrency=8, timeout_s=5)
+    kept, _, stats = run(m, [seeds(0, 2)])
+    assert all(s.reward is None for s in kept[0].samples) and stats.reward_errors == 2
