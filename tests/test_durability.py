@@ -182,7 +182,7 @@ DAMAGE = {  # how the newest checkpoint is damaged -> what the message must name
         ["step_2/state.json: not the state of this run"],
     ),
     "empty folder": (_empty, ["step_2/state.json: missing"]),
-    "wrong-shape weights": (_wrong_shape, [f"step_2/{TRAINER}", "size mismatch"]),
+    "wrong-shape weights": (_wrong_shape, [f"step_2/{TRAINER}", "differ in shape"]),
 }
 
 

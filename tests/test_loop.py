@@ -74,8 +74,10 @@ def test_dapo_overlong_shaping_shortens_the_answers(tmp_path):
     flags = ["--reward.overlong_buffer_len=4", "--reward.overlong_max_len=8"]
     flags += ["--reward.overlong_penalty=0.5", "--loss.clip_high=0.28", "--dynamic_sampling=true"]
     rows = train(toy_config(tmp_path, *flags))
-    length = [r["default/response_length"] for r in rows]
-    assert sum(length[:5]) / 5 > 7 and sum(length[-5:]) / 5 < 5.5
+    # a step whose every group dynamic sampling dropped (constant rewards, refills spent) trains
+    # on nothing and logs no length
+    length = [r["default/response_length"] for r in rows if "default/response_length" in r]
+    assert len(length) >= 40 and sum(length[:5]) / 5 > 7 and sum(length[-5:]) / 5 < 5.5
 
 
 def test_eval_at_start_greedy_per_item_and_a_time_limit(tmp_path):

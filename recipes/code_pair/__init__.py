@@ -1,0 +1,1 @@
+"""Recipe code_pair (see README.md in this folder)."""

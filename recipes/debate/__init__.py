@@ -1,0 +1,1 @@
+"""Recipe debate (see README.md in this folder)."""
