@@ -52,3 +52,64 @@ def tiny_llama_dir(tmp_path_factory, smollm2_tokenizer):
     return build_tiny_model(
         tmp_path_factory.mktemp("tiny_llama"), "llama", smollm2_tokenizer, hidden_size=48, seed=1
     )
+
+
+@pytest.fixture(scope="module")
+def tiny_engine(tiny_model_dir, tmp_path_factory):
+    """(URL, tokenizer) of a real embedded server serving the tiny Qwen2 model (one per test
+    module)."""
+    from kernel.engine.launch import free_port, launch_server
+    from kernel.engine.server import ServerConfig
+    from kernel.models import load_tokenizer
+
+    proc = launch_server(
+        ServerConfig(model=str(tiny_model_dir), port=free_port(), num_threads=1),
+        tmp_path_factory.mktemp("tiny_engine") / "engine.log",
+    )
+    try:
+        proc.wait_healthy(deadline_s=180)
+        yield proc.url, load_tokenizer(str(tiny_model_dir))
+    finally:
+        proc.stop()
+
+
+def _loss_spans(sample) -> list[list[int]]:
+    """The runs of loss-mask-1 response tokens: one per turn the agent sampled."""
+    spans, current = [], []
+    for t, m in zip(sample.response_ids, sample.loss_mask, strict=True):
+        if m:
+            current.append(t)
+        elif current:
+            spans.append(current)
+            current = []
+    return spans + ([current] if current else [])
+
+
+@pytest.fixture(scope="session")
+def loss_spans():
+    """``loss_spans(sample)``: its runs of trained tokens (test folders are not packages)."""
+    return _loss_spans
+
+
+@pytest.fixture(scope="session")
+def scripted_agent():
+    """``scripted_agent(name, tokenizer, script, ...)``: a real AgentHandle (real tokenizer,
+    dialogues and loss masks) whose engine call is replaced by the next scripted text, tokenized
+    and ended with the chat template's stop token, for turns a random tiny model never writes
+    (a diagnosis, code, an answer)."""
+    from kernel.agents import AgentHandle
+    from kernel.engine.client import GenerateResult
+
+    class ScriptedAgent(AgentHandle):
+        def __init__(self, name, tok, script, max_response_len=32, max_context_len=768,
+                     version="1"):  # fmt: skip
+            super().__init__(name, [object()], tok, {}, max_response_len, max_context_len)
+            self.script, self.version = list(script), version
+
+        async def generate(self, input_ids, sampling=None) -> GenerateResult:
+            end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
+            ids = [*self.tokenizer.encode(self.script.pop(0), add_special_tokens=False), end]
+            stop = {"type": "stop", "matched": end}
+            return GenerateResult(ids, [-0.5] * len(ids), stop, self.version)
+
+    return ScriptedAgent

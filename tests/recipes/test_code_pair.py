@@ -16,12 +16,9 @@ import pytest
 from kernel.agents import AgentHandle
 from kernel.benchmarks import load_benchmark
 from kernel.config import load_train_config
-from kernel.engine.client import EngineClient, GenerateResult
-from kernel.engine.launch import free_port, launch_server
-from kernel.engine.server import ServerConfig
+from kernel.engine.client import EngineClient
 from kernel.hooks import RolloutContext
 from kernel.loop import train
-from kernel.models import load_tokenizer
 from kernel.sample import Sample
 from kernel.sandbox import SandboxConfig
 from recipes.code_pair import code
@@ -198,19 +195,6 @@ def test_humaneval_split_and_config_errors():
 # ---- episodes against real engines -----------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir, tmp_path_factory):
-    proc = launch_server(
-        ServerConfig(model=str(tiny_model_dir), port=free_port(), num_threads=1),
-        tmp_path_factory.mktemp("code_pair") / "engine.log",
-    )
-    try:
-        proc.wait_healthy(deadline_s=180)
-        yield proc.url, load_tokenizer(str(tiny_model_dir))
-    finally:
-        proc.stop()
-
-
 def _seed() -> Sample:
     return Sample(
         prompt=PROBLEM, label=TESTS, group_id=1, index=0, metadata={"entry_point": "sum_evens"}
@@ -221,18 +205,8 @@ def _handle(name, url, tok) -> AgentHandle:
     return AgentHandle(name, [EngineClient(url)], tok, {"temperature": 1.0}, 16, 768)
 
 
-def _spans(s: Sample) -> list[list[int]]:
-    spans, current = [], []
-    for t, m in zip(s.response_ids, s.loss_mask, strict=True):
-        if m:
-            current.append(t)
-        elif current:
-            spans, current = [*spans, current], []
-    return spans + ([current] if current else [])
-
-
-def test_pair_episode_on_real_engines_scores_both_agents(engine):
-    url, tok = engine
+def test_pair_episode_on_real_engines_scores_both_agents(tiny_engine, loss_spans):
+    url, tok = tiny_engine
     ctx = RolloutContext(
         agents={"helper": _handle("helper", url, tok), "main": _handle("main", url, tok)},
         config=CFG,
@@ -241,7 +215,7 @@ def test_pair_episode_on_real_engines_scores_both_agents(engine):
     assert [s.agent for s in samples] == ["helper", "main"]
     for s in samples:
         s.validate()
-        assert tok.decode(_spans(s)[0], skip_special_tokens=True) == s.metadata["text"]
+        assert tok.decode(loss_spans(s)[0], skip_special_tokens=True) == s.metadata["text"]
     rewards = run(reward(ctx, samples))
     # a random tiny model writes no function: both get the same (team) reward, 0 here
     assert rewards == {"helper": 0.0, "main": 0.0}
@@ -249,24 +223,12 @@ def test_pair_episode_on_real_engines_scores_both_agents(engine):
     assert "aux" in tok.decode(samples[1].prompt_ids)  # main is told the helper exists
 
 
-class _Scripted(AgentHandle):
-    """A coder whose replies are scripted (a random tiny model writes no code)."""
-
-    def __init__(self, tok, script):
-        super().__init__("coder", [object()], tok, {}, 64, 1024)
-        self.script = list(script)
-
-    async def generate(self, input_ids, sampling=None) -> GenerateResult:
-        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        ids = [*self.tokenizer.encode(self.script.pop(0), add_special_tokens=False), end]
-        return GenerateResult(ids, [-0.5] * len(ids), {"type": "stop", "matched": end}, "1")
-
-
-def test_single_coder_hears_its_failure_and_fixes_it(engine):
-    _, tok = engine
+def test_single_coder_hears_its_failure_and_fixes_it(tiny_engine, scripted_agent, loss_spans):
+    """A random tiny model writes no code: the coder's replies are scripted."""
+    _, tok = tiny_engine
     wrong = "def sum_evens(numbers):\n    return sum(numbers)"
     right = "def sum_evens(numbers):\n    return sum(n for n in numbers if n % 2 == 0)"
-    coder = _Scripted(tok, [wrong, right, "never asked"])
+    coder = scripted_agent("coder", tok, [wrong, right, "never asked"], 64, 1024)
     cfg = RecipeConfig(workflow="single", max_turns=3, sandbox=CFG.sandbox).validate()
     ctx = RolloutContext(agents={"coder": coder}, config=cfg)
     (sample,) = run(generate(ctx, _seed()))
@@ -275,7 +237,7 @@ def test_single_coder_hears_its_failure_and_fixes_it(engine):
     assert "did not pass the tests (failed; 1 of 3 checks passed)" in dialogue
     assert "AssertionError" in dialogue
     # the feedback is in the dialogue, out of the loss: the coder trains on its two replies
-    assert [tok.decode(s, skip_special_tokens=True) for s in _spans(sample)] == [wrong, right]
+    assert [tok.decode(s, skip_special_tokens=True) for s in loss_spans(sample)] == [wrong, right]
     rewards = run(reward(ctx, [sample]))
     assert rewards == {"coder": pytest.approx(2.1)} and sample.metadata["correct"] is True
     assert sample.metadata["metrics"]["tries"] == 2.0

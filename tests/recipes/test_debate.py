@@ -11,12 +11,9 @@ import pytest
 
 from kernel.agents import AgentHandle
 from kernel.config import load_train_config
-from kernel.engine.client import EngineClient, GenerateResult
-from kernel.engine.launch import free_port, launch_server
-from kernel.engine.server import ServerConfig
+from kernel.engine.client import EngineClient
 from kernel.hooks import RolloutContext
 from kernel.loop import train
-from kernel.models import load_tokenizer
 from kernel.sample import Sample
 from recipes.debate.config import RecipeConfig
 from recipes.debate.generate import generate
@@ -108,35 +105,12 @@ def test_config_errors_name_the_field(args, field):
 # ---- on real engines -------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir, tmp_path_factory):
-    proc = launch_server(
-        ServerConfig(model=str(tiny_model_dir), port=free_port(), num_threads=1),
-        tmp_path_factory.mktemp("debate") / "engine.log",
-    )
-    try:
-        proc.wait_healthy(deadline_s=180)
-        yield proc.url, load_tokenizer(str(tiny_model_dir))
-    finally:
-        proc.stop()
-
-
-def _spans(s: Sample) -> list[list[int]]:
-    spans, current = [], []
-    for t, m in zip(s.response_ids, s.loss_mask, strict=True):
-        if m:
-            current.append(t)
-        elif current:
-            spans, current = [*spans, current], []
-    return spans + ([current] if current else [])
-
-
 def _seed() -> Sample:
     return Sample(prompt="Calculate 5 - 3.", label="2", group_id=1, index=0)
 
 
-def test_a_debate_on_a_real_engine_each_debater_hears_the_others_masked(engine):
-    url, tok = engine
+def test_a_debate_on_a_real_engine_each_debater_hears_the_others_masked(tiny_engine, loss_spans):
+    url, tok = tiny_engine
     agents = {
         n: AgentHandle(n, [EngineClient(url)], tok, {"temperature": 1.0}, 12, 768)
         for n in ("alice", "bob")
@@ -149,7 +123,7 @@ def test_a_debate_on_a_real_engine_each_debater_hears_the_others_masked(engine):
         s.validate()
         own = turns[s.agent]
         assert len(own) == 3
-        assert [tok.decode(x, skip_special_tokens=True) for x in _spans(s)] == own
+        assert [tok.decode(x, skip_special_tokens=True) for x in loss_spans(s)] == own
         other = "bob" if s.agent == "alice" else "alice"
         dialogue = tok.decode(s.prompt_ids + s.response_ids)
         # rounds 1 and 2 of the other debater reached it, round 3 (the last) did not
@@ -159,23 +133,12 @@ def test_a_debate_on_a_real_engine_each_debater_hears_the_others_masked(engine):
     assert set(rewards) == {"alice", "bob"}
 
 
-class _Scripted(AgentHandle):
-    def __init__(self, name, tok, script):
-        super().__init__(name, [object()], tok, {}, 32, 768)
-        self.script = list(script)
-
-    async def generate(self, input_ids, sampling=None) -> GenerateResult:
-        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        ids = [*self.tokenizer.encode(self.script.pop(0), add_special_tokens=False), end]
-        return GenerateResult(ids, [-0.5] * len(ids), {"type": "stop", "matched": end}, "1")
-
-
-def test_a_model_judge_reads_the_final_answers(engine):
-    _, tok = engine
+def test_a_model_judge_reads_the_final_answers(tiny_engine, scripted_agent):
+    _, tok = tiny_engine
     agents = {
-        "alice": _Scripted("alice", tok, ["Answer: 2", "Still 2. Answer: 2"]),
-        "bob": _Scripted("bob", tok, ["Answer: 9", "Answer: 8"]),
-        "judge": _Scripted("judge", tok, ["Answer: 2"]),
+        "alice": scripted_agent("alice", tok, ["Answer: 2", "Still 2. Answer: 2"]),
+        "bob": scripted_agent("bob", tok, ["Answer: 9", "Answer: 8"]),
+        "judge": scripted_agent("judge", tok, ["Answer: 2"]),
     }
     cfg = RecipeConfig(judge="model").validate()
     ctx = RolloutContext(agents=agents, config=cfg)

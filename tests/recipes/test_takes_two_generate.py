@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from kernel.agents import AgentHandle
-from kernel.engine.client import EngineClient, GenerateResult
+from kernel.engine.client import EngineClient
 from kernel.engine.launch import free_port, launch_server
 from kernel.engine.server import ServerConfig
 from kernel.hooks import RolloutContext
@@ -75,18 +75,6 @@ def _run(ctx: RolloutContext, seed: Sample | None = None) -> list[Sample]:
     return asyncio.run(go())
 
 
-def _spans(sample: Sample) -> list[list[int]]:
-    """The runs of loss-mask-1 tokens: one per turn the agent sampled."""
-    spans, current = [], []
-    for t, m in zip(sample.response_ids, sample.loss_mask, strict=True):
-        if m:
-            current.append(t)
-        elif current:
-            spans.append(current)
-            current = []
-    return spans + ([current] if current else [])
-
-
 def test_episode_metrics_golden():
     turns = ["Where? When?", "Any fever?", "Diagnosis: flu"]
     m = episode_metrics(turns, ["Here.", "No."], 4, False)
@@ -103,7 +91,7 @@ def test_episode_metrics_golden():
     assert episode_metrics(["A?", "B?"], ["a"], 2, True)["hit_max_turns"] == 1.0
 
 
-def test_two_models_each_train_only_on_their_own_tokens(engines):
+def test_two_models_each_train_only_on_their_own_tokens(engines, loss_spans):
     d_url, p_url, d_tok, p_tok = engines
     ctx = RolloutContext(
         agents={
@@ -126,7 +114,7 @@ def test_two_models_each_train_only_on_their_own_tokens(engines):
         assert s.status in (Status.COMPLETED, Status.TRUNCATED)
         assert (s.group_id, s.index, s.metadata["row"], s.metadata["role"]) == (5, 1, 2, s.agent)
         # one run of mask-1 tokens per own turn, decoding to exactly that turn's text
-        spans = _spans(s)
+        spans = loss_spans(s)
         assert [tok.decode(span, skip_special_tokens=True) for span in spans] == own
         assert sum(s.loss_mask) == sum(map(len, spans))
         assert len(s.rollout_logprobs) == s.response_length
@@ -150,25 +138,13 @@ def test_two_models_each_train_only_on_their_own_tokens(engines):
     assert "Ask at least 1 question first." in doctor_dialogue
 
 
-class _ScriptedDoctor(AgentHandle):
-    """A doctor whose turns are scripted text (tokenized with its real tokenizer, ending with
-    the chat template's stop token) instead of sampled: random tiny models never diagnose,
-    and the diagnosis ending must be exercised. The patient stays a real engine."""
-
-    def __init__(self, tok, script: list[str], max_context_len: int = 768):
-        super().__init__("doctor", [object()], tok, {}, 32, max_context_len)
-        self.script = list(script)
-
-    async def generate(self, input_ids, sampling=None) -> GenerateResult:
-        end = self.tokenizer.convert_tokens_to_ids("<|im_end|>")
-        ids = [*self.tokenizer.encode(self.script.pop(0), add_special_tokens=False), end]
-        return GenerateResult(ids, [-0.5] * len(ids), {"type": "stop", "matched": end}, "3")
-
-
-def test_episode_ends_at_the_diagnosis_and_is_rewarded(engines):
+def test_episode_ends_at_the_diagnosis_and_is_rewarded(engines, scripted_agent, loss_spans):
+    """Random tiny models never diagnose: the doctor's turns are scripted (real tokenizer and
+    dialogue), the patient stays a real engine."""
     _, p_url, d_tok, p_tok = engines
     final = "Diagnosis: migraine\nRecommendation: rest in a dark quiet room"
-    doctor = _ScriptedDoctor(d_tok, ["Which side of your head hurts?", final, "never asked"])
+    script = ["Which side of your head hurts?", final, "never asked"]
+    doctor = scripted_agent("doctor", d_tok, script, version="3")
     ctx = RolloutContext(
         agents={"doctor": doctor, "patient": _handle("patient", p_url, p_tok)},
         config=RecipeConfig(max_turns=4).validate(),
@@ -181,7 +157,7 @@ def test_episode_ends_at_the_diagnosis_and_is_rewarded(engines):
     assert (m["turns"], m["questions"], m["answered"]) == (2.0, 1.0, 1.0)
     assert m["ended_with_diagnosis"] == 1.0 and m["final_well_formed"] == 1.0
     assert m["hit_max_turns"] == 0.0 and d.status is Status.COMPLETED
-    assert [d_tok.decode(s, skip_special_tokens=True) for s in _spans(d)] == d.metadata[
+    assert [d_tok.decode(s, skip_special_tokens=True) for s in loss_spans(d)] == d.metadata[
         "doctor_turns"
     ]
     assert d.weight_versions == [3, 3]
