@@ -95,14 +95,30 @@ def load_recipe_config(path: str | None, args: Mapping[str, Any]) -> Any:
     """
     if path is None:
         return dict(args)
-    cls = load_function(path)
+    return _built(load_function(path), args, path)
+
+
+def _built(cls: type, args: Mapping[str, Any], where: str) -> Any:
     try:
         config = cls(**args)
-    except TypeError as e:
-        raise HookError(f"recipe_args do not fit {path}: {e}") from e
+    except TypeError as e:  # an unknown or missing key, named by the dataclass
+        raise HookError(f"recipe_args do not fit {where}: {e}") from e
     if hasattr(config, "validate"):
         config.validate()
     return config
+
+
+def recipe_config(value: Any, cls: type) -> Any:
+    """``ctx.config`` as the recipe's config class ``cls``: the object the kernel built, or,
+    in a run with no config class, built (and validated) from the recipe_args dict it hands
+    over instead (None: the defaults), as ``load_recipe_config`` builds it."""
+    if isinstance(value, cls):
+        return value
+    if value is None or isinstance(value, Mapping):
+        return _built(cls, value or {}, cls.__qualname__)
+    raise TypeError(
+        f"ctx.config must be a {cls.__qualname__} or a dict, got {type(value).__name__}"
+    )
 
 
 def recipes_root() -> Path | None:

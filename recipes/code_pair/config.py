@@ -4,8 +4,9 @@ sandbox that runs the code."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
+from kernel.hooks import recipe_config
 from kernel.sandbox import SandboxConfig
 
 HELPER, MAIN, CODER = "helper", "main", "coder"
@@ -81,14 +82,5 @@ class RecipeConfig:
 
 
 def as_config(value: object) -> RecipeConfig:
-    """``ctx.config`` as a RecipeConfig (the object itself, or built from a recipe_args dict)."""
-    if isinstance(value, RecipeConfig):
-        return value
-    if value is None or isinstance(value, dict):
-        names = {f.name for f in fields(RecipeConfig)}
-        args = dict(value or {})
-        unknown = sorted(set(args) - names)
-        if unknown:
-            raise ValueError(f"recipe_args: unknown keys {unknown}; known: {sorted(names)}")
-        return RecipeConfig(**args).validate()
-    raise TypeError(f"ctx.config must be a code_pair RecipeConfig or a dict, got {type(value)}")
+    """``ctx.config`` as a RecipeConfig (kernel.hooks.recipe_config)."""
+    return recipe_config(value, RecipeConfig)

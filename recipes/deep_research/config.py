@@ -8,6 +8,8 @@ import math
 import os
 from dataclasses import dataclass, field
 
+from kernel.hooks import recipe_config
+
 AGENT, SEARCHER = "agent", "searcher"
 VERIFIER, ANSWERER = "verifier", "answerer"
 WORKFLOWS = ("agent", "routed")
@@ -122,9 +124,6 @@ class RecipeConfig:
         return self
 
 
-def resolve(config) -> RecipeConfig:
-    """``ctx.config`` as a RecipeConfig: the kernel builds one from recipe_args, but a run with
-    no config class hands the hooks the plain recipe_args dict."""
-    if isinstance(config, RecipeConfig):
-        return config
-    return RecipeConfig(**(config or {})).validate()
+def resolve(config: object) -> RecipeConfig:
+    """``ctx.config`` as a RecipeConfig (kernel.hooks.recipe_config)."""
+    return recipe_config(config, RecipeConfig)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields
 
 from rapidfuzz import fuzz
 
+from kernel.hooks import recipe_config
+
 SIMILARITY_METRICS = (
     "ratio",
     "partial_ratio",
@@ -153,10 +155,5 @@ class RecipeConfig:
 
 
 def as_config(value: object) -> RecipeConfig:
-    """``ctx.config`` as a RecipeConfig: the object itself, or built (and validated) from the
-    recipe_args dict a run without a recipe_config path hands over (None: the defaults)."""
-    if isinstance(value, RecipeConfig):
-        return value
-    if value is None or isinstance(value, dict):
-        return RecipeConfig(**(value or {})).validate()
-    raise TypeError(f"ctx.config must be a RecipeConfig or a dict, got {type(value).__name__}")
+    """``ctx.config`` as a RecipeConfig (kernel.hooks.recipe_config)."""
+    return recipe_config(value, RecipeConfig)
