@@ -72,40 +72,41 @@ def _outside_think(text: str) -> str | FormatError:
     return visible
 
 
-def parse_action(text: str) -> Action | FormatError:
-    """The one action of a main-agent turn (see the module docstring)."""
+def _one_tag(text: str, pattern: re.Pattern, none: str, what: str) -> Action | FormatError:
+    """The one ``<kind>arg</kind>`` of ``pattern`` outside ``<think>`` (arg stripped); a
+    FormatError when there is none (``none`` says why) or more than one (``what`` tags)."""
     visible = _outside_think(text)
     if isinstance(visible, FormatError):
         return visible
-    found = _ACTION.findall(visible)
+    found = pattern.findall(visible)
     if not found:
-        return FormatError("no complete action tag")
+        return FormatError(none)
     if len(found) > 1:
-        return FormatError(f"{len(found)} action tags in one turn")
+        return FormatError(f"{len(found)} {what} tags in one turn")
     kind, arg = found[0]
-    arg = arg.strip()
-    if kind == "read":
+    return Action(kind, arg.strip())
+
+
+def parse_action(text: str) -> Action | FormatError:
+    """The one action of a main-agent turn (see the module docstring)."""
+    action = _one_tag(text, _ACTION, "no complete action tag", "action")
+    if isinstance(action, FormatError):
+        return action
+    arg = action.arg
+    if action.kind == "read":
         arg = arg.strip("[]'\" ")  # "<read>[p017]</read>" names the document p017
     if not arg:
-        return FormatError(f"empty <{kind}>")
-    return Action(kind, arg)
+        return FormatError(f"empty <{action.kind}>")
+    return Action(action.kind, arg)
 
 
 def parse_route(text: str) -> Action | FormatError:
     """A verifier turn (workflow routed): ``<search>sub-question</search>`` (more evidence) or
     ``<enough>...</enough>`` (hand over to the answerer; the text inside may be empty)."""
-    visible = _outside_think(text)
-    if isinstance(visible, FormatError):
-        return visible
-    found = _ROUTE.findall(visible)
-    if not found:
-        return FormatError("no complete <search> or <enough> tag")
-    if len(found) > 1:
-        return FormatError(f"{len(found)} routing tags in one turn")
-    kind, arg = found[0]
-    if kind == "search" and not arg.strip():
+    route = _one_tag(text, _ROUTE, "no complete <search> or <enough> tag", "routing")
+    if isinstance(route, Action) and route.kind == "search" and not route.arg:
         return FormatError("empty <search>")
-    return Action(kind, arg.strip())
+    return route
 
 
 def parse_searcher_turn(text: str, max_queries: int) -> SearcherTurn | FormatError:
