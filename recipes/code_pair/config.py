@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import cached_property
 
 from kernel.hooks import recipe_config
-from kernel.sandbox import SandboxConfig
+from kernel.sandbox import Sandbox, SandboxConfig
 
 HELPER, MAIN, CODER = "helper", "main", "coder"
 WORKFLOWS = ("pair", "single")
@@ -46,6 +47,12 @@ class RecipeConfig:
     def __post_init__(self) -> None:
         if isinstance(self.sandbox, dict):  # from YAML / JSON recipe_args
             self.sandbox = SandboxConfig(**self.sandbox)
+
+    @cached_property
+    def runner(self) -> Sandbox:
+        """The sandbox (and its pool) this config's runs share, made once (it probes what
+        confinement the machine allows by starting child processes)."""
+        return Sandbox(self.sandbox)
 
     @property
     def max_reward(self) -> float:

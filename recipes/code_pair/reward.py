@@ -28,17 +28,11 @@ from dataclasses import dataclass
 
 from kernel.hooks import RolloutContext
 from kernel.sample import Sample
-from kernel.sandbox import STATUSES, Sandbox
+from kernel.sandbox import STATUSES
 from recipes.code_pair import code
 from recipes.code_pair.config import CODER, HELPER, MAIN, RecipeConfig, as_config
 
 STATUS_NAMES = ("missing", *STATUSES)
-_SANDBOXES: dict[int, Sandbox] = {}
-
-
-def sandbox_for(cfg: RecipeConfig) -> Sandbox:
-    """One sandbox (and its pool) per recipe config object."""
-    return _SANDBOXES.setdefault(id(cfg), Sandbox(cfg.sandbox))
 
 
 @dataclass
@@ -73,7 +67,7 @@ async def run_program(
     program = "\n\n".join(p for p in (code.context_of(problem, entry_point), *parts) if p)
     if code.parse(program) is None:
         return "syntax_error", 0, len(checks), "the program does not parse"
-    result = await sandbox_for(cfg).run(program + "\n\n" + setup, checks)
+    result = await cfg.runner.run(program + "\n\n" + setup, checks)
     errors = [t.error for t in result.tests if t.error] or [result.error]
     passed = sum(t.passed for t in result.tests)
     return result.status, passed, len(checks), errors[0]
