@@ -68,7 +68,9 @@ def _digest(t) -> str:
     """sha256 of a tensor's bytes (any dtype, any device)."""
     import hashlib
 
-    raw = t.detach().contiguous().reshape(-1).view(__import__("torch").uint8).cpu().numpy()
+    import torch
+
+    raw = t.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy()
     return hashlib.sha256(raw.tobytes()).hexdigest()
 
 
