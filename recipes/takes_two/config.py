@@ -78,6 +78,10 @@ class RecipeConfig:
     after fewer costs ``early_diagnosis_penalty``. 0: the doctor may diagnose at once."""
     last_turn_notice: bool = True
     """Tell the doctor, with the patient's last answer, that its next turn must be the diagnosis."""
+    final_turn_prefix: str = ""
+    """Text the doctor's last allowed turn opens with, given and not sampled (in its context, out
+    of its loss), e.g. ``"Diagnosis:"`` so that the turn is a diagnosis whatever the doctor would
+    have started with; empty: the doctor writes the whole turn. Earlier turns are not touched."""
     max_quote_chars: int = 400
     """A turn quoted to the other agent is cut to this many characters."""
     unknown_reply: str = "I'm not sure about that."
@@ -130,6 +134,8 @@ class RecipeConfig:
                 f"recipe_args.min_questions must be >= 0 and below max_turns={self.max_turns} "
                 f"(the diagnosis needs a turn), got {self.min_questions}"
             )
+        if self.final_turn_prefix and not self.final_turn_prefix.strip():
+            raise ValueError("recipe_args.final_turn_prefix must be empty or contain text")
         if self.max_quote_chars < 1:
             raise ValueError(
                 f"recipe_args.max_quote_chars must be >= 1, got {self.max_quote_chars}"

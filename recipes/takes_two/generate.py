@@ -3,7 +3,8 @@
 The doctor (``ctx.agents["doctor"]``) hears the chief complaint and asks one question per turn;
 the patient (``ctx.agents["patient"]``), who alone sees the hidden case (complaint and
 self-report facts, never the diagnosis), answers each question; the doctor ends with
-``Diagnosis: ... Recommendation: ...`` or runs out of turns (``max_turns`` doctor turns).
+``Diagnosis: ... Recommendation: ...`` or runs out of turns (``max_turns`` doctor turns); with
+``final_turn_prefix`` its last allowed turn opens with that text (given, out of its loss).
 
 Each agent keeps its OWN token-exact dialogue, built with its own handle (so its own tokenizer
 and chat template: the two agents may be different model families). The other party's words
@@ -67,11 +68,12 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     doctor_turns: list[str] = []
     answers: list[str] = []
     for turn in range(cfg.max_turns):
-        text = await doctor.speak()
+        last = turn == cfg.max_turns - 1
+        text = await doctor.speak(prefix=cfg.final_turn_prefix if last else "")
         if text is None:
             break
         doctor_turns.append(text)
-        if parse_final(text) is not None or turn == cfg.max_turns - 1:
+        if parse_final(text) is not None or last:
             break  # diagnosed, or out of turns: a last question goes unanswered
         if not patient.say("user", prompts.to_patient(text, cfg.max_quote_chars)):
             break
@@ -79,8 +81,8 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
         if answer is None:
             break
         answers.append(answer)
-        last = turn + 1 == cfg.max_turns - 1
-        message = prompts.to_doctor(answer, cfg.max_quote_chars, cfg.last_turn_notice and last)
+        notice = cfg.last_turn_notice and turn + 1 == cfg.max_turns - 1
+        message = prompts.to_doctor(answer, cfg.max_quote_chars, notice)
         if not doctor.say("user", message):
             break
 

@@ -138,6 +138,33 @@ def test_two_models_each_train_only_on_their_own_tokens(engines, loss_spans):
     assert "Ask at least 1 question first." in doctor_dialogue
 
 
+def test_final_turn_prefix_opens_the_last_turn_out_of_the_loss(engines, loss_spans):
+    """A random tiny doctor never writes 'Diagnosis:' itself; with final_turn_prefix its last
+    allowed turn opens with it (given, masked), so the episode ends with a diagnosis, and only
+    the sampled rest of that turn is trained on. Earlier turns get no prefix."""
+    d_url, p_url, d_tok, p_tok = engines
+    ctx = RolloutContext(
+        agents={
+            "doctor": _handle("doctor", d_url, d_tok),
+            "patient": _handle("patient", p_url, p_tok),
+        },
+        config=RecipeConfig(
+            max_turns=2, min_questions=1, final_turn_prefix="Diagnosis:"
+        ).validate(),
+    )
+    doctor = _run(ctx)[0]
+    turns = doctor.metadata["doctor_turns"]
+    assert len(turns) == 2 and turns[-1].startswith("Diagnosis:")
+    assert doctor.metadata["metrics"]["ended_with_diagnosis"] == 1.0
+    sampled = [d_tok.decode(span, skip_special_tokens=True) for span in loss_spans(doctor)]
+    assert sampled == [turns[0], turns[1].removeprefix("Diagnosis:")]
+    prefix_ids = d_tok("Diagnosis:", add_special_tokens=False)["input_ids"]
+    dialogue = doctor.prompt_ids + doctor.response_ids
+    assert any(dialogue[i : i + len(prefix_ids)] == prefix_ids for i in range(len(dialogue)))
+    with pytest.raises(ValueError, match="final_turn_prefix"):
+        RecipeConfig(final_turn_prefix="  ").validate()
+
+
 def test_episode_ends_at_the_diagnosis_and_is_rewarded(engines, scripted_agent, loss_spans):
     """Random tiny models never diagnose: the doctor's turns are scripted (real tokenizer and
     dialogue), the patient stays a real engine."""
