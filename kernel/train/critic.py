@@ -7,11 +7,13 @@ its own view). With ``critic.centralized`` (MAPPO) each critic also reads the ep
 state, ``sample.metadata["global_state"]``, set by the recipe (takes_two: the patient's hidden
 case, which the doctor never sees), before the dialogue.
 
-The critic is a separate model: the body of an HF causal LM (every layer but the LM head;
-``critic.model``, by default the trained model's starting weights) and a new scalar head,
-zero-initialised so that the first advantages are the plain returns. Its value ``V_t`` of
-response token ``t`` is read at the position that predicts ``t`` (the state before it). A value
-head on the actor itself (sharing its body) is not offered.
+The critic is a separate model by default: the body of an HF causal LM (every layer but the LM
+head; ``critic.model``, by default the trained model's starting weights) and a new scalar head,
+zero-initialised so that the first advantages are the plain returns. With ``critic.shared``
+the head sits on the actor itself (CoMLRL's ``use_separate_critic: false``): it reads the
+trained model's own hidden states, and the value loss, times ``critic.value_coef``, joins the
+policy loss (see step 4). Its value ``V_t`` of response token ``t`` is read at the position
+that predicts ``t`` (the state before it).
 
 Per training step (``kernel.train.update.train_step``):
 
@@ -26,7 +28,11 @@ Per training step (``kernel.train.update.train_step``):
 4. the critic trains on the same mini-batches and epochs as the policy (``trainer.ppo_epochs``
    x ``trainer.num_minibatches``) with the clipped value loss (``value_loss``) against the
    returns and its values of step 1; the policy trains after ``critic.num_critic_only_steps``
-   steps of the critic alone (slime's warm-up).
+   steps of the critic alone (slime's warm-up). A shared head's value loss is back-propagated
+   into the actor's body before the policy's own backward of the same mini-batch, so the
+   actor's optimizer steps on the gradient of ``policy loss + value_coef x value loss`` (one
+   joint loss, run as two forwards); the head has its own AdamW at ``critic.lr``. During the
+   warm-up a shared critic trains its head alone (the actor does not move).
 
 Supported on the torch backend with one rank; the Megatron backend and data-parallel ranks
 refuse it when the trainer is built (``kernel.train.trainer.build_trainer``).
@@ -35,7 +41,6 @@ refuse it when the trainer is built (``kernel.train.trainer.build_trainer``).
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -66,13 +71,25 @@ class CriticConfig:
     """clip the critic's gradient norm to this; 0: off"""
     num_critic_only_steps: int = 0
     """the first steps train the critic alone (the policy waits for sensible values)"""
+    shared: bool = False
+    """a value head on the actor itself, reading its hidden states (CoMLRL's
+    ``use_separate_critic: false``): no second model in memory, and the value loss trains the
+    actor's body too; False: a separate value model (``model``)"""
+    value_coef: float = 0.6
+    """with ``shared``: the weight of the value loss in the actor's joint loss (CoMLRL's
+    ``value_loss_coef``, whose default this is)"""
     centralized: bool = False
     """MAPPO: the critic also reads each sample's ``metadata["global_state"]`` (text the
     recipe's generate sets: what the other agents saw and this one did not), before the
     agent's own dialogue; False: IPPO, each critic sees only its agent's view"""
 
     def validate(self) -> CriticConfig:
-        for name in ("lr", "value_clip", "grad_clip"):
+        if self.shared and self.model is not None:
+            raise ValueError(
+                f"critic.model ({self.model!r}) names a separate value model, and critic.shared "
+                "puts the value head on the actor: set one of them"
+            )
+        for name in ("lr", "value_clip", "grad_clip", "value_coef"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise ValueError(f"critic.{name} must be a finite number >= 0, got {value!r}")
@@ -170,24 +187,26 @@ def explained_variance(values: Tensor, returns: Tensor) -> float:
 
 
 class ValueModel(nn.Module):
-    """An HF causal LM's body and a scalar head (zero-initialised: values start at 0)."""
+    """An HF causal LM's body (its own, or the actor's when shared) and a scalar head
+    (zero-initialised: values start at 0)."""
 
-    def __init__(self, path: str, device: torch.device):
+    def __init__(self, lm: nn.Module, device: torch.device):
         super().__init__()
-        lm = load_causal_lm(path, dtype="float32", device=str(device))
         self.body = lm.get_decoder()
         self.head = nn.Linear(lm.config.hidden_size, 1, device=device)
         nn.init.zeros_(self.head.weight)
         nn.init.zeros_(self.head.bias)
 
-    def forward(self, mb: MicroBatch, device: torch.device) -> Tensor:
-        """Values (S, R) of ``mb``'s response tokens (0 past each response)."""
-        out = self.body(
-            input_ids=mb.input_ids.to(device),
-            attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(device),
-            position_ids=mb.position_ids.to(device),
-            use_cache=False,
-        )
+    def forward(self, mb: MicroBatch, device: torch.device, body_grad: bool = True) -> Tensor:
+        """Values (S, R) of ``mb``'s response tokens (0 past each response); ``body_grad``
+        False: the gradient stops at the body's output (only the head learns)."""
+        with torch.set_grad_enabled(body_grad and torch.is_grad_enabled()):
+            out = self.body(
+                input_ids=mb.input_ids.to(device),
+                attention_mask=None if mb.attention_mask is None else mb.attention_mask.to(device),
+                position_ids=mb.position_ids.to(device),
+                use_cache=False,
+            )
         flat = self.head(out.last_hidden_state[mb.keep.to(device)]).squeeze(-1)  # (N,)
         index = (mb.seq.to(device), mb.pos.to(device))
         return flat.new_zeros(tuple(mb.loss_mask.shape)).index_put(index, flat)
@@ -219,9 +238,11 @@ class Critic:
         model_path: str,
         device: torch.device,
         trainer: Any,
+        actor: nn.Module | None = None,
     ):
         """``advantage``: gamma, lam, eps and std_normalize of the GAE; ``trainer``: the
-        policy trainer's settings (its micro-batch token budget and packing apply here too)."""
+        policy trainer's settings (its micro-batch token budget and packing apply here too);
+        ``actor``: the trained model, whose body a ``shared`` critic's head reads."""
         self.cfg = cfg.validate()
         self.adv = advantage.validate()
         self.device = device
@@ -235,10 +256,25 @@ class Critic:
                 f"critic.model {cfg.model!r} has another tokenizer than the trained model "
                 f"{model_path!r}; the critic reads the trained model's token ids"
             )
-        self.model = ValueModel(path, device)
+        if cfg.shared:
+            if actor is None:
+                raise ValueError("critic.shared needs the actor (the trained model) to sit on")
+            self.model = ValueModel(actor, device)
+            own = list(self.model.head.parameters())  # the body is the actor's to step
+        else:
+            self.model = ValueModel(
+                load_causal_lm(path, dtype="float32", device=str(device)), device
+            )
+            own = list(self.model.parameters())
         self.tokenizer = load_tokenizer(path) if cfg.centralized else None
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr)
+        self.params = own
+        self.optimizer = torch.optim.AdamW(own, lr=cfg.lr)
         self.steps = 0  # training steps (batches) the critic has trained on
+
+    @property
+    def shared(self) -> bool:
+        """Whether the value head sits on the actor (its loss then joins the policy's)."""
+        return self.cfg.shared
 
     @property
     def policy_waits(self) -> bool:
@@ -269,7 +305,8 @@ class Critic:
     def values(self, samples: list[Sample]) -> list[list[float]]:
         """Each sample's value of every response token under the current critic."""
         out: list[list[float]] = [[] for _ in samples]
-        self.model.eval()
+        if not self.shared:  # a shared body stays in the mode its actor trains in
+            self.model.eval()
         for mb in self._microbatches(samples):
             v = self.model(mb, self.device)
             for row, j in enumerate(mb.indices):
@@ -298,57 +335,75 @@ class Critic:
             s.advantage = a
         return step, ({"critic/gae_mean": float(raw.mean())} if raw.numel() else {})
 
+    def accumulate(
+        self, step: CriticStep, part: list[int], scale: float = 1.0, body_grad: bool = True
+    ) -> dict[str, float]:
+        """Back-propagate ``scale`` x the clipped value loss of ``step.samples[part]`` (a mean
+        over their own tokens) into the critic's gradients, without an optimizer step; a
+        shared critic's reach the actor's body too unless ``body_grad`` is False. Returns the
+        part's value_loss and vf_clipfrac (unscaled)."""
+        if not self.shared:  # a shared body stays in the mode its actor trains in
+            self.model.train()
+        samples = [step.samples[i] for i in part]
+        sums = {"value_loss": 0.0, "vf_clipfrac": 0.0}
+        n_tok = float(sum(sum(s.loss_mask) for s in samples))
+        for mb in self._microbatches(samples) if n_tok else []:
+            idx = [part[j] for j in mb.indices]
+            width = mb.max_response
+            old = to_rows([step.old[i] for i in idx], width).to(self.device)
+            ret = to_rows([step.returns[i] for i in idx], width).to(self.device)
+            mask = mb.loss_mask.to(self.device)
+            values = self.model(mb, self.device, body_grad)
+            loss, m = value_loss(values, old, ret, mask, self.cfg.value_clip)
+            share = float(mask.sum()) / n_tok
+            (loss * (share * scale)).backward()
+            sums["value_loss"] += float(loss.detach()) * share
+            sums["vf_clipfrac"] += m["vf_clipfrac"] * share
+        return sums
+
+    def optimizer_step(self) -> float:
+        """Clip (``grad_clip``) and step the critic's own parameters (a shared critic's: the
+        head), zero their gradients; returns the gradient norm (a non-finite one skips the
+        step, as the policy's does)."""
+        max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, max_norm))
+        if math.isfinite(norm):
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
     def train(self, step: CriticStep, minibatches: list[list[int]]) -> dict[str, float]:
-        """One update of the clipped value loss per mini-batch (indices into
-        ``step.samples``); metrics averaged over the updates, and the explained variance of
-        the step's old values."""
-        self.model.train()
-        sums: dict[str, float] = defaultdict(float)
-        n_updates = 0
+        """The critic alone: one update of the clipped value loss per mini-batch (indices into
+        ``step.samples``); a shared critic trains its head only (the policy's warm-up)."""
+        updates = []
         for part in minibatches:
-            samples = [step.samples[i] for i in part]
-            if not samples:
-                continue
-            n_tok = float(sum(sum(s.loss_mask) for s in samples))
-            for mb in self._microbatches(samples):
-                idx = [part[j] for j in mb.indices]
-                width = mb.max_response
-                old = to_rows([step.old[i] for i in idx], width).to(self.device)
-                ret = to_rows([step.returns[i] for i in idx], width).to(self.device)
-                mask = mb.loss_mask.to(self.device)
-                values = self.model(mb, self.device)
-                loss, m = value_loss(values, old, ret, mask, self.cfg.value_clip)
-                share = float(mask.sum()) / n_tok
-                (loss * share).backward()
-                sums["value_loss"] += float(loss.detach()) * share
-                sums["vf_clipfrac"] += m["vf_clipfrac"] * share
-            max_norm = self.cfg.grad_clip if self.cfg.grad_clip > 0 else math.inf
-            norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
-            if math.isfinite(norm):  # a non-finite gradient is dropped, as the policy's
-                self.optimizer.step()
-            self.optimizer.zero_grad(set_to_none=True)
-            sums["grad_norm"] += norm
-            n_updates += 1
+            if part:
+                m = self.accumulate(step, part, body_grad=not self.shared)
+                updates.append(m | {"grad_norm": self.optimizer_step()})
+        return self.summary(step, updates)
+
+    def summary(self, step: CriticStep, updates: list[dict[str, float]]) -> dict[str, float]:
+        """Close a training step: its updates' metrics averaged, and the explained variance,
+        mean value and mean return of the step's old values."""
         self.steps += 1
-        out = {f"critic/{k}": v / max(n_updates, 1) for k, v in sums.items()}
+        keys = ("value_loss", "vf_clipfrac", "grad_norm")
+        n = max(len(updates), 1)
+        out = {f"critic/{k}": sum(u[k] for u in updates) / n for k in keys if updates}
         old, ret = step.flat(step.old), step.flat(step.returns)
         if old.numel():
             out["critic/explained_var"] = explained_variance(old, ret)
             out["critic/value_mean"] = float(old.mean())
             out["critic/return_mean"] = float(ret.mean())
-        return out | {"critic/n_updates": float(n_updates)}
+        return out | {"critic/n_updates": float(len(updates))}
 
     # ---------------------------------------------------------------- checkpoints
 
     def save(self, out_dir: Path) -> None:
-        torch.save(
-            {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "steps": self.steps,
-            },
-            Path(out_dir) / "critic.pt",
-        )
+        # a shared critic's body is the actor, saved with it: only the head here
+        model = self.model.head if self.shared else self.model
+        state = {"optimizer": self.optimizer.state_dict(), "steps": self.steps}
+        key = "head" if self.shared else "model"
+        torch.save(state | {key: model.state_dict()}, Path(out_dir) / "critic.pt")
 
     def load(self, ckpt_dir: Path) -> None:
         path = Path(ckpt_dir) / "critic.pt"
@@ -358,6 +413,12 @@ class Critic:
                 "advantage.estimator gae)"
             )
         state = torch.load(path, map_location=self.device, weights_only=True)
-        self.model.load_state_dict(state["model"])
+        key = "head" if self.shared else "model"
+        if key not in state:
+            raise ValueError(
+                f"{path}: the checkpoint's critic is {'shared' if 'head' in state else 'separate'}"
+                f" and this run's critic.shared is {self.shared}: resume with the same setting"
+            )
+        (self.model.head if self.shared else self.model).load_state_dict(state[key])
         self.optimizer.load_state_dict(state["optimizer"])
         self.steps = int(state["steps"])

@@ -174,7 +174,7 @@ class TorchTrainer:
                     f"trainer has {self.world_size} data-parallel ranks"
                 )
             self.critic = Critic(
-                critic, advantage or AdvantageConfig(), model_path, self.device, cfg
+                critic, advantage or AdvantageConfig(), model_path, self.device, cfg, self.model
             )
 
     # ---------------------------------------------------------------- set-up

@@ -275,15 +275,21 @@ def train_step(p: Policy, samples: list[Sample], version: int | None = None) -> 
 
     With a critic (``p.critic``, ``advantage.estimator: gae``; ``kernel.train.critic``) the
     samples' per-token advantages come from it first, it trains on the same mini-batch
-    schedule, and the policy trains only once ``critic.num_critic_only_steps`` have passed.
+    schedule, and the policy trains only once ``critic.num_critic_only_steps`` have passed. A
+    critic ``shared`` with the actor adds its value loss to each policy update instead
+    (``JointValueLoss``).
     """
     cfg, lcfg = p.cfg, p.loss_cfg
     critic_metrics: dict[str, float] = {}
     critic = getattr(p, "critic", None)
+    joint = None
     if critic is not None:
         waits = critic.policy_waits
         step, critic_metrics = critic.advantages(samples)
-        critic_metrics |= critic.train(step, minibatch_schedule(p, len(step.samples)))
+        if critic.shared and not waits:
+            joint = JointValueLoss(critic, step)
+        else:
+            critic_metrics |= critic.train(step, minibatch_schedule(p, len(step.samples)))
         if waits:
             p.last_updates = []
             return critic_metrics | {"n_updates": 0.0, "n_samples": 0.0}
@@ -291,13 +297,56 @@ def train_step(p: Policy, samples: list[Sample], version: int | None = None) -> 
     tis = lcfg.stale_tis_cap if lcfg.tis_cap is None and n_stale else None  # None: config's
     if cfg.num_minibatches == 1 and cfg.ppo_epochs == 1 and lcfg.old_logprobs == "recompute":
         # One update: the old logprobs are this forward's own, detached (module docstring).
+        if joint is not None:
+            joint.backward(samples)
         metrics = p.forward_backward(samples, None, tis)
-        stepped = metrics["n_samples"] > 0
-        if stepped:
-            metrics.update(p.optim_step())
+        stepped = _step(p, metrics, joint)
         p.last_updates = [metrics] if stepped else []
-        return metrics | critic_metrics | {"n_updates": float(stepped), "stale_samples": n_stale}
-    return _ppo_updates(p, samples, tis) | critic_metrics | {"stale_samples": n_stale}
+        metrics |= joint.summary() if joint is not None else critic_metrics
+        return metrics | {"n_updates": float(stepped), "stale_samples": n_stale}
+    out = _ppo_updates(p, samples, tis, joint)
+    return (
+        out
+        | (joint.summary() if joint is not None else critic_metrics)
+        | {"stale_samples": n_stale}
+    )
+
+
+class JointValueLoss:
+    """A shared critic's value loss joined to the policy's updates: before each update's
+    policy backward, ``value_coef`` x the value loss of the same samples is back-propagated
+    into the actor's body and the head; the actor's optimizer then steps on the summed
+    gradient (the joint loss's), the head's own optimizer after it."""
+
+    def __init__(self, critic: Any, step: Any):
+        self.critic, self.step = critic, step
+        self.index = {id(s): i for i, s in enumerate(step.samples)}
+        self.updates: list[dict[str, float]] = []
+        self.metrics: dict[str, float] = {}
+
+    def backward(self, samples: list[Sample]) -> None:
+        part = [self.index[id(s)] for s in samples if id(s) in self.index]
+        self.metrics = self.critic.accumulate(self.step, part, self.critic.cfg.value_coef)
+
+    def stepped(self) -> None:
+        self.updates.append(self.metrics | {"grad_norm": self.critic.optimizer_step()})
+
+    def summary(self) -> dict[str, float]:
+        return self.critic.summary(self.step, self.updates)
+
+
+def _step(p: Policy, metrics: dict[str, float], joint: JointValueLoss | None) -> bool:
+    """The optimizer step of one update, when it trained on some sample (with a joint value
+    loss: the head's step too; without a policy sample, the value gradient is dropped)."""
+    stepped = metrics["n_samples"] > 0  # global: every rank steps, or none does
+    if stepped:
+        metrics.update(p.optim_step())
+        if joint is not None:
+            joint.stepped()
+    elif joint is not None:
+        p.optimizer.zero_grad(set_to_none=True)
+        joint.critic.optimizer.zero_grad(set_to_none=True)
+    return stepped
 
 
 def minibatch_schedule(p: Policy, n: int) -> list[list[int]]:
@@ -315,7 +364,9 @@ def minibatch_schedule(p: Policy, n: int) -> list[list[int]]:
     return parts
 
 
-def _ppo_updates(p: Policy, samples: list[Sample], tis_cap: float | None) -> dict[str, float]:
+def _ppo_updates(
+    p: Policy, samples: list[Sample], tis_cap: float | None, joint: JointValueLoss | None = None
+) -> dict[str, float]:
     """``ppo_epochs`` shuffled passes of ``num_minibatches`` updates, every one against the
     old logprobs taken before the first; each update's own metrics stay in
     ``last_updates``."""
@@ -323,9 +374,10 @@ def _ppo_updates(p: Policy, samples: list[Sample], tis_cap: float | None) -> dic
     old = _old_logprobs(p, kept)  # before any update
     updates = []
     for part in minibatch_schedule(p, len(kept)):
+        if joint is not None:
+            joint.backward([kept[i] for i in part])
         metrics = p.forward_backward([kept[i] for i in part], [old[i] for i in part], tis_cap)
-        if metrics["n_samples"] > 0:  # global: every rank steps, or none does
-            metrics.update(p.optim_step())
+        if _step(p, metrics, joint):
             updates.append(metrics)
     p.last_updates = updates
     counts = [

@@ -201,3 +201,65 @@ def test_a_centralized_critic_reads_the_global_state(char_model_dir, make_sample
 def test_a_critic_model_with_another_tokenizer_is_refused(char_model_dir, tiny_model_dir):
     with pytest.raises(ValueError, match="another tokenizer"):
         _trainer(char_model_dir, CriticConfig(model=str(tiny_model_dir)))
+
+
+def _weights(t: TorchTrainer) -> dict[str, torch.Tensor]:
+    return {n: p.detach().clone() for n, p in t.named_parameters_for_sync()}
+
+
+def test_a_shared_value_head_sits_on_the_actor_and_joins_its_loss(char_model_dir, make_samples):
+    """critic.shared: no second body (the head reads the actor's), the critic's optimizer holds
+    the head alone; the actor's update is that of policy + value_coef x value loss: at
+    value_coef 0 exactly a separate critic's (same head, same values and advantages), above 0 the
+    value loss moves the actor too; and the head learns the returns."""
+    shared = _trainer(char_model_dir, CriticConfig(lr=3e-3, shared=True, value_coef=0.0))
+    assert shared.critic.model.body is shared.model.get_decoder()
+    head = {id(p) for p in shared.critic.model.head.parameters()}
+    assert {id(p) for g in shared.critic.optimizer.param_groups for p in g["params"]} == head
+    separate = _trainer(char_model_dir, CriticConfig(lr=3e-3))
+    coupled = _trainer(char_model_dir, CriticConfig(lr=3e-3, shared=True, value_coef=1.0))
+    runs = {}
+    for name, t in (("shared", shared), ("separate", separate), ("coupled", coupled)):
+        with torch.no_grad():  # the same non-zero head (a zero one passes no gradient back)
+            t.critic.model.head.weight.copy_(torch.linspace(-1, 1, t.model.config.hidden_size))
+        m = t.train_step(_rewarded(make_samples))
+        assert m["n_updates"] == 1.0 and m["critic/n_updates"] == 1.0, name
+        runs[name] = _weights(t)
+    for n, w in runs["separate"].items():
+        assert torch.allclose(runs["shared"][n], w, atol=1e-6), n
+    assert any(
+        not torch.allclose(runs["coupled"][n], w, atol=1e-6) for n, w in runs["separate"].items()
+    )
+    # the head learns the returns through the shared body
+    t = _trainer(char_model_dir, CriticConfig(lr=3e-3, value_clip=0.0, shared=True), lam=1.0)
+    samples = _rewarded(make_samples)
+    losses = [t.train_step(samples)["critic/value_loss"] for _ in range(30)]
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_a_shared_critics_warm_up_trains_the_head_alone_and_resumes(
+    char_model_dir, make_samples, tmp_path
+):
+    cfg = CriticConfig(lr=3e-3, shared=True, num_critic_only_steps=1)
+    t = _trainer(char_model_dir, cfg)
+    before = _weights(t)
+    head = t.critic.model.head.weight.detach().clone()
+    m = t.train_step(_rewarded(make_samples))
+    assert m["n_updates"] == 0.0 and m["critic/n_updates"] == 1.0
+    assert all(torch.equal(p, before[n]) for n, p in t.named_parameters_for_sync())
+    assert not torch.equal(t.critic.model.head.weight, head)
+    assert t.train_step(_rewarded(make_samples))["n_updates"] == 1.0
+
+    t.save(tmp_path / "ckpt")
+    state = torch.load(tmp_path / "ckpt" / "critic.pt", weights_only=True)
+    assert set(state["head"]) == {"weight", "bias"} and "model" not in state  # body: the actor's
+    probe = _rewarded(make_samples, seed=5)
+    resumed = _trainer(char_model_dir, cfg)
+    resumed.load(tmp_path / "ckpt")
+    assert resumed.critic.values(probe) == t.critic.values(probe)
+    with pytest.raises(ValueError, match=r"critic is shared.*critic.shared is False"):
+        _trainer(char_model_dir, CriticConfig()).load(tmp_path / "ckpt")
+    with pytest.raises(ValueError, match=r"critic.model.*critic.shared"):
+        CriticConfig(model="x", shared=True).validate()
+    with pytest.raises(ValueError, match=r"critic\.value_coef"):
+        CriticConfig(value_coef=-1.0).validate()
