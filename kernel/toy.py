@@ -7,6 +7,9 @@ moves it towards 1. The task needs no labels and gives a dense signal, so a 2-la
 learns it in about a minute on CPU through the full path (embedded engine generation ->
 reward -> advantages -> train -> weight sync), and a flipped sign or a lost weight update
 shows at once. ``python -m kernel train --preset toy`` runs it.
+
+Two variants: ``toy_duo`` (a doctor and a patient, each its own model) and ``toy_steps``
+(episodes of 3 steps, each a sample with its observation as GiGPO's anchor state).
 """
 
 from __future__ import annotations
@@ -92,5 +95,45 @@ async def duo_generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
         status = Status.COMPLETED if result.finish_type == "stop" else Status.TRUNCATED
         s = conv.to_sample(agent=agent, status=status, **sample.seed_fields())
         s.metadata["text"] = text
+        out.append(s)
+    return out
+
+
+# ---------------------------------------------------------------- the multi-step toy (GiGPO)
+
+STEPS = 3
+
+
+def steps_observation(step: int, last_text: str | None) -> str:
+    """What the agent sees at ``step`` (0-based): the step number and whether its last reply
+    was mostly digits. It is the anchor state of GiGPO's step-level groups: episodes of a group
+    that reach the same observation at the same step share one."""
+    if last_text is None:
+        return f"Step 1 of {STEPS}. Begin."
+    last = "digits" if _share(last_text, str.isdigit) >= 0.5 else "words"
+    return f"Step {step + 1} of {STEPS}. Your last reply was {last}."
+
+
+def steps_reward(ctx: RolloutContext, samples: list[Sample]) -> list[float]:
+    """One reward per step: the share of digits in that step's reply."""
+    return [_share(s.metadata.get("text", ""), str.isdigit) for s in samples]
+
+
+async def steps_generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
+    """An episode of ``STEPS`` steps, each a separate sample (``turn`` = the step) whose prompt
+    is the prompt plus the current observation (``metadata["anchor"]``); the observation
+    depends on the previous reply, so a group's episodes meet in a few distinct states."""
+    agent = ctx.agents[AGENT]
+    out, last = [], None
+    for step in range(STEPS):
+        observation = steps_observation(step, last)
+        conv = agent.conversation()
+        conv.add_message("user", f"{sample.prompt}\n{observation}")
+        result = await agent.generate_turn(conv)
+        status = Status.COMPLETED if result and result.finish_type == "stop" else Status.TRUNCATED
+        s = conv.to_sample(agent=AGENT, turn=step, status=status, **sample.seed_fields())
+        sampled = [t for t, m in zip(s.response_ids, s.loss_mask, strict=True) if m]
+        last = agent.tokenizer.decode(sampled, skip_special_tokens=True)
+        s.metadata |= {"text": last, "anchor": observation}
         out.append(s)
     return out

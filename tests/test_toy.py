@@ -1,8 +1,21 @@
-"""The toy task's reward: share of digits in the response text (golden values)."""
+"""The toy tasks: the digit-share reward (golden values), the multi-step toy's observations
+(GiGPO's anchor states) on a real engine, and GiGPO learning it end to end."""
 
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from kernel.agents import AgentHandle
+from kernel.config import load_train_config
+from kernel.engine.client import EngineClient
 from kernel.hooks import RolloutContext, load_generate, load_reward
+from kernel.loop import train
 from kernel.sample import Sample
-from kernel.toy import toy_reward
+from kernel.toy import STEPS, steps_generate, steps_observation, steps_reward, toy_reward
+
+TOY_STEPS = Path(__file__).resolve().parent.parent / "kernel" / "presets" / "toy_steps.yaml"
 
 
 def test_toy_reward_goldens():
@@ -15,3 +28,47 @@ def test_toy_reward_goldens():
 def test_toy_hooks_load_by_dotted_path():
     assert load_generate("kernel.toy.generate")
     assert load_reward("kernel.toy.reward") is toy_reward
+
+
+def test_steps_observations_and_per_step_rewards():
+    assert steps_observation(0, None) == "Step 1 of 3. Begin."
+    assert steps_observation(1, "12ab") == "Step 2 of 3. Your last reply was digits."  # half
+    assert steps_observation(2, "1abc") == "Step 3 of 3. Your last reply was words."
+    samples = [Sample(metadata={"text": t}) for t in ("a1b2", "", "999")]
+    assert steps_reward(RolloutContext(), samples) == [0.5, 0.0, 1.0]
+
+
+def test_a_steps_episode_is_one_sample_per_step_with_its_observation(tiny_engine):
+    url, tok = tiny_engine
+    agent = AgentHandle("default", [EngineClient(url)], tok, {"temperature": 1.0}, 8, 128)
+    seed = Sample(prompt="Write digits.", group_id=3, index=2)
+
+    async def go():
+        try:
+            return await steps_generate(RolloutContext(agents={"default": agent}), seed)
+        finally:
+            await agent.clients[0].aclose()
+
+    samples = asyncio.run(go())
+    assert [s.turn for s in samples] == list(range(STEPS))
+    assert all((s.group_id, s.index, s.agent) == (3, 2, "default") for s in samples)
+    last = None
+    for step, s in enumerate(samples):
+        s.validate()
+        assert s.metadata["anchor"] == steps_observation(step, last)
+        assert s.metadata["anchor"] in tok.decode(s.prompt_ids)  # what the agent saw
+        sampled = [t for t, m in zip(s.response_ids, s.loss_mask, strict=True) if m]
+        assert s.metadata["text"] == tok.decode(sampled, skip_special_tokens=True)
+        last = s.metadata["text"]
+
+
+@pytest.mark.slow
+def test_gigpo_learns_the_multi_step_toy(tmp_path):
+    """GiGPO (episode-level GRPO plus step-level groups by anchor state) through the full path:
+    the steps' mean reward rises from about 0.13 to at least 0.8 in 40 steps (measured 0.13 ->
+    0.95; plain GRPO over the same steps 0.14 -> 0.98)."""
+    rows = train(load_train_config([f"--output_dir={tmp_path}"], yaml_path=TOY_STEPS))
+    assert sum(r["reward"] for r in rows[:5]) / 5 <= 0.3
+    assert sum(r["reward"] for r in rows[-5:]) / 5 >= 0.8
+    logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all(r["adv/n_samples"] == 4 * 8 * STEPS for r in logged if r["step"] >= 0)
