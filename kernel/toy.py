@@ -76,7 +76,8 @@ def duo_reward(ctx: RolloutContext, samples: list[Sample]) -> dict[str, float]:
 
 async def duo_generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     """The doctor asks (one turn), the patient answers; each speaks with its own model and keeps
-    its own dialogue, in which the other's words are a masked user message."""
+    its own dialogue, in which the other's words are a masked user message. Both samples carry
+    the exchange as ``metadata["global_state"]`` (for MAPPO's centralized critics)."""
     doctor, patient = ctx.agents[DOCTOR], ctx.agents[PATIENT]
     d_conv, p_conv = doctor.conversation(), patient.conversation()
     d_conv.add_message("user", sample.prompt)
@@ -94,7 +95,8 @@ async def duo_generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     ):
         status = Status.COMPLETED if result.finish_type == "stop" else Status.TRUNCATED
         s = conv.to_sample(agent=agent, status=status, **sample.seed_fields())
-        s.metadata["text"] = text
+        # the whole exchange, what a centralized critic reads (critic.centralized, MAPPO)
+        s.metadata |= {"text": text, "global_state": f"Q: {question}\nA: {answer}"}
         out.append(s)
     return out
 
