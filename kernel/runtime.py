@@ -30,6 +30,7 @@ import contextlib
 import copy
 import json
 import logging
+import math
 import random
 import shutil
 import time
@@ -292,9 +293,10 @@ class Runtime:
         recipe scored them (before the kernel's weighting), at ``eval.temperature``; a prompt
         with fewer than k scored episodes (failures) counts with k = its count. Every (prompt,
         agent) result goes to ``<output_dir>/eval/step_<updates>.jsonl`` (``row``: the
-        prompt's row in eval.path; ``rewards``, ``passed`` and ``texts`` per episode, a text
-        being the agent's response decoded, tool messages included), so two evaluations can
-        be compared item by item and read."""
+        prompt's row in eval.path; ``rewards``, ``passed``, ``texts`` and ``metrics`` per
+        episode, a text being the agent's response decoded, tool messages included, and the
+        metrics the numbers the recipe put in the sample's ``metadata["metrics"]``), so two
+        evaluations can be compared item by item and read."""
         cfg, ctx = self.cfg, self.ctx
         t0 = time.perf_counter()
         data = replace(
@@ -333,6 +335,7 @@ class Runtime:
                             "rewards": [s.raw_reward for s in mine],
                             "passed": passed,
                             "texts": [tokenizer.decode(s.response_ids) for s in mine],
+                            "metrics": [_numbers(s.metadata.get("metrics")) for s in mine],
                         }
                     )
             if per_prompt:
@@ -552,6 +555,15 @@ def read_checkpoint(path: Path, owners: list[str]) -> dict:
             f"{owners}, buffer and python_rng expected)"
         ) from None
     return state
+
+
+def _numbers(metrics: Any) -> dict[str, float]:
+    """The numeric entries of a sample's ``metadata["metrics"]`` ({} without any)."""
+    if not isinstance(metrics, dict):
+        return {}
+    return {
+        k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)
+    }
 
 
 def _read_json(path: Path):

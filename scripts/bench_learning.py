@@ -18,7 +18,9 @@ enough). Each recipe names the agent and score of its headline (``HEADLINES``).
 Prints before, after, difference and interval of both scores for every evaluated agent, steps
 done, samples seen and wall time per phase (start-up, generate, reward, train, sync, eval);
 writes ``<out>/learning.json`` (the headline's figures at the top level, every agent's under
-``agents``) and the curves PNG ``<out>/curves.png``. ``--report-only`` reports on a finished
+``agents``, and the same statistics of every episode metric the recipe reports, e.g.
+takes_two's facts revealed or deep_research's searches, under ``episode_metrics``) and the
+curves PNG ``<out>/curves.png``. ``--report-only`` reports on a finished
 run again without training. Not run by CI (CI runs each ``learn`` preset for one step:
 tests/recipes/test_learn_presets.py).
 
@@ -98,6 +100,39 @@ def item_scores(path: Path, score: str) -> dict[str, dict[int, float]]:
     return out
 
 
+def item_metrics(path: Path) -> dict[str, dict[str, dict[int, float]]]:
+    """agent -> episode metric -> held-out row -> its mean over the row's episodes (the
+    numbers the recipe put in ``metadata["metrics"]``; evaluation files without them give
+    none)."""
+    out: dict[str, dict[str, dict[int, float]]] = {}
+    for item in read_jsonl(path):
+        episodes = item.get("metrics") or []
+        for key in sorted({k for m in episodes for k in m}):
+            values = [m[key] for m in episodes if key in m]
+            out.setdefault(item["agent"], {}).setdefault(key, {})[item["row"]] = sum(values) / len(
+                values
+            )
+    return out
+
+
+def paired(before: dict[int, float], after: dict[int, float], resamples: int) -> dict | None:
+    """n, before, after, diff, ci_low, ci_high over the rows both have (None: no such row)."""
+    rows = sorted(set(before) & set(after))
+    if not rows:
+        return None
+    b = np.array([before[r] for r in rows])
+    a = np.array([after[r] for r in rows])
+    low, high = paired_bootstrap(b, a, resamples)
+    return {
+        "n_eval": len(rows),
+        "before": float(b.mean()),
+        "after": float(a.mean()),
+        "diff": float(a.mean() - b.mean()),
+        "ci_low": low,
+        "ci_high": high,
+    }
+
+
 def compare(
     before_path: Path, after_path: Path, resamples: int, score: str = "reward"
 ) -> dict[str, dict]:
@@ -106,20 +141,21 @@ def compare(
     before, after = item_scores(before_path, score), item_scores(after_path, score)
     out = {}
     for agent in sorted(set(before) & set(after)):
-        rows = sorted(set(before[agent]) & set(after[agent]))
-        if not rows:
-            continue
-        b = np.array([before[agent][r] for r in rows])
-        a = np.array([after[agent][r] for r in rows])
-        low, high = paired_bootstrap(b, a, resamples)
-        out[agent] = {
-            "n_eval": len(rows),
-            "before": float(b.mean()),
-            "after": float(a.mean()),
-            "diff": float(a.mean() - b.mean()),
-            "ci_low": low,
-            "ci_high": high,
-        }
+        stats = paired(before[agent], after[agent], resamples)
+        if stats is not None:
+            out[agent] = stats
+    return out
+
+
+def compare_metrics(before_path: Path, after_path: Path, resamples: int) -> dict[str, dict]:
+    """Per agent and episode metric: the same statistics (``paired``)."""
+    before, after = item_metrics(before_path), item_metrics(after_path)
+    out: dict[str, dict] = {}
+    for agent in sorted(set(before) & set(after)):
+        for key in sorted(set(before[agent]) & set(after[agent])):
+            stats = paired(before[agent][key], after[agent][key], resamples)
+            if stats is not None:
+                out.setdefault(agent, {})[key] = stats
     return out
 
 
@@ -222,6 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             agent: {score: results[score][agent] for score in SCORES if agent in results[score]}
             for agent in results["reward"]
         },
+        "episode_metrics": compare_metrics(first, last, args.resamples),
         "phases_s": times,
         "command": command(args, extra),
     }
@@ -238,6 +275,12 @@ def main(argv: list[str] | None = None) -> int:
             mark = " *" if (agent, score) == (headline.agent, headline.score) else ""
             print(
                 f"{agent + mark:<12} {score:<7} {r['n_eval']:>5} {r['before']:>8.3f} "
+                f"{r['after']:>8.3f} {r['diff']:>+8.3f}  [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
+            )
+    for agent, metrics in report["episode_metrics"].items():
+        for key, r in metrics.items():
+            print(
+                f"{agent:<12} {key[:24]:<24} {r['n_eval']:>5} {r['before']:>8.3f} "
                 f"{r['after']:>8.3f} {r['diff']:>+8.3f}  [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
             )
     print(f"(* headline; interval: {report['interval']})")

@@ -48,6 +48,7 @@ def test_eval_of_a_checkpoint_beats_the_starting_model(tmp_path):
     assert after["eval/default/avg@4"] > before["eval/default/avg@4"] + 0.3
     assert len(items) == 16 and all(len(i["rewards"]) == len(i["texts"]) == 4 for i in items)
     assert all(isinstance(t, str) and t for i in items for t in i["texts"])
+    assert all(i["metrics"] == [{}] * 4 for i in items)  # the toy reports no episode metrics
     share = sum(sum(i["passed"]) / 4 for i in items) / len(items)
     assert before["eval/default/pass@1"] == pytest.approx(share)
     assert before["eval/default/pass@1"] <= before["eval/default/pass@4"]

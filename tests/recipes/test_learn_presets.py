@@ -1,7 +1,8 @@
 """Every recipe's ``learn`` preset runs through scripts/bench_learning.py for one step on its
 real model, with the held-out evaluation before and after, so neither the presets nor the
-script can rot. The evaluation is cut to two held-out items and the replies to a few tokens to
-keep this short; everything else is the preset's. The script's statistics have goldens."""
+script can rot. The evaluation is cut to two held-out items, the step to one group of two
+episodes and the replies to a few tokens to keep this short; everything else is the preset's.
+The script's statistics have goldens."""
 
 from __future__ import annotations
 
@@ -57,6 +58,7 @@ def test_learn_preset_one_step_through_bench_learning(preset, tmp_path):
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_learning.py"), "--recipe", recipe]
     cmd += ["--out", str(tmp_path), "--resamples", "200", "--", "--num_steps", "1"]
     cmd += ["--eval.max_prompts", "2", "--rollout.max_response_len", "12"]
+    cmd += ["--data.n_samples_per_prompt", "2", "--data.prompts_per_step", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((tmp_path / "learning.json").read_text())
@@ -67,6 +69,9 @@ def test_learn_preset_one_step_through_bench_learning(preset, tmp_path):
     assert set(report["phases_s"]) == {"startup", "generate", "reward", "train", "sync", "eval"}
     assert report["phases_s"]["eval"] > 0 and report["phases_s"]["train"] > 0
     assert (tmp_path / "curves.png").exists()
+    if recipe == "takes_two":  # the doctor's episode metrics, compared item by item too
+        facts = report["episode_metrics"]["doctor"]["facts_revealed"]
+        assert facts["n_eval"] == 2 and facts["ci_low"] <= facts["diff"] <= facts["ci_high"]
     for updates in (0, 1):
         items = [json.loads(x) for x in (tmp_path / "eval" / f"step_{updates}.jsonl").open()]
         assert {i["row"] for i in items} == {0, 1}, items
@@ -127,6 +132,31 @@ def test_compare_pairs_items_by_row_and_agent(tmp_path):
     )
     p = m.compare(before, after, 500, "passed")["solver"]
     assert p["before"] == 0.25 and p["after"] == 0.75 and p["diff"] == 0.5
+
+
+def test_episode_metrics_are_paired_by_row_and_averaged_over_episodes(tmp_path):
+    m = bench_learning()
+    before, after = tmp_path / "b.jsonl", tmp_path / "a.jsonl"
+    before.write_text(
+        json.dumps({"row": 0, "agent": "doctor", "metrics": [{"facts": 0.0}, {"facts": 0.5}]})
+        + "\n"
+        + json.dumps({"row": 1, "agent": "doctor", "metrics": [{"facts": 0.0, "turns": 2.0}]})
+        + "\n"
+        + json.dumps({"row": 0, "agent": "patient", "rewards": [1.0]})  # no metrics: none
+        + "\n"
+    )
+    after.write_text(
+        json.dumps({"row": 1, "agent": "doctor", "metrics": [{"facts": 1.0}]})
+        + "\n"
+        + json.dumps({"row": 0, "agent": "doctor", "metrics": [{"facts": 0.25}]})
+        + "\n"
+    )
+    out = m.compare_metrics(before, after, 500)
+    assert set(out) == {"doctor"} and set(out["doctor"]) == {"facts"}  # turns: before only
+    f = out["doctor"]["facts"]
+    # rows 0 and 1: before (0.25, 0.0), after (0.25, 1.0)
+    assert f["n_eval"] == 2 and f["before"] == 0.125 and f["after"] == 0.625 and f["diff"] == 0.5
+    assert f["ci_low"] == 0.0 and f["ci_high"] == 1.0
 
 
 def test_readme_row_shows_every_figure_of_the_report():
