@@ -255,3 +255,24 @@ def test_judge_reply_that_does_not_parse_masks_the_patient(engines, monkeypatch)
     assert result["patient"] is None and result["doctor"] is not None
     assert samples[0].metadata["metrics"]["judge_failed"] == 1.0
     assert "JudgeError" in samples[0].metadata["judge_error"]
+
+
+@pytest.mark.slow
+def test_the_mappo_preset_trains_a_centralized_critic_per_agent(tmp_path):
+    """recipes/takes_two/presets/mappo.yaml for one step, on the tiny models of two families
+    instead of SmolLM2: each agent's model gets its own critic, which reads the hidden case."""
+    from pathlib import Path
+
+    from kernel.config import load_train_config
+    from kernel.loop import train
+
+    preset = Path(__file__).resolve().parents[2] / "recipes/takes_two/presets/mappo.yaml"
+    agents = '[{"name": "doctor"}, {"name": "patient", "model": "tiny-smollm2-llama"}]'
+    flags = [f"--output_dir={tmp_path}", "--model=tiny-smollm2", f"--agents={agents}"]
+    flags += ["--num_steps=1", "--eval.every=0", "--engine.num_threads=1"]
+    cfg = load_train_config(flags, yaml_path=preset)
+    assert cfg.critic.centralized and cfg.advantage.estimator == "gae"
+    (row,) = train(cfg)
+    for agent in ("doctor", "patient"):
+        assert row[f"train/{agent}/critic/n_updates"] == 1.0
+        assert row[f"train/{agent}/critic/value_mean"] == 0.0  # the zero-initialised head
