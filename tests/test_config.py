@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -54,22 +55,26 @@ def _cli(*args):
 
 
 def test_cli_help_info_and_config_errors():
-    help_out = _cli("--help")
+    calls = [
+        ("--help",),
+        ("info",),
+        ("config", "--data.path=x.jsonl", "--optim.lr=-1"),
+        ("config", "--optim.lrr=1"),
+        ("config", "--data.path=x.jsonl", "--num_steps=3"),
+        ("train", "--preset", "nope"),
+        ("train", "--preset", "toy", "--generate_fn=kernel.toy.nothing"),
+    ]
+    with ThreadPoolExecutor(len(calls)) as pool:  # independent processes, started together
+        help_out, info, bad, typo, good, no_preset, bad_hook = pool.map(lambda a: _cli(*a), calls)
     assert help_out.returncode == 0
     for cmd in ("info", "train", "eval", "config", "plot", "launch"):
         assert cmd in help_out.stdout
-    info = _cli("info")
     assert info.returncode == 0
     assert "grpo" in info.stdout and "math_solver_verifier" in info.stdout
-    bad = _cli("config", "--data.path=x.jsonl", "--optim.lr=-1")
     assert bad.returncode == 2 and "optim.lr must be > 0" in bad.stderr
-    typo = _cli("config", "--optim.lrr=1")
     assert typo.returncode == 2 and "lrr" in typo.stderr
-    good = _cli("config", "--data.path=x.jsonl", "--num_steps=3")
     assert good.returncode == 0 and yaml.safe_load(good.stdout)["num_steps"] == 3
-    no_preset = _cli("train", "--preset", "nope")
     assert no_preset.returncode == 2 and "--preset nope" in no_preset.stderr
-    bad_hook = _cli("train", "--preset", "toy", "--generate_fn=kernel.toy.nothing")
     assert bad_hook.returncode == 2 and "kernel.toy.nothing" in bad_hook.stderr
 
 
