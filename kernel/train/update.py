@@ -299,17 +299,15 @@ def train_step(p: Policy, samples: list[Sample], version: int | None = None) -> 
         # One update: the old logprobs are this forward's own, detached (module docstring).
         if joint is not None:
             joint.backward(samples)
-        metrics = p.forward_backward(samples, None, tis)
-        stepped = _step(p, metrics, joint)
-        p.last_updates = [metrics] if stepped else []
-        metrics |= joint.summary() if joint is not None else critic_metrics
-        return metrics | {"n_updates": float(stepped), "stale_samples": n_stale}
-    out = _ppo_updates(p, samples, tis, joint)
-    return (
-        out
-        | (joint.summary() if joint is not None else critic_metrics)
-        | {"stale_samples": n_stale}
-    )
+        out = p.forward_backward(samples, None, tis)
+        stepped = _step(p, out, joint)
+        p.last_updates = [out] if stepped else []
+        out = out | {"n_updates": float(stepped)}
+    else:
+        out = _ppo_updates(p, samples, tis, joint)
+    if joint is not None:  # the value updates ran with the policy's
+        critic_metrics |= joint.summary()
+    return out | critic_metrics | {"stale_samples": n_stale}
 
 
 class JointValueLoss:

@@ -224,6 +224,7 @@ def test_a_shared_value_head_sits_on_the_actor_and_joins_its_loss(char_model_dir
             t.critic.model.head.weight.copy_(torch.linspace(-1, 1, t.model.config.hidden_size))
         m = t.train_step(_rewarded(make_samples))
         assert m["n_updates"] == 1.0 and m["critic/n_updates"] == 1.0, name
+        assert "critic/gae_mean" in m and "critic/value_loss" in m, name
         runs[name] = _weights(t)
     for n, w in runs["separate"].items():
         assert torch.allclose(runs["shared"][n], w, atol=1e-6), n
