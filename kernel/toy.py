@@ -32,17 +32,23 @@ def toy_reward(ctx: RolloutContext, samples: list[Sample]) -> float:
 reward = toy_reward
 
 
-async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
-    """One user turn (the prompt), one sampled answer of the single agent."""
+async def _answer(ctx: RolloutContext, sample: Sample, user: str, turn: int = 0) -> Sample:
+    """The single agent's sampled answer to one user message, as a sample of ``sample``'s
+    episode; its decoded text in ``metadata["text"]``."""
     agent = ctx.agents[AGENT]
     conv = agent.conversation()
-    conv.add_message("user", sample.prompt)
+    conv.add_message("user", user)
     result = await agent.generate_turn(conv)
     status = Status.COMPLETED if result and result.finish_type == "stop" else Status.TRUNCATED
-    out = conv.to_sample(agent=AGENT, status=status, **sample.seed_fields())
+    out = conv.to_sample(agent=AGENT, turn=turn, status=status, **sample.seed_fields())
     sampled = [t for t, m in zip(out.response_ids, out.loss_mask, strict=True) if m]
     out.metadata["text"] = agent.tokenizer.decode(sampled, skip_special_tokens=True)
-    return [out]
+    return out
+
+
+async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
+    """One user turn (the prompt), one sampled answer of the single agent."""
+    return [await _answer(ctx, sample, sample.prompt)]
 
 
 def write_toy_prompts(path: Path, n: int = 64) -> Path:
@@ -125,17 +131,11 @@ async def steps_generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     """An episode of ``STEPS`` steps, each a separate sample (``turn`` = the step) whose prompt
     is the prompt plus the current observation (``metadata["anchor"]``); the observation
     depends on the previous reply, so a group's episodes meet in a few distinct states."""
-    agent = ctx.agents[AGENT]
     out, last = [], None
     for step in range(STEPS):
         observation = steps_observation(step, last)
-        conv = agent.conversation()
-        conv.add_message("user", f"{sample.prompt}\n{observation}")
-        result = await agent.generate_turn(conv)
-        status = Status.COMPLETED if result and result.finish_type == "stop" else Status.TRUNCATED
-        s = conv.to_sample(agent=AGENT, turn=step, status=status, **sample.seed_fields())
-        sampled = [t for t, m in zip(s.response_ids, s.loss_mask, strict=True) if m]
-        last = agent.tokenizer.decode(sampled, skip_special_tokens=True)
-        s.metadata |= {"text": last, "anchor": observation}
+        s = await _answer(ctx, sample, f"{sample.prompt}\n{observation}", turn=step)
+        s.metadata["anchor"] = observation
+        last = s.metadata["text"]
         out.append(s)
     return out

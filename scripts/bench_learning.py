@@ -273,22 +273,24 @@ def main(argv: list[str] | None = None) -> int:
     for agent, scores in report["agents"].items():
         for score, r in scores.items():
             mark = " *" if (agent, score) == (headline.agent, headline.score) else ""
-            print(
-                f"{agent + mark:<12} {score:<7} {r['n_eval']:>5} {r['before']:>8.3f} "
-                f"{r['after']:>8.3f} {r['diff']:>+8.3f}  [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
-            )
+            print(f"{agent + mark:<12} {score:<7} " + _figures(r))
     for agent, metrics in report["episode_metrics"].items():
         for key, r in metrics.items():
-            print(
-                f"{agent:<12} {key[:24]:<24} {r['n_eval']:>5} {r['before']:>8.3f} "
-                f"{r['after']:>8.3f} {r['diff']:>+8.3f}  [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
-            )
+            print(f"{agent:<12} {key[:24]:<24} " + _figures(r))
     print(f"(* headline; interval: {report['interval']})")
     print(f"steps {steps}, samples seen {int(samples)}, wall {wall / 60:.1f} min")
     print("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
     print(f"wrote {out / 'learning.json'} and {png}")
     print("README row:\n" + readme_row(report))
     return 0
+
+
+def _figures(r: dict) -> str:
+    """n, before, after, difference and interval of one comparison, as a printed row's end."""
+    return (
+        f"{r['n_eval']:>5} {r['before']:>8.3f} {r['after']:>8.3f} {r['diff']:>+8.3f}  "
+        f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
+    )
 
 
 def readme_row(r: dict) -> str:
