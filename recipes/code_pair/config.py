@@ -4,6 +4,7 @@ sandbox that runs the code."""
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -27,6 +28,10 @@ class RecipeConfig:
     """single: the coder's tries at most (the first plus feedback rounds)"""
     helper_name: str = "aux"
     """the helper function's name (the main agent is told it exists)"""
+    code_prefix: str = ""
+    """text every code reply opens with, given and out of the loss (a scaffold, e.g.
+    ``"```python\\ndef {function}("``); ``{function}`` becomes the function that agent writes
+    (the helper's name for the helper, the entry point for main and the coder)"""
     define_helper: float = 0.4
     """pair: credit when the helper's reply defines the helper with a returned value"""
     define_main: float = 0.6
@@ -54,6 +59,10 @@ class RecipeConfig:
         confinement the machine allows by starting child processes)."""
         return Sandbox(self.sandbox)
 
+    def prefix(self, function: str) -> str:
+        """The code prefix of an agent writing ``function``."""
+        return self.code_prefix.replace("{function}", function)
+
     @property
     def max_reward(self) -> float:
         """The most an episode can earn (every credit)."""
@@ -78,6 +87,12 @@ class RecipeConfig:
         if not self.helper_name.isidentifier():
             raise ValueError(
                 f"recipe_args.helper_name must be a Python name, got {self.helper_name!r}"
+            )
+        unknown = set(re.findall(r"\{(\w+)\}", self.code_prefix)) - {"function"}
+        if unknown:
+            raise ValueError(
+                f"recipe_args.code_prefix: unknown placeholder(s) {sorted(unknown)}; the one "
+                f"placeholder is {{function}} (got {self.code_prefix!r})"
             )
         credits = ("define_helper", "define_main", "parses", "tests", "uses_helper", "not_wrapper")
         for name in (*credits, "drops_helper_result"):

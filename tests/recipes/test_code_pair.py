@@ -2,7 +2,8 @@
 canonical solution passes all 1181 of them in the real sandbox, a wrong one does not), the
 CoMLRL-style partial credit of a pair, hostile code ending as a scored status, and both
 workflows' episodes against real embedded servers (the single coder hears its test failure,
-masked out of its loss)."""
+masked out of its loss), the code scaffold out of the loss, and a tiny model learning on the
+pair's reward."""
 
 from __future__ import annotations
 
@@ -190,6 +191,11 @@ def test_humaneval_split_and_config_errors():
         RecipeConfig(workflow="trio").validate()
     with pytest.raises(ValueError, match=r"sandbox\.timeout_s"):
         RecipeConfig(sandbox={"timeout_s": 0}).validate()
+    with pytest.raises(ValueError, match=r"code_prefix.*\['entry_point'\]"):
+        RecipeConfig(code_prefix="def {entry_point}(").validate()
+    assert RecipeConfig(code_prefix="x = {1: 2}\ndef {function}(").prefix("f") == (
+        "x = {1: 2}\ndef f("
+    )
 
 
 # ---- episodes against real engines -----------------------------------------------------------
@@ -221,6 +227,22 @@ def test_pair_episode_on_real_engines_scores_both_agents(tiny_engine, loss_spans
     assert rewards == {"helper": 0.0, "main": 0.0}
     assert samples[1].metadata["metrics"]["status_missing"] == 1.0
     assert "aux" in tok.decode(samples[1].prompt_ids)  # main is told the helper exists
+
+
+def test_the_code_prefix_opens_each_reply_out_of_the_loss(tiny_engine, loss_spans):
+    url, tok = tiny_engine
+    cfg = RecipeConfig(code_prefix="def {function}(", sandbox=CFG.sandbox).validate()
+    ctx = RolloutContext(
+        agents={"helper": _handle("helper", url, tok), "main": _handle("main", url, tok)},
+        config=cfg,
+    )
+    helper, main = run(generate(ctx, _seed()))
+    for sample, prefix in ((helper, "def aux("), (main, "def sum_evens(")):
+        text = sample.metadata["text"]
+        assert text.startswith(prefix) and len(text) > len(prefix)
+        (span,) = loss_spans(sample)
+        assert prefix + tok.decode(span, skip_special_tokens=True) == text
+        assert prefix in tok.decode(sample.prompt_ids + sample.response_ids)
 
 
 def test_single_coder_hears_its_failure_and_fixes_it(tiny_engine, scripted_agent, loss_spans):
@@ -255,3 +277,49 @@ def test_tiny_preset_runs_the_pair_end_to_end(tmp_path):
         assert sum(r[k] for k in statuses) == pytest.approx(1.0)  # shares of the episodes
         assert "train/helper/loss" in r and "train/main/loss" in r
     assert "eval/main/avg@2" in rows[-1]
+
+
+@pytest.mark.slow
+def test_a_tiny_char_pair_learns_on_the_sandbox_reward(tmp_path):
+    """Learning on the pair's own reward with a tiny model built from a config (100-token
+    character vocabulary, one model for both agents), on four one-line problems ("return
+    x + k") whose replies open with the scaffold ``def {function}(x):\\n    return ``: a random
+    model's expression seldom parses, so most pairs earn little; within 30 steps the team
+    reward rises as both agents learn to write expressions that parse (measured: 0.38 in
+    steps 0-4, 0.95 in steps 25-29). What a tiny model can follow is mostly the syntax, so
+    this pins that the recipe trains end to end on its sandbox reward, not that a tiny model
+    learns to code."""
+    problems = [
+        {
+            "prompt": f'def f(x):\n    """Return x + {k}."""\n',
+            "label": f"def check(candidate):\n    assert candidate(0) == {k}\n"
+            f"    assert candidate(5) == {5 + k}\n",
+            "entry_point": "f",
+        }
+        for k in range(4)
+    ]
+    data = tmp_path / "add.jsonl"
+    data.write_text("".join(json.dumps(p) + "\n" for p in problems))
+    recipe_args = {
+        "workflow": "pair",
+        "code_prefix": "def {function}(x):\n    return ",
+        "sandbox": {"timeout_s": 5, "cpu_s": 5, "concurrency": 2},
+    }
+    flags = [
+        f"--output_dir={tmp_path / 'run'}",
+        "--model=tiny-char",
+        '--agents=["helper", "main"]',
+        f"--data.path={data}",
+        f"--recipe_args={json.dumps(recipe_args)}",
+        "--num_steps=30",
+        "--rollout.max_response_len=6",
+        "--rollout.max_context_len=512",
+        "--data.n_samples_per_prompt=8",
+        "--data.prompts_per_step=4",
+        "--optim.lr=0.002",
+        "--eval.every=0",
+    ]
+    rows = train(load_train_config(flags, yaml_path=TINY))
+    first = sum(r["main/reward"] for r in rows[:5]) / 5
+    last = sum(r["main/reward"] for r in rows[-5:]) / 5
+    assert last >= first + 0.3, (first, last)
