@@ -29,6 +29,7 @@ RANK1 = textwrap.dedent(
     t = torch.zeros(3)
     dist.broadcast(t, src=0, group=group)              # receive from rank 0
     dist.broadcast(t * 10, src=1, group=group)         # send back, scaled
+    dist.barrier(group=group)                          # both done with the pair
     destroy_custom_process_group(group)
     """
 )
@@ -44,8 +45,11 @@ def test_broadcast_both_ways_without_a_default_group():
         dist.broadcast(back, src=1, group=group)
         assert back.tolist() == [10.0, 20.0, 30.0]
         assert not dist.is_initialized()  # only the custom group exists
-        # The peer leaves first: tearing down gloo while the other side still uses the pair
-        # can abort it ("terminate called without an active exception") under load.
+        # A barrier, then the peer leaves first: tearing down gloo while the other side still
+        # uses the pair can abort it ("terminate called without an active exception"); under
+        # load the peer's send could still be in flight when rank 0 already had the data
+        # (CI, 2026-11-26: the peer exited with SIGABRT).
+        dist.barrier(group=group)
         assert peer.wait(30) == 0
         destroy_custom_process_group(group)
     finally:
