@@ -13,6 +13,7 @@ from kernel.sandbox import Sandbox, SandboxConfig
 
 HELPER, MAIN, CODER = "helper", "main", "coder"
 WORKFLOWS = ("pair", "single")
+CLOSING_FENCE = "\n```\n"  # an opening fence carries a language ("```python\n") or starts the reply
 
 
 @dataclass
@@ -32,6 +33,9 @@ class RecipeConfig:
     """text every code reply opens with, given and out of the loss (a scaffold, e.g.
     ``"```python\\ndef {function}("``); ``{function}`` becomes the function that agent writes
     (the helper's name for the helper, the entry point for main and the coder)"""
+    stop_after_code: bool = False
+    """end a reply at its code block's closing fence (``\\n```\\n``, kept in the reply), so a
+    model does not go on to explain its code: shorter rollouts, no loss on prose"""
     define_helper: float = 0.4
     """pair: credit when the helper's reply defines the helper with a returned value"""
     define_main: float = 0.6
@@ -62,6 +66,11 @@ class RecipeConfig:
     def prefix(self, function: str) -> str:
         """The code prefix of an agent writing ``function``."""
         return self.code_prefix.replace("{function}", function)
+
+    @property
+    def sampling(self) -> dict | None:
+        """Sampling settings every code reply adds to the agent's own (the stop, if any)."""
+        return {"stop": [CLOSING_FENCE], "no_stop_trim": True} if self.stop_after_code else None
 
     @property
     def max_reward(self) -> float:

@@ -4,7 +4,7 @@
 writes the helper function and the main agent (``ctx.agents["main"]``) the entry point, each
 from the problem alone and at the same time (neither sees the other's reply; the reward runs
 them together). One sample each. Every reply opens with ``recipe_args.code_prefix`` (given, out
-of the loss), if any.
+of the loss), if any, and with ``stop_after_code`` ends at its code block's closing fence.
 
 ``single``: one coder (``ctx.agents["coder"]``) writes the function; reward.py's scoring runs
 it, and while checks fail and tries remain, the result (status, checks passed, first error)
@@ -43,7 +43,8 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     helper = _opened(ctx, HELPER, prompts.helper(problem, entry, cfg.helper_name), sample)
     main = _opened(ctx, MAIN, prompts.main(problem, entry, cfg.helper_name), sample)
     await asyncio.gather(
-        helper.speak(prefix=cfg.prefix(cfg.helper_name)), main.speak(prefix=cfg.prefix(entry))
+        helper.speak(cfg.sampling, prefix=cfg.prefix(cfg.helper_name)),
+        main.speak(cfg.sampling, prefix=cfg.prefix(entry)),
     )
     return [s for s in (helper.sample(sample), main.sample(sample)) if s is not None]
 
@@ -55,7 +56,7 @@ async def _single(
     coder = _opened(ctx, CODER, prompts.coder(problem, entry), sample)
     outcome = None
     for turn in range(cfg.max_turns):
-        reply = await coder.speak(prefix=cfg.prefix(entry))
+        reply = await coder.speak(cfg.sampling, prefix=cfg.prefix(entry))
         if reply is None:  # out of context budget
             break
         outcome = await score_single(cfg, problem, tests, entry, reply)
