@@ -245,6 +245,30 @@ def test_the_code_prefix_opens_each_reply_out_of_the_loss(tiny_engine, loss_span
         assert prefix in tok.decode(sample.prompt_ids + sample.response_ids)
 
 
+def test_stop_after_code_asks_every_reply_to_end_at_the_closing_fence(scripted_agent, tiny_engine):
+    _, tok = tiny_engine
+    asked = []
+
+    class Recording(scripted_agent):
+        async def generate(self, input_ids, sampling=None):
+            asked.append((self.name, sampling))
+            return await super().generate(input_ids, sampling)
+
+    cfg = RecipeConfig(stop_after_code=True, max_turns=2, sandbox=CFG.sandbox).validate()
+    pair = {
+        n: Recording(n, tok, ["```python\ndef x():\n    return 1\n```\n"])
+        for n in ("helper", "main")
+    }
+    run(generate(RolloutContext(agents=pair, config=cfg), _seed()))
+    single = {"coder": Recording("coder", tok, ["def sum_evens(n):\n    return 0"] * 2)}
+    cfg.workflow = "single"
+    run(generate(RolloutContext(agents=single, config=cfg), _seed()))
+    assert [n for n, _ in asked] == ["helper", "main", "coder", "coder"]  # the retry too
+    for _, sampling in asked:
+        assert sampling["stop"] == ["\n```\n"] and sampling["no_stop_trim"] is True
+    assert RecipeConfig().sampling is None
+
+
 def test_single_coder_hears_its_failure_and_fixes_it(tiny_engine, scripted_agent, loss_spans):
     """A random tiny model writes no code: the coder's replies are scripted."""
     _, tok = tiny_engine
