@@ -1,0 +1,162 @@
+"""A learning-rate and warm-up sweep: one short ``scripts/bench_learning.py`` run per (lr,
+warm-up) pair, then a table of their held-out gains side by side.
+
+Every run starts from the same weights, with the same seed (the same training prompts in the
+same order) and the same held-out set, so the runs differ only in ``--optim.lr`` and
+``--optim.warmup_steps``; each run's "before" is the same greedy evaluation, and its gain has
+the paired-bootstrap interval bench_learning.py reports. A run folder that already holds a
+``learning.json`` is not run again, so an interrupted sweep resumes and a grid can be widened
+later with the same ``--out``. Prints the table (markdown, for the README) and writes
+``<out>/sweep.json`` and ``<out>/sweep.png`` (each run's sampled training reward of the
+recipe's headline agent per step).
+
+A short budget ranks learning rates for that budget: the best lr for 8 minutes need not be the
+best for 45 (a larger one wins early and may overshoot later). Say the budget with the table.
+
+Example (README, "Does it learn?"):
+  python scripts/sweep_learning.py --recipe math_solver_verifier --lr 5e-6 1e-5 2e-5 4e-5 \\
+      --warmup 0 --minutes 8 -- --eval.max_prompts 128
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _bench_learning():
+    """scripts/bench_learning.py as a module (its HEADLINES)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import bench_learning
+
+    return bench_learning
+
+
+def run_name(lr: float, warmup: int) -> str:
+    return f"lr{lr:g}-w{warmup}"
+
+
+def commands(args: argparse.Namespace, extra: list[str]) -> list[tuple[Path, list[str]]]:
+    """(run folder, bench_learning.py command) for every (lr, warm-up) pair of the grid."""
+    out = Path(args.out)
+    runs = []
+    for lr in args.lr:
+        for warmup in args.warmup:
+            folder = out / run_name(lr, warmup)
+            cmd = [sys.executable, "scripts/bench_learning.py", "--recipe", args.recipe]
+            cmd += ["--minutes", f"{args.minutes:g}", "--seed", str(args.seed)]
+            cmd += ["--preset", args.preset, "--out", str(folder), "--"]
+            cmd += ["--optim.lr", f"{lr:g}", "--optim.warmup_steps", str(warmup), *extra]
+            runs.append((folder, cmd))
+    return runs
+
+
+def table(folders: list[Path]) -> list[dict]:
+    """One row per finished run (its learning.json plus the lr and warm-up it trained with,
+    read from its config.json), in grid order; an unfinished run is an error naming it."""
+    rows = []
+    for folder in folders:
+        report = folder / "learning.json"
+        if not report.exists():
+            raise FileNotFoundError(f"{report} is missing: the run in {folder} did not finish")
+        r = json.loads(report.read_text())
+        optim = json.loads((folder / "config.json").read_text())["optim"]
+        rows.append({"run": folder.name, "lr": optim["lr"], "warmup": optim["warmup_steps"], **r})
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    """The sweep as a README table; the row with the largest gain is in bold."""
+    best = max(range(len(rows)), key=lambda i: rows[i]["diff"])
+    lines = [
+        "| lr | warm-up steps | steps | before | after | difference [95% interval] | minutes |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for i, r in enumerate(rows):
+        cells = [
+            f"{r['lr']:g}",
+            str(r["warmup"]),
+            str(r["steps"]),
+            f"{r['before']:.3f}",
+            f"{r['after']:.3f}",
+            f"{r['diff']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]",
+            f"{r['minutes']:.0f}",
+        ]
+        if i == best:
+            cells = [f"**{c}**" for c in cells]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0].replace("\n", " "),
+        epilog="Flags after -- go to every run's 'python -m kernel train' "
+        "(e.g. -- --eval.max_prompts 128).",
+    )
+    p.add_argument("--recipe", required=True, help="a recipe with a learn preset")
+    p.add_argument("--lr", type=float, nargs="+", required=True, help="learning rates to try")
+    p.add_argument("--warmup", type=int, nargs="+", default=[0], help="warm-up steps to try")
+    p.add_argument("--minutes", type=float, default=8.0, help="training time limit per run")
+    p.add_argument("--seed", type=int, default=0, help="every run's seed")
+    p.add_argument("--preset", default="learn", help="the recipe's preset to train with")
+    p.add_argument("--out", default=None, help="sweep folder (default runs/sweep/<recipe>)")
+    p.add_argument(
+        "--dry-run", action="store_true", help="print the runs' commands and run nothing"
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    args = build_parser().parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    bench = _bench_learning()
+    if args.recipe not in bench.HEADLINES:
+        sys.exit(f"sweep_learning.py: --recipe must be one of {sorted(bench.HEADLINES)}")
+    bad = [f"--lr {x:g}" for x in args.lr if not x > 0] + [
+        f"--warmup {w}" for w in args.warmup if w < 0
+    ]
+    if bad or args.minutes <= 0:
+        sys.exit(f"sweep_learning.py: need lr > 0, warm-up >= 0, minutes > 0; got {bad}")
+    for flag in ("--optim.lr", "--optim.warmup_steps"):
+        if any(x.split("=")[0] == flag for x in extra):
+            sys.exit(f"sweep_learning.py: {flag} is what the sweep sets; pass it as --lr/--warmup")
+    args.out = args.out or str(ROOT / "runs" / "sweep" / args.recipe)
+    runs = commands(args, extra)
+    for i, (folder, cmd) in enumerate(runs, 1):
+        shown = shlex.join(["python", *cmd[1:]])
+        if args.dry_run:
+            print(shown)
+        elif (folder / "learning.json").exists():
+            print(f"[{i}/{len(runs)}] {folder.name}: done before, kept", flush=True)
+        else:
+            print(f"[{i}/{len(runs)}] {folder.name}: $ {shown}", flush=True)
+            if subprocess.run(cmd, cwd=ROOT).returncode != 0:
+                sys.exit(f"sweep_learning.py: run {folder} failed (its logs are there)")
+    if args.dry_run:
+        return 0
+
+    rows = table([folder for folder, _ in runs])
+    out = Path(args.out)
+    (out / "sweep.json").write_text(json.dumps(rows, indent=1) + "\n")
+    from kernel.plot import compare_runs
+
+    agent = bench.HEADLINES[args.recipe].agent
+    png = compare_runs(
+        [folder / "metrics.jsonl" for folder, _ in runs], [f"{agent}/reward"], out / "sweep.png"
+    )
+    print(f"\n{args.recipe}: {rows[0]['metric']}, {args.minutes:g} minutes a run, seed {args.seed}")
+    print(markdown(rows))
+    print(f"wrote {out / 'sweep.json'} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
