@@ -414,22 +414,54 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
 )
 DURATIONS = ("two days", "three days", "a week", "two weeks", "a month")
 
+# ``complaints="shared"``: conditions in one group open with the same complaint, so only the
+# patient's facts tell them apart: a doctor has to ask, and a patient that answers with its
+# facts helps it diagnose (the co-training ablation needs this; with ``"specific"`` complaints
+# the opening alone names the condition).
+SHARED_COMPLAINTS: dict[str, tuple[str, ...]] = {
+    "I have been very tired lately.": (
+        "iron deficiency anemia",
+        "hypothyroidism",
+        "type 2 diabetes",
+    ),
+    "I have a fever and feel awful.": ("influenza", "strep throat", "pneumonia"),
+    "I have bad pain in my belly.": (
+        "acute appendicitis",
+        "urinary tract infection",
+        "kidney stone",
+    ),
+    "I have an uncomfortable feeling in my chest.": ("asthma", "gastroesophageal reflux disease"),
+    "My eyes bother me.": ("allergic rhinitis", "bacterial conjunctivitis"),
+    "I am in a lot of pain.": ("migraine", "gout", "lumbar muscle strain"),
+}
+COMPLAINTS = ("specific", "shared")
+
 
 def generate_synthetic(
-    n: int, seed: int = 0, facts_per_case: int = 4, exclude: Iterable[str] = ()
+    n: int,
+    seed: int = 0,
+    facts_per_case: int = 4,
+    exclude: Iterable[str] = (),
+    complaints: str = "specific",
 ) -> list[Row]:
     """``n`` distinct synthetic cases, conditions taken in turn (so any prefix mixes them),
-    deterministic in ``seed``; prompts in ``exclude`` (e.g. the train set) are skipped."""
+    deterministic in ``seed``; prompts in ``exclude`` (e.g. the train set) are skipped.
+    ``complaints``: "specific" (each condition its own opening complaint) or "shared" (a
+    group's conditions open alike: ``SHARED_COMPLAINTS``)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if not 1 <= facts_per_case <= 5:
         raise ValueError(f"facts_per_case must be in 1..5, got {facts_per_case}")
+    if complaints not in COMPLAINTS:
+        raise ValueError(f"complaints must be one of {COMPLAINTS}, got {complaints!r}")
+    shared = {d: c for c, group in SHARED_COMPLAINTS.items() for d in group}
     rng = random.Random(seed)
     seen, rows = set(exclude), []
     for attempt in range(50 * n):
         if len(rows) == n:
             break
         diagnosis, recommendation, complaint, pool = CONDITIONS[attempt % len(CONDITIONS)]
+        complaint = shared[diagnosis] if complaints == "shared" else complaint
         age, sex = rng.randint(18, 80), rng.choice(("man", "woman"))
         duration = rng.choice(DURATIONS)
         facts = [f.format(d=duration) for f in rng.sample(pool, facts_per_case)]

@@ -4,6 +4,8 @@
         --out recipes/takes_two/data/train.jsonl
     python -m recipes.takes_two.prepare_data --source synthetic --n 128 --seed 1 \\
         --exclude recipes/takes_two/data/train.jsonl --out recipes/takes_two/data/test.jsonl
+    python -m recipes.takes_two.prepare_data --source synthetic --complaints shared --n 60 \\
+        --seed 0 --out recipes/takes_two/data/train_shared.jsonl   # and test_shared.jsonl alike
     python -m recipes.takes_two.prepare_data --source mtmeddialog \\
         --path MTMedDialog_RL.parquet --out mtmeddialog.jsonl
 
@@ -49,6 +51,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--facts-per-case", type=int, default=4, help="synthetic: self-report facts per case"
     )
+    p.add_argument(
+        "--complaints",
+        choices=data.COMPLAINTS,
+        default="specific",
+        help="synthetic: 'specific' (each condition its own opening complaint, which names it "
+        "all but) or 'shared' (conditions of a group open alike; only the patient's facts tell "
+        "them apart)",
+    )
     p.add_argument("--path", default=None, help="mtmeddialog: the input file")
     p.add_argument(
         "--exclude",
@@ -71,7 +81,7 @@ def collect(args: argparse.Namespace) -> list[data.Row]:
     exclude = read_prompts(args.exclude) if args.exclude else set()
     if args.source == "synthetic":
         n = 60 if args.n is None else args.n
-        return data.generate_synthetic(n, args.seed, args.facts_per_case, exclude)
+        return data.generate_synthetic(n, args.seed, args.facts_per_case, exclude, args.complaints)
     if not args.path:
         raise ValueError("--path: --source mtmeddialog needs a .parquet/.jsonl/.json file")
     rows = [r for r in data.load_mtmeddialog(args.path) if r["prompt"] not in exclude]

@@ -148,6 +148,37 @@ def test_synthetic_cases_are_seeded_distinct_and_never_state_the_diagnosis():
         data.generate_synthetic(2100, seed=0)  # 16 x 63 ages x 2 = 2016 exist
 
 
+def test_shared_complaints_leave_the_diagnosis_to_the_facts():
+    rows = data.generate_synthetic(64, seed=5, complaints="shared")
+    groups = data.SHARED_COMPLAINTS
+    assert sorted(d for g in groups.values() for d in g) == sorted(c[0] for c in data.CONDITIONS)
+    by_complaint: dict[str, set[str]] = {}
+    for r in rows:
+        complaint = r["prompt"].split(". ", 1)[1]  # after "I am a 26-year-old man."
+        assert r["label"]["diagnosis"] in groups[complaint]
+        assert r["label"]["diagnosis"].lower() not in r["prompt"].lower()
+        by_complaint.setdefault(complaint, set()).add(r["label"]["diagnosis"])
+    assert by_complaint == {c: set(g) for c, g in groups.items()}  # every opening is ambiguous
+    # the facts tell a group's conditions apart: every case has 3+ facts no other condition
+    # of its group has (a generic one, e.g. "It started {d} ago.", may be shared)
+    pools = {c[0]: {f.format(d=d) for f in c[3] for d in data.DURATIONS} for c in data.CONDITIONS}
+    for r in rows:
+        complaint = r["prompt"].split(". ", 1)[1]
+        others = set().union(*(pools[d] for d in groups[complaint] if d != r["label"]["diagnosis"]))
+        assert len(set(r["facts"]) - others) >= 3, r
+    with pytest.raises(ValueError, match="complaints must be one of"):
+        data.generate_synthetic(4, complaints="vague")
+
+
+def test_shipped_shared_cases_regenerate_from_their_seeds():
+    train = [json.loads(x) for x in (DATA / "train_shared.jsonl").read_text().splitlines()]
+    test = [json.loads(x) for x in (DATA / "test_shared.jsonl").read_text().splitlines()]
+    assert train == data.generate_synthetic(60, seed=0, complaints="shared")
+    exclude = [r["prompt"] for r in train]
+    assert test == data.generate_synthetic(128, seed=1, exclude=exclude, complaints="shared")
+    assert not {r["prompt"] for r in test} & set(exclude)
+
+
 def test_prepare_data_cli(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         main(["--help"])
@@ -156,6 +187,10 @@ def test_prepare_data_cli(tmp_path, capsys):
     assert main(["--source", "synthetic", "--n", "5", "--seed", "2", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows == data.generate_synthetic(5, seed=2)
+    flags = ["--source", "synthetic", "--complaints", "shared", "--n", "5", "--out", str(out)]
+    assert main(flags) == 0
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows == data.generate_synthetic(5, seed=0, complaints="shared")
     src = _jsonl(tmp_path / "mt.jsonl", [MTMED_ROW, MRLX_ROW])
     mt_out = tmp_path / "mt_out.jsonl"
     assert main(["--source", "mtmeddialog", "--path", str(src), "--out", str(mt_out)]) == 0
