@@ -13,7 +13,8 @@ interval is a **paired bootstrap over held-out items** (``--resamples`` draws of
 with replacement; the 2.5th and 97.5th percentiles of the mean difference). Two scores per
 item: ``reward``, the mean of its episodes' rewards as the recipe scored them, and ``passed``,
 the share of its episodes the recipe marked correct (accuracy; exact match; a diagnosis close
-enough). Each recipe names the agent and score of its headline (``HEADLINES``).
+enough). Each recipe names the agent and score of its headline (``HEADLINES``; a preset may
+name another: ``PRESET_HEADLINES``).
 
 Prints before, after, difference and interval of both scores for every evaluated agent, steps
 done, samples seen and wall time per phase (start-up, generate, reward, train, sync, eval);
@@ -68,6 +69,17 @@ HEADLINES = {
         "main", "reward", "team reward (CoMLRL-style partial credit, 0..4; HumanEval checks)"
     ),
 }
+
+# presets whose headline differs from their recipe's
+PRESET_HEADLINES = {
+    ("math_solver_verifier", "learn_three_role"): Headline(
+        "selector", "passed", "final-answer accuracy of solver -> rewriter -> selector"
+    ),
+}
+
+
+def headline_of(recipe: str, preset: str) -> Headline:
+    return PRESET_HEADLINES.get((recipe, preset), HEADLINES[recipe])
 
 
 def paired_bootstrap(
@@ -217,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
     flags = ["--seed", str(args.seed), "--max_minutes", str(args.minutes)]
     flags += ["--eval.at_start", "true", *extra]
     env = dict(os.environ)
-    if HEADLINES[args.recipe].run_sh:  # e.g. deep_research: the retriever first
+    headline = headline_of(args.recipe, args.preset)
+    if headline.run_sh:  # e.g. deep_research: the retriever first
         cmd = ["bash", f"recipes/{args.recipe}/run.sh", *flags]
         env |= {"MODE": "cpu", "PRESET": args.preset, "OUT": str(out), "PY": sys.executable}
         shown = f"MODE=cpu PRESET={args.preset} OUT={out} " + shlex.join(cmd)
@@ -237,7 +250,6 @@ def main(argv: list[str] | None = None) -> int:
         sys.exit(f"bench_learning.py: {last} is missing: the run in {out} did not finish")
     wall = last.stat().st_mtime - (out / "config.json").stat().st_mtime  # start-up to last eval
     results = {score: compare(first, last, args.resamples, score) for score in SCORES}
-    headline = HEADLINES[args.recipe]
     if headline.agent not in results[headline.score]:
         sys.exit(f"bench_learning.py: no held-out scores of agent {headline.agent!r} in {out}/eval")
     config = json.loads((out / "config.json").read_text())

@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     (out / "sweep.json").write_text(json.dumps(rows, indent=1) + "\n")
     from kernel.plot import compare_runs
 
-    agent = bench.HEADLINES[args.recipe].agent
+    agent = bench.headline_of(args.recipe, args.preset).agent
     png = compare_runs(
         [folder / "metrics.jsonl" for folder, _ in runs], [f"{agent}/reward"], out / "sweep.png"
     )

@@ -62,6 +62,9 @@ def srs_metrics(
         # picked a correct answer when one existed; undefined when none did
         "selector_accuracy": float(solved) if any(correct_rewrites) else None,
         "solver_pass@k": float(any(solver_correct)),
+        # each solver's and each rewriter's own answer: the workflow against its parts
+        "solver_accuracy": sum(solver_correct) / len(solver_correct),
+        "rewrite_accuracy": sum(correct_rewrites) / len(correct_rewrites),
         "solved": float(solved),
     }
 

@@ -180,3 +180,12 @@ def test_readme_row_shows_every_figure_of_the_report():
         "+0.118 [+0.070, +0.164] | 46 (61 steps) | "
         "`python scripts/bench_learning.py --recipe math_solver_verifier` |"
     )
+
+
+def test_preset_headlines_name_an_agent_of_an_existing_preset():
+    m = bench_learning()
+    assert m.headline_of("math_solver_verifier", "learn").agent == "solver"
+    for (recipe, preset), headline in m.PRESET_HEADLINES.items():
+        path = ROOT / "recipes" / recipe / "presets" / f"{preset}.yaml"
+        agents = yaml.safe_load(path.read_text())["agents"]
+        assert headline.agent in agents and m.headline_of(recipe, preset) == headline

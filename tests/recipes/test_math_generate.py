@@ -64,8 +64,11 @@ def test_episode_metric_goldens():
         "selector_format_ok": 1.0,
         "selector_accuracy": 1.0,
         "solver_pass@k": 1.0,
+        "solver_accuracy": 0.5,
+        "rewrite_accuracy": 0.5,
         "solved": 1.0,
     }
+    assert srs_metrics(3, 2, [True, True, True], [False, False, True])["solver_accuracy"] == 1 / 3
     # no correct rewrite: selector accuracy is undefined, not 0
     assert srs_metrics(2, 1, [False, False], [False, False])["selector_accuracy"] is None
     assert srs_metrics(2, None, [True, False], [True, True])["selector_format_ok"] == 0.0
@@ -164,7 +167,7 @@ async def _generate_and_close(ctx):
         (
             "solver_rewriter_selector",
             ["solver", "rewriter", "selector"],
-            ["turns", "selector_format_ok", "solver_pass@k", "solved", "tokens"],
+            ["turns", "selector_format_ok", "solver_pass@k", "solver_accuracy", "solved", "tokens"],
         ),
         (
             "solver_verifier",
