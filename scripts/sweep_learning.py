@@ -5,10 +5,11 @@ Every run starts from the same weights, with the same seed (the same training pr
 same order) and the same held-out set, so the runs differ only in ``--optim.lr`` and
 ``--optim.warmup_steps``; each run's "before" is the same greedy evaluation, and its gain has
 the paired-bootstrap interval bench_learning.py reports. A run folder that already holds a
-``learning.json`` is not run again, so an interrupted sweep resumes and a grid can be widened
-later with the same ``--out``. Prints the table (markdown, for the README) and writes
-``<out>/sweep.json`` and ``<out>/sweep.png`` (each run's sampled training reward of the
-recipe's headline agent per step).
+``learning.json`` is not run again, so an interrupted sweep resumes, and a grid can be widened
+later with the same ``--out``: the table holds every finished run in ``--out``, this call's and
+earlier ones'. Prints the table (markdown, for the README) and writes ``<out>/sweep.json`` and
+``<out>/sweep.png`` (each run's sampled training reward of the recipe's headline agent per
+step).
 
 A short budget ranks learning rates for that budget: the best lr for 8 minutes need not be the
 best for 45 (a larger one wins early and may overshoot later). Say the budget with the table.
@@ -57,18 +58,18 @@ def commands(args: argparse.Namespace, extra: list[str]) -> list[tuple[Path, lis
     return runs
 
 
-def table(folders: list[Path]) -> list[dict]:
-    """One row per finished run (its learning.json plus the lr and warm-up it trained with,
-    read from its config.json), in grid order; an unfinished run is an error naming it."""
+def table(out: Path) -> list[dict]:
+    """One row per finished run in the sweep folder ``out`` (its learning.json plus the lr and
+    warm-up it trained with, read from its config.json), by lr then warm-up: the runs of this
+    call's grid and of earlier ones with the same ``--out``."""
     rows = []
-    for folder in folders:
-        report = folder / "learning.json"
-        if not report.exists():
-            raise FileNotFoundError(f"{report} is missing: the run in {folder} did not finish")
+    for report in sorted(out.glob("*/learning.json")):
         r = json.loads(report.read_text())
-        optim = json.loads((folder / "config.json").read_text())["optim"]
-        rows.append({"run": folder.name, "lr": optim["lr"], "warmup": optim["warmup_steps"], **r})
-    return rows
+        optim = json.loads((report.parent / "config.json").read_text())["optim"]
+        rows.append(
+            {"run": report.parent.name, "lr": optim["lr"], "warmup": optim["warmup_steps"], **r}
+        )
+    return sorted(rows, key=lambda r: (r["lr"], r["warmup"]))
 
 
 def markdown(rows: list[dict]) -> str:
@@ -143,15 +144,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return 0
 
-    rows = table([folder for folder, _ in runs])
     out = Path(args.out)
+    rows = table(out)
     (out / "sweep.json").write_text(json.dumps(rows, indent=1) + "\n")
     from kernel.plot import compare_runs
 
     agent = bench.headline_of(args.recipe, args.preset).agent
-    png = compare_runs(
-        [folder / "metrics.jsonl" for folder, _ in runs], [f"{agent}/reward"], out / "sweep.png"
-    )
+    runs_in = [out / r["run"] / "metrics.jsonl" for r in rows]
+    png = compare_runs(runs_in, [f"{agent}/reward"], out / "sweep.png")
     print(f"\n{args.recipe}: {rows[0]['metric']}, {args.minutes:g} minutes a run, seed {args.seed}")
     print(markdown(rows))
     print(f"wrote {out / 'sweep.json'} and {png}")

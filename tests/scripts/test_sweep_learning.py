@@ -1,11 +1,13 @@
 """scripts/sweep_learning.py: its runs train with the lr and warm-up of their grid cell, a
-finished run is kept on a rerun (an interrupted sweep resumes), and bad flags are refused
+finished run is kept on a rerun (an interrupted sweep resumes), the table holds every finished
+run of the folder (a grid widened later), and bad flags are refused
 before anything trains. The run is math's learn preset cut to one step and two held-out
 items."""
 
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,10 +40,19 @@ def test_a_sweep_trains_with_its_grid_and_resumes(tmp_path):
     assert "| **3e-05** | **2** | **1** |" in p.stdout  # the table, its best row in bold
     assert (tmp_path / "sweep.png").stat().st_size > 0
 
+    # a run of an earlier grid in the same folder (its copy, said to have trained at 1e-5)
+    earlier = tmp_path / "lr1e-05-w0"
+    shutil.copytree(run, earlier)
+    config = json.loads((earlier / "config.json").read_text())
+    config["optim"] |= {"lr": 1e-5, "warmup_steps": 0}
+    (earlier / "config.json").write_text(json.dumps(config))
+
     before = (run / "learning.json").stat().st_mtime_ns
     again = sweep(*flags)
     assert again.returncode == 0 and "lr3e-05-w2: done before, kept" in again.stdout
     assert (run / "learning.json").stat().st_mtime_ns == before
+    rows = json.loads((tmp_path / "sweep.json").read_text())
+    assert [r["run"] for r in rows] == ["lr1e-05-w0", "lr3e-05-w2"]  # every run, by lr
 
 
 def test_dry_run_prints_one_command_per_grid_cell(tmp_path):
