@@ -129,7 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     for flag in ("--optim.lr", "--optim.warmup_steps"):
         if any(x.split("=")[0] == flag for x in extra):
             sys.exit(f"sweep_learning.py: {flag} is what the sweep sets; pass it as --lr/--warmup")
-    args.out = args.out or str(ROOT / "runs" / "sweep" / args.recipe)
+    # absolute: the runs start in the repository root, wherever this was called from
+    args.out = (
+        str(Path(args.out).resolve()) if args.out else str(ROOT / "runs" / "sweep" / args.recipe)
+    )
     runs = commands(args, extra)
     for i, (folder, cmd) in enumerate(runs, 1):
         shown = shlex.join(["python", *cmd[1:]])
