@@ -20,7 +20,7 @@ from kernel.benchmarks import load_benchmark
 
 ROOT = Path(__file__).resolve().parents[2]
 LEARN = sorted(ROOT.glob("recipes/*/presets/learn.yaml"))
-LEARN_ALL = sorted(ROOT.glob("recipes/*/presets/learn*.yaml"))  # learn_shared.yaml, ...
+LEARN_ALL = sorted(ROOT.glob("recipes/*/presets/learn*.yaml"))  # learn_three_role.yaml, ...
 FIELDS = ("recipe", "model", "metric", "n_eval", "before", "after", "diff", "ci_low", "ci_high")
 
 
