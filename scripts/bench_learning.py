@@ -216,10 +216,18 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(this script's flags, the flags after ``--`` that go to 'python -m kernel train')."""
+    argv = list(argv)
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1 :]
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    args = build_parser().parse_args(argv[: argv.index("--")] if "--" in argv else argv)
+    own, extra = split_argv(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(own)
     if args.minutes <= 0 or args.resamples < 100:
         sys.exit("bench_learning.py: --minutes must be > 0 and --resamples >= 100")
     preset = ROOT / "recipes" / args.recipe / "presets" / f"{args.preset}.yaml"

@@ -43,9 +43,8 @@ def run_name(lr: float, warmup: int) -> str:
     return f"lr{lr:g}-w{warmup}"
 
 
-def commands(args: argparse.Namespace, extra: list[str]) -> list[tuple[Path, list[str]]]:
-    """(run folder, bench_learning.py command) for every (lr, warm-up) pair of the grid."""
-    out = Path(args.out)
+def commands(args: argparse.Namespace, out: Path, extra: list[str]) -> list[tuple[Path, list[str]]]:
+    """(run folder in ``out``, bench_learning.py command) for every (lr, warm-up) pair."""
     runs = []
     for lr in args.lr:
         for warmup in args.warmup:
@@ -115,10 +114,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
-    args = build_parser().parse_args(argv[: argv.index("--")] if "--" in argv else argv)
     bench = _bench_learning()
+    own, extra = bench.split_argv(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(own)
     if args.recipe not in bench.HEADLINES:
         sys.exit(f"sweep_learning.py: --recipe must be one of {sorted(bench.HEADLINES)}")
     bad = [f"--lr {x:g}" for x in args.lr if not x > 0] + [
@@ -130,10 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         if any(x.split("=")[0] == flag for x in extra):
             sys.exit(f"sweep_learning.py: {flag} is what the sweep sets; pass it as --lr/--warmup")
     # absolute: the runs start in the repository root, wherever this was called from
-    args.out = (
-        str(Path(args.out).resolve()) if args.out else str(ROOT / "runs" / "sweep" / args.recipe)
-    )
-    runs = commands(args, extra)
+    out = Path(args.out).resolve() if args.out else ROOT / "runs" / "sweep" / args.recipe
+    runs = commands(args, out, extra)
     for i, (folder, cmd) in enumerate(runs, 1):
         shown = shlex.join(["python", *cmd[1:]])
         if args.dry_run:
@@ -147,7 +143,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         return 0
 
-    out = Path(args.out)
     rows = table(out)
     (out / "sweep.json").write_text(json.dumps(rows, indent=1) + "\n")
     from kernel.plot import compare_runs
