@@ -22,8 +22,10 @@ writes ``<out>/learning.json`` (the headline's figures at the top level, every a
 ``agents``, and the same statistics of every episode metric the recipe reports, e.g.
 takes_two's facts revealed or deep_research's searches, under ``episode_metrics``) and the
 curves PNG ``<out>/curves.png``. ``--report-only`` reports on a finished
-run again without training. Not run by CI (CI runs each ``learn`` preset for one step:
-tests/recipes/test_learn_presets.py).
+run again without training. ``--against RUN`` also pairs the final held-out scores of this run
+with those of RUN, an ablation on the same held-out set (takes_two co-trained against a frozen
+patient), item by item (``learning.json["against"]``). Not run by CI (CI runs each ``learn``
+preset for one step: tests/recipes/test_learn_presets.py).
 
 Example: python scripts/bench_learning.py --recipe math_solver_verifier --minutes 45
 """
@@ -171,6 +173,16 @@ def compare_metrics(before_path: Path, after_path: Path, resamples: int) -> dict
     return out
 
 
+def final_eval(out: Path, rows: list[dict]) -> tuple[int, Path]:
+    """(steps done, the last held-out evaluation's file) of the finished run in ``out`` whose
+    metrics rows are ``rows``; exits naming the file if the run did not finish."""
+    steps = sum(1 for r in rows if r["step"] >= 0)
+    last = out / "eval" / f"step_{steps}.jsonl"
+    if not last.exists():
+        sys.exit(f"bench_learning.py: {last} is missing: the run in {out} did not finish")
+    return steps, last
+
+
 def phases(rows: list[dict]) -> dict[str, float]:
     """Wall seconds per phase, summed over the run's metrics rows."""
 
@@ -194,6 +206,7 @@ def command(args: argparse.Namespace, extra: list[str]) -> str:
     cmd += ["--minutes", f"{args.minutes:g}", "--seed", str(args.seed)]
     cmd += [] if args.preset == "learn" else ["--preset", args.preset]
     cmd += ["--out", args.out] if args.out else []
+    cmd += ["--against", args.against] if args.against else []
     return shlex.join(cmd + (["--", *extra] if extra else []))
 
 
@@ -212,6 +225,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--report-only",
         action="store_true",
         help="do not train: report on the finished run already in --out",
+    )
+    p.add_argument(
+        "--against",
+        default=None,
+        help="a finished run's folder (an ablation of this one, same held-out set): also "
+        "compare the two runs' final held-out scores, paired by item (learning.json 'against')",
     )
     return p
 
@@ -252,10 +271,8 @@ def main(argv: list[str] | None = None) -> int:
             sys.exit(f"bench_learning.py: the training run failed (its logs: {out})")
 
     rows = read_jsonl(out / "metrics.jsonl")
-    steps = sum(1 for r in rows if r["step"] >= 0)
-    first, last = out / "eval" / "step_0.jsonl", out / "eval" / f"step_{steps}.jsonl"
-    if not last.exists():
-        sys.exit(f"bench_learning.py: {last} is missing: the run in {out} did not finish")
+    steps, last = final_eval(out, rows)
+    first = out / "eval" / "step_0.jsonl"
     wall = last.stat().st_mtime - (out / "config.json").stat().st_mtime  # start-up to last eval
     results = {score: compare(first, last, args.resamples, score) for score in SCORES}
     if headline.agent not in results[headline.score]:
@@ -282,6 +299,14 @@ def main(argv: list[str] | None = None) -> int:
         "phases_s": times,
         "command": command(args, extra),
     }
+    if args.against:
+        other = Path(args.against)
+        _, other_last = final_eval(other, read_jsonl(other / "metrics.jsonl"))
+        report["against"] = {
+            "run": str(other),
+            **{score: compare(other_last, last, args.resamples, score) for score in SCORES},
+            "episode_metrics": compare_metrics(other_last, last, args.resamples),
+        }
     (out / "learning.json").write_text(json.dumps(report, indent=1) + "\n")
     from kernel.plot import plot_metrics
 
@@ -298,6 +323,15 @@ def main(argv: list[str] | None = None) -> int:
         for key, r in metrics.items():
             print(f"{agent:<12} {key[:24]:<24} " + _figures(r))
     print(f"(* headline; interval: {report['interval']})")
+    if args.against:
+        vs = report["against"]
+        print(f"\nfinal held-out scores, {vs['run']} ('before') against this run ('after'):")
+        for score in SCORES:
+            for agent, r in vs[score].items():
+                print(f"{agent:<12} {score:<7} " + _figures(r))
+        for agent, metrics in vs["episode_metrics"].items():
+            for key, r in metrics.items():
+                print(f"{agent:<12} {key[:24]:<24} " + _figures(r))
     print(f"steps {steps}, samples seen {int(samples)}, wall {wall / 60:.1f} min")
     print("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
     print(f"wrote {out / 'learning.json'} and {png}")

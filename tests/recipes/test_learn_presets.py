@@ -189,3 +189,52 @@ def test_preset_headlines_name_an_agent_of_an_existing_preset():
         path = ROOT / "recipes" / recipe / "presets" / f"{preset}.yaml"
         agents = yaml.safe_load(path.read_text())["agents"]
         assert headline.agent in agents and m.headline_of(recipe, preset) == headline
+
+
+def test_against_pairs_two_finished_runs_final_scores_by_item(tmp_path, capsys):
+    """--report-only --against: this run's final held-out scores against another run's (an
+    ablation), paired by item; the run's own before/after stays as it was."""
+    m = bench_learning()
+
+    def finished_run(name, before, after):  # doctor rewards per held-out row, before / after
+        out = tmp_path / name
+        (out / "eval").mkdir(parents=True)
+        (out / "config.json").write_text(json.dumps({"model": "m", "eval": {"temperature": 0}}))
+        rows = [{"step": -1}, {"step": 0, "doctor/reward": 0.1}, {"step": 1, "doctor/reward": 0.2}]
+        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        for step, rewards in ((0, before), (2, after)):
+            items = [
+                {
+                    "row": row,
+                    "agent": "doctor",
+                    "rewards": [r],
+                    "passed": [r > 0.5],
+                    "metrics": [{"facts_revealed": r / 2}],
+                }
+                for row, r in enumerate(rewards)
+            ]
+            path = out / "eval" / f"step_{step}.jsonl"
+            path.write_text("".join(json.dumps(i) + "\n" for i in items))
+        return out
+
+    frozen = finished_run("frozen", [0.0, 0.0, 0.0, 0.0], [0.2, 0.4, 0.6, 0.0])
+    cotrained = finished_run("cotrained", [0.0, 0.0, 0.0, 0.0], [0.6, 0.8, 0.6, 0.0])
+    flags = ["--recipe", "takes_two", "--out", str(cotrained), "--report-only"]
+    assert m.main([*flags, "--resamples", "200", "--against", str(frozen)]) == 0
+    report = json.loads((cotrained / "learning.json").read_text())
+    assert report["steps"] == 2 and report["after"] == pytest.approx(0.5)
+    vs = report["against"]
+    assert vs["run"] == str(frozen)
+    r = vs["reward"]["doctor"]
+    assert (
+        r["n_eval"] == 4 and r["before"] == pytest.approx(0.3) and r["after"] == pytest.approx(0.5)
+    )
+    assert r["diff"] == pytest.approx(0.2) and r["ci_low"] >= 0.0 and r["ci_high"] <= 0.4
+    assert vs["passed"]["doctor"]["diff"] == pytest.approx(0.5)  # rows 0, 1 pass only here
+    assert vs["episode_metrics"]["doctor"]["facts_revealed"]["diff"] == pytest.approx(0.1)
+    assert "--against" in report["command"]
+    assert "against this run" in capsys.readouterr().out
+    # a run that did not finish is named
+    (frozen / "eval" / "step_2.jsonl").unlink()
+    with pytest.raises(SystemExit, match=r"step_2\.jsonl is missing"):
+        m.main([*flags, "--against", str(frozen)])
