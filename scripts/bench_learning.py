@@ -319,9 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         for score, r in scores.items():
             mark = " *" if (agent, score) == (headline.agent, headline.score) else ""
             print(f"{agent + mark:<12} {score:<7} " + _figures(r))
-    for agent, metrics in report["episode_metrics"].items():
-        for key, r in metrics.items():
-            print(f"{agent:<12} {key[:24]:<24} " + _figures(r))
+    _print_episode_metrics(report["episode_metrics"])
     print(f"(* headline; interval: {report['interval']})")
     if args.against:
         vs = report["against"]
@@ -329,9 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         for score in SCORES:
             for agent, r in vs[score].items():
                 print(f"{agent:<12} {score:<7} " + _figures(r))
-        for agent, metrics in vs["episode_metrics"].items():
-            for key, r in metrics.items():
-                print(f"{agent:<12} {key[:24]:<24} " + _figures(r))
+        _print_episode_metrics(vs["episode_metrics"])
     print(f"steps {steps}, samples seen {int(samples)}, wall {wall / 60:.1f} min")
     print("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
     print(f"wrote {out / 'learning.json'} and {png}")
@@ -345,6 +341,13 @@ def _figures(r: dict) -> str:
         f"{r['n_eval']:>5} {r['before']:>8.3f} {r['after']:>8.3f} {r['diff']:>+8.3f}  "
         f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
     )
+
+
+def _print_episode_metrics(by_agent: dict[str, dict[str, dict]]) -> None:
+    """One printed row per agent and episode metric (``compare_metrics``' statistics)."""
+    for agent, metrics in by_agent.items():
+        for key, r in metrics.items():
+            print(f"{agent:<12} {key[:24]:<24} " + _figures(r))
 
 
 def readme_row(r: dict) -> str:
