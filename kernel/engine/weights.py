@@ -40,7 +40,7 @@ NamedTensors = Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]
 
 
 def load_model(path: str, dtype: str = "float32", device: str = "cpu"):
-    """An HF causal LM in eval mode (``smollm2`` is read from its GGUF file)."""
+    """An HF causal LM in eval mode (``smollm2`` from its converted copy, see ``kernel.models``)."""
 
     return load_causal_lm(path, dtype=dtype, device=device).eval()
 

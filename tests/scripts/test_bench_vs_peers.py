@@ -46,3 +46,20 @@ def test_bench_vs_peers_names_a_missing_peer_and_bad_flags():
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_vs_peers.py"), "--peers", "verl"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 2 and "--peers: unknown ['verl']" in proc.stderr
+
+
+def test_the_smollm2_folder_is_smollm2_with_its_own_pad_token(tmp_path):
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    sys.path.insert(0, str(ROOT / "scripts"))
+    from bench_vs_peers import build_model
+
+    from kernel.models import load_causal_lm
+
+    out = build_model("smollm2", tmp_path)
+    tok = AutoTokenizer.from_pretrained(out)
+    assert tok.pad_token == "<|endoftext|>" and tok.eos_token != tok.pad_token
+    model, ref = AutoModelForCausalLM.from_pretrained(out), load_causal_lm("smollm2")
+    for name, p in ref.state_dict().items():
+        assert torch.equal(model.state_dict()[name], p), name

@@ -1,7 +1,7 @@
-"""SmolLM2-135M-Instruct, loaded from its GGUF file (dequantized), is a plain trainable model:
-a training checkpoint of it saves, and the saved folder loads back to the same weights (a run
-on the CPU default used to fail at its first checkpoint: transformers kept the model marked
-GGUF-quantized and refused to save it)."""
+"""SmolLM2-135M-Instruct (converted once from its GGUF file, see tests/test_models.py) is a
+plain trainable model: a training checkpoint of it saves, and the saved folder loads back to the
+same weights (a run on the CPU default used to fail at its first checkpoint: transformers kept
+the model marked GGUF-quantized and refused to save it)."""
 
 from __future__ import annotations
 
