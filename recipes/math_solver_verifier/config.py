@@ -23,6 +23,10 @@ class RecipeConfig:
     """Solver/verifier rounds at most in solver_verifier."""
     max_solution_chars: int = 1500
     """Each solution quoted to another role is cut to this many characters."""
+    selector_prefix: str = ""
+    """Text the selector's reply opens with (given, out of its loss), e.g. "Judgment: ": a
+    small model that never states ``Judgment: N`` by itself then picks with its first
+    tokens (SmolLM2-135M states it in 0 of 128 held-out selections without it)."""
     answer: MathRewardConfig = field(default_factory=MathRewardConfig)
     """Answer extraction and checking."""
 

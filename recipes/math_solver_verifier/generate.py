@@ -2,7 +2,8 @@
 
 ``solver_rewriter_selector`` (Miles' multi-agent example, done right): ``num_parallel`` solvers
 answer independently; ``num_parallel`` rewriters each see all the solutions and write an
-improved one; one selector reads the rewritten solutions and answers ``Judgment: N``. The
+improved one; one selector reads the rewritten solutions and answers ``Judgment: N`` (its reply
+may open with a given ``selector_prefix``, out of its loss). The
 selected rewrite's answer is the episode's answer: ``metadata["correct"]`` on every sample
 says whether it was right, which drives the kernel's asymmetric outcome weighting.
 
@@ -114,7 +115,8 @@ async def solver_rewriter_selector(ctx: RolloutContext, seed: Sample) -> list[Sa
     rewrites = await _speak_all(rewriters)
     selection = prompts.selector(problem, rewrites, cfg.max_solution_chars)
     selector = Dialogue(ctx.agents["selector"], first=selection)
-    pick = parse_judgment((await _speak_all([selector]))[0], n)
+    await selector.speak(prefix=cfg.selector_prefix)
+    pick = parse_judgment(selector.text, n)
 
     answers = [_answer(t.text, cfg) for t in solvers + rewriters]
     graded = [_correct(a, seed.label, cfg) for a in answers]

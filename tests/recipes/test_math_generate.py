@@ -197,3 +197,22 @@ def test_short_cpu_training_run_logs_every_metric(tmp_path, workflow, roles, epi
         assert row["train/n_samples"] > 0 and "train/logprob_diff" in row
     assert rows[-1]["train/logprob_diff"] < 1e-4
     assert any(k.startswith("eval/solver/pass@2") for k in rows[-1])
+
+
+def test_a_selector_prefix_is_given_not_trained_and_the_pick_follows_it(
+    scripted_agent, smollm2_tokenizer
+):
+    tok = smollm2_tokenizer
+    agents = {
+        "solver": scripted_agent("solver", tok, ["5 - 3 = 1", "5 - 3 = 2"]),
+        "rewriter": scripted_agent("rewriter", tok, ["The answer is 1.", "The answer is 2."]),
+        "selector": scripted_agent("selector", tok, ["2, the second one."]),
+    }
+    config = RecipeConfig(num_parallel=2, selector_prefix="Judgment: ").validate()
+    samples = asyncio.run(generate(RolloutContext(agents=agents, config=config), _seed()))
+    (sel,) = [s for s in samples if s.agent == "selector"]
+    assert sel.metadata["text"] == "Judgment: 2, the second one."
+    assert sel.metadata["picked"] == 1 and sel.metadata["correct"] is True
+    assert sel.metadata["metrics"]["selector_format_ok"] == 1.0
+    own = _own_text(sel, tok)  # the prefix is context: the selector trains on its pick only
+    assert own.startswith("2, the second one.") and "Judgment" not in own
