@@ -88,6 +88,7 @@ class Model:
     clients: list = field(default_factory=list)
     sync_config: SyncConfig = field(default_factory=SyncConfig)  # transport, buckets, check
     colocate: bool = False  # engines on the trainer's GPUs (kernel launch)
+    engine_ranks: list[list[int]] | None = None  # per engine, the trainer ranks on its GPUs
     temperature: float = 1.0  # the owner's sampling temperature: the trainer's and the check's
 
     def __post_init__(self) -> None:
@@ -199,7 +200,12 @@ class Runtime:
                 m.pool.wait_healthy()
                 m.generators, m.clients = m.pool.clients()
                 m.sync = WeightSync(
-                    m.sync_config, m.clients, out / "sync" / m.owner, m.temperature, m.thread.run
+                    m.sync_config,
+                    m.clients,
+                    out / "sync" / m.owner,
+                    m.temperature,
+                    m.thread.run,
+                    m.engine_ranks,
                 )
             ctx = RolloutContext(
                 agents=agent_handles(cfg, models), config=recipe_config, run=cfg, step=start
@@ -406,7 +412,7 @@ def plan_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> list[
         )
         where = placement.get(model.owner)
         if where is not None:
-            model.colocate = where.colocate
+            model.colocate, model.engine_ranks = where.colocate, where.engine_ranks
             model.sync_config = replace(cfg.sync, transport=where.sync_transport)
         models.append(model)
     return models

@@ -5,9 +5,10 @@ Each model group (the agents that share one model) gets
   parallel, or the torch backend's data parallel), each rank one GPU;
 - a pool of engines (SGLang servers), each ``engine_tensor_parallel`` GPUs of one node, behind the
   group's own sglang-router;
-- a weight-sync transport implied by the placement: ``tensor`` when colocated (train and infer on
-  the same GPUs, SGLang releasing and resuming its memory around training), ``distributed`` (an
-  NCCL broadcast from trainer rank 0 to the engines) when disaggregated.
+- a weight-sync transport implied by the placement: ``shared`` when colocated (train and infer on
+  the same GPUs, SGLang releasing and resuming its memory around training; each engine TP rank
+  reads the weights the trainer rank on its GPU shares by CUDA IPC), ``distributed`` (an NCCL
+  broadcast from trainer rank 0 to the engines) when disaggregated.
 
 GPUs are handed out first-fit, node by node, group by group in the order of ``agents``: a trainer
 takes blocks of ``tensor_parallel`` GPUs (a tensor-parallel group never spans nodes, its
@@ -177,7 +178,15 @@ class ModelPlan:
     router_port: int
     metrics_port: int
     master_port: int | None  # torch.distributed rendezvous on trainer rank 0's node
-    sync_transport: str  # tensor (colocated) | distributed | none (frozen model)
+    sync_transport: str  # shared (colocated) | distributed | none (frozen model)
+
+    def engine_ranks(self) -> list[list[int]] | None:
+        """Colocated: per engine, the trainer rank on the GPU of each of its TP ranks (the
+        rank whose shared copy of the weights that TP rank reads); None otherwise."""
+        if not self.colocate:
+            return None
+        rank = {(r.node, r.gpu): r.rank for r in self.trainer}
+        return [[rank[(e.node, gpu)] for gpu in e.gpus] for e in self.engines]
 
 
 @dataclass
@@ -390,7 +399,7 @@ def make_plan(config, cluster: ClusterConfig) -> Plan:
                 router_port=cluster.router_base_port + i,
                 metrics_port=cluster.metrics_base_port + i,
                 master_port=cluster.master_base_port + i if trainer else None,
-                sync_transport="none" if not trainer else "tensor" if r.colocate else "distributed",
+                sync_transport="none" if not trainer else "shared" if r.colocate else "distributed",
             )
         )
     plan = Plan(cluster, plans)

@@ -11,8 +11,10 @@ For every model group of the plan (``kernel.cluster.plan``), in this order:
 3. then the training loop (``kernel.loop.train``) runs with ``engine.urls`` = the workers and
    ``engine.router_url`` = the router of each model, and each trainer a ``RayTrainer``
    whose ranks sit on the planned node and GPU. Colocated models release their engines' memory
-   for each training step and resume it before the tensor weight sync; disaggregated ones sync
-   by broadcast (``distributed``).
+   for each training step and resume it before the weight sync, which is ``shared``: each
+   trainer rank shares its copy of each bucket on its GPU, and each engine TP rank reads the copy
+   of the rank on its GPU (``ModelPlan.engine_ranks``); disaggregated ones sync by broadcast
+   (``distributed``).
 
 A rank that asks Ray for a GPU gets one (``num_gpus=1``; disaggregated engines ask for their
 ``engine_tensor_parallel`` GPUs, colocated ones ask for none: the trainer's ranks hold them), so
@@ -49,8 +51,11 @@ class ModelPlacement:
     """Keyword arguments of its RayTrainer: world_size, scheduling, gpus, num_gpus, ..."""
     colocate: bool = False
     """Its engines share the trainer's GPUs: release their memory around each training step."""
-    sync_transport: str = "tensor"
-    """tensor (colocated) or distributed, as planned."""
+    sync_transport: str = "shared"
+    """shared (colocated) or distributed, as planned."""
+    engine_ranks: list[list[int]] | None = None
+    """Colocated: per engine, the trainer ranks on its TP ranks' GPUs (their shared weights are
+    its payloads)."""
 
 
 class ServiceActor:
@@ -88,7 +93,7 @@ def run_plan(cfg, plan, on_step=None) -> list[dict]:
         server = plan.cluster.engine_server
         if server == "auto":
             server = "sglang" if has_gpus else "embedded"
-        cfg = _launch_config(cfg, plan, server)
+        cfg = _launch_config(cfg, plan)
         out = Path(cfg.output_dir)
         record: dict[str, list] = {"engines": [], "routers": []}
         engines: dict[str, list[str]] = {}
@@ -158,17 +163,9 @@ def _ray_nodes(plan) -> tuple[list[tuple[str, str]], bool]:
     return [(n["NodeID"], n["NodeManagerAddress"]) for n in fit[: plan.cluster.nodes]], has_gpus
 
 
-def _launch_config(cfg, plan, server: str):
+def _launch_config(cfg, plan):
     """``cfg`` with Ray training on, checked against what a launched run cannot do."""
     for g in plan.groups:
-        if g.colocate and server == "sglang":
-            raise ValueError(
-                f"agents[{g.owner!r}].resources.colocate on real SGLang: its colocated "
-                "update_weights_from_tensor takes one flattened_bucket payload per engine TP "
-                "rank, made on that rank's own GPU by the trainer rank sharing it, which kernel "
-                "launch does not wire yet; place this model disaggregated (infer_gpus) or serve "
-                "it with cluster.engine_server embedded"
-            )
         if g.colocate and cfg.async_mode:
             raise ValueError(
                 f"agents[{g.owner!r}].resources.colocate: async_mode overlaps rollout and "
@@ -273,7 +270,7 @@ def _placement(cfg, g, nodes, has_gpus: bool) -> ModelPlacement:
         "num_gpus": 1 if has_gpus else 0,
         "backend": "gloo" if device == "cpu" else None,  # None: each rank's CUDA decides
     }
-    return ModelPlacement(options, g.colocate, g.sync_transport)
+    return ModelPlacement(options, g.colocate, g.sync_transport, g.engine_ranks())
 
 
 def _placed_config(cfg, plan, engines: dict[str, list[str]], routers: dict[str, str]):

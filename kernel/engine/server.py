@@ -699,10 +699,13 @@ async def update_weights_from_disk(e: State, body: P.UpdateWeightsFromDiskReques
 
 
 def _local(request: Request) -> bool:
-    """Whether the caller's address is a loopback one (this machine)."""
+    """Whether the caller is on this machine: a loopback address, or the very address this
+    server was reached at (a process of this node calling the node's IP, as kernel launch's
+    driver and trainer ranks do; a TCP peer cannot claim an address of ours)."""
     try:
-        return ipaddress.ip_address(request.client.host).is_loopback
-    except (AttributeError, ValueError):  # no client, or not an IP address
+        peer = ipaddress.ip_address(request.client.host)
+        return peer.is_loopback or peer == ipaddress.ip_address(request.scope["server"][0])
+    except (AttributeError, KeyError, TypeError, ValueError):  # no client or server address
         return False
 
 

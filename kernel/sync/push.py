@@ -10,8 +10,13 @@ Four transports, one sequence:
   copied once into a buffer shared on this machine (``kernel.engine.weights.FlatBucketWriter``:
   shared memory for CPU weights, CUDA IPC for GPU ones) and the request carries only its handle,
   so the engine copies it once out of the buffer -- no serialise-copy-deserialise of every
-  tensor. Engines on this machine only. ``auto`` (the default) picks it when every engine URL
-  is on a loopback address, ``tensor`` otherwise.
+  tensor. Engines on this machine only. Every trainer rank writes each bucket into a buffer of
+  its own (they all gather it anyway), so an engine can read the copy made on its own GPU:
+  ``engine_ranks`` lists, per engine, the trainer rank that shares each of its TP ranks' GPUs
+  (colocated placement; SGLang takes one payload per TP rank); without it every engine reads
+  rank 0's. The buffers are on the trainer's device, so GPU engines must share its GPUs.
+  ``auto`` (the default) picks ``shared`` when every engine URL is on a loopback address,
+  ``tensor`` otherwise.
 - ``distributed``: the trainer (rank 0) and the engines (ranks 1..N) form a process group
   once (``/init_weights_update_group``); per bucket, each engine is told names, dtypes and
   shapes (``/update_weights_from_distributed``) while the trainer broadcasts the tensors
@@ -120,17 +125,20 @@ class BucketMeta:
 
 
 class LocalBroadcaster:
-    """Rank 0 of the distributed transport in the trainer's own process. It streams the
-    trainer's weights bucket by bucket (every rank of a trainer takes part in gathering each
-    bucket; only rank 0 broadcasts it), as CUDA tensors for NCCL and CPU tensors for gloo, so
-    at most one bucket is held beyond the model. Each method blocks; WeightSync calls them off
-    the event loop."""
+    """The trainer's end of the distributed and shared transports, in the trainer's own process.
+    It streams the trainer's weights bucket by bucket (every rank of a trainer takes part in
+    gathering each bucket), as CUDA tensors for NCCL and CPU tensors for gloo, so at most one
+    bucket is held beyond the model; rank 0 broadcasts it (distributed), or each rank copies it
+    into a buffer it shares (shared). Each method blocks; WeightSync calls them off the event
+    loop."""
 
     def __init__(self, trainer, host: str = "127.0.0.1"):
         self.trainer, self.host = trainer, host
         self.group = None
         self._buckets = None  # the export in progress: an iterator of buckets
         self._bucket: list[NamedTensor] = []  # the bucket gathered last
+        self._device = "cpu"  # where the export's tensors are
+        self._writer: FlatBucketWriter | None = None  # the shared transport's buffer
 
     def rendezvous(self) -> tuple[str, int]:
         """Where the group meets: this host and a port free on it."""
@@ -148,8 +156,8 @@ class LocalBroadcaster:
 
     def start(self, bucket_bytes: int, backend: str) -> None:
         """Begin an export of the trainer's weights in buckets of ``bucket_bytes``."""
-        device = "cuda" if backend == "nccl" else "cpu"
-        named = ((n, t.to(device)) for n, t in self.trainer.named_parameters_for_sync())
+        self._device = "cuda" if backend == "nccl" else "cpu"
+        named = ((n, t.to(self._device)) for n, t in self.trainer.named_parameters_for_sync())
         self._buckets = iter_buckets(named, bucket_bytes)
 
     def next(self) -> BucketMeta | None:
@@ -171,9 +179,20 @@ class LocalBroadcaster:
         for _, t in self._bucket:
             dist.broadcast(t.contiguous(), src=0, group=self.group)
 
+    def share(self) -> list[str]:
+        """The bucket gathered last, copied into this process's shared buffer: its
+        ``flattened_bucket`` payload (one: this process is one rank). The buffer is reused by
+        the next ``share``: the engines must have read it by then."""
+        if self._writer is None:
+            self._writer = FlatBucketWriter(self._device)
+        return [self._writer.payload(self._bucket)]
+
     def release(self) -> None:
         """End the export (also an unfinished one) and drop what it holds."""
         self._buckets, self._bucket = None, []
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
 
     def leave(self) -> None:
         """Leave the group (after the engines have left theirs)."""
@@ -186,7 +205,9 @@ class LocalBroadcaster:
 class WeightSync:
     """Pushes a TorchTrainer's weights to a list of EngineClients. ``temperature`` is the one
     the trainer scores logprobs at (the model's rollout temperature); the check samples at it.
-    ``run`` awaits a blocking call on the trainer's thread (default: any pool thread)."""
+    ``run`` awaits a blocking call on the trainer's thread (default: any pool thread).
+    ``engine_ranks`` (shared transport): per client, the trainer ranks on its TP ranks' GPUs,
+    whose payloads it receives (None: rank 0's for every client)."""
 
     def __init__(
         self,
@@ -195,9 +216,15 @@ class WeightSync:
         work_dir: Path,
         temperature: float = 1.0,
         run: Callable[..., Awaitable] | None = None,
+        engine_ranks: list[list[int]] | None = None,
     ):
         self.cfg = cfg.validate()
         self.clients = clients
+        if engine_ranks is not None and len(engine_ranks) != len(clients):
+            raise ValueError(
+                f"engine_ranks lists {len(engine_ranks)} engines for {len(clients)} clients"
+            )
+        self.engine_ranks = engine_ranks
         # How blocking trainer work (scoring, exporting weights) is awaited: on the trainer's
         # own thread (kernel.train.thread.TrainerThread.run), or on any pool thread.
         self._run = run or asyncio.to_thread
@@ -210,7 +237,6 @@ class WeightSync:
         self._broadcaster = None  # rank 0 of the distributed transport, once its group is formed
         self._trainer = None  # ... and the trainer whose weights it sends
         self._backend = self.cfg.backend  # ... and its process group's backend (auto resolved)
-        self._writer = None  # FlatBucketWriter of the shared transport
         self._pushes = 0  # pushes given a probe so far (for check_every)
         self._check: asyncio.Task | None = None  # the check of the last push, in the background
 
@@ -307,35 +333,47 @@ class WeightSync:
         await self._all(lambda c: c.update_weights_from_disk(str(path), weight_version=version))
         return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
 
-    async def _push_tensor(self, trainer, version: str) -> int:
-
-        return await self._push_buckets(trainer, version, encode_named_tensors, None)
-
     async def _push_shared(self, trainer, version: str) -> int:
+        """Per bucket, every trainer rank gathers it and copies it into its own shared buffer;
+        each engine is sent the payloads of its ranks (``engine_ranks``), which hold handles,
+        not weights: the weights never pass through this process. The buffers are on the
+        trainer's device: CPU shared memory, or its GPUs (CUDA IPC)."""
+        b = trainer.weight_broadcaster()
+        backend = await self._run(b.backend)
+        ranks = self.engine_ranks or [[0]] * len(self.clients)
+        await self._run(b.start, self.bucket_bytes, backend)
+        nbytes = 0
+        try:
+            while (m := await self._run(b.next)) is not None:
+                payloads = await self._run(b.share)  # one per trainer rank
+                await asyncio.gather(
+                    *(
+                        c.update_weights_from_serialized(
+                            [payloads[r] for r in rs], load_format="flattened_bucket"
+                        )
+                        for c, rs in zip(self.clients, ranks, strict=True)
+                    )
+                )
+                nbytes += m.nbytes
+        finally:
+            await self._run(b.release)
+        await self._all(lambda c: c.update_weight_version(version))
+        return nbytes
 
-        if self._writer is None:
-            self._writer = FlatBucketWriter(getattr(trainer, "device", "cpu"))
-        return await self._push_buckets(trainer, version, self._writer.payload, "flattened_bucket")
-
-    async def _push_buckets(self, trainer, version: str, encode, load_format) -> int:
+    async def _push_tensor(self, trainer, version: str) -> int:
         """Per bucket: gather and encode it on the trainer's thread (an FSDP trainer gathers
         each tensor from its shards), send it to every engine; the last carries the version."""
-        buckets = self._buckets(trainer)
+        buckets = iter_buckets(trainer.named_parameters_for_sync(), self.bucket_bytes)
         nbytes, ahead = 0, await self._run(next, buckets, None)
         while ahead is not None:  # one bucket ahead: is this one the last?
             bucket, ahead = ahead, await self._run(next, buckets, None)
             nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
-            payload = await self._run(encode, bucket)
+            payload = await self._run(encode_named_tensors, bucket)
             tag = version if ahead is None else None
             await self._all(
-                lambda c, p=payload, v=tag: c.update_weights_from_serialized(
-                    [p], load_format=load_format, weight_version=v
-                )
+                lambda c, p=payload, v=tag: c.update_weights_from_serialized([p], weight_version=v)
             )
         return nbytes
-
-    def _buckets(self, trainer):
-        return iter_buckets(trainer.named_parameters_for_sync(), self.bucket_bytes)
 
     async def _ensure_group(self, trainer) -> None:
         if self._broadcaster is not None:
@@ -403,14 +441,12 @@ class WeightSync:
         self._broadcaster = None
 
     async def aclose(self) -> None:
-        """Drop a check still running and the shared buffer; leave the weight-sync group: the
+        """Drop a check still running; leave the weight-sync group: the
         engines first, then the trainer (tearing gloo down on one side while the other still
         holds the pair can abort the other process)."""
         if self._check is not None:
             self._check.cancel()
             self._check = None
-        if self._writer is not None:
-            self._writer.close()
         if self._broadcaster is not None:
             await self._all(lambda c: c.destroy_weights_update_group())
             await self._run(self._broadcaster.leave)

@@ -1,4 +1,4 @@
-"""Patches that let Megatron-core 0.16 build, train (its pipeline schedules, its optimizers)
+"""Patches that let Megatron-core (0.19) build, train (its pipeline schedules, its optimizers)
 and run a GPTModel on a machine without a GPU.
 
 Megatron-core assumes CUDA in a handful of places that have nothing to do with the math: it

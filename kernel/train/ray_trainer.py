@@ -2,7 +2,8 @@
 
 ``RayTrainer`` is a ``kernel.train.trainer.Trainer`` like the backends it runs, so the loop
 and WeightSync use it as they use one; the distributed weight sync broadcasts from rank 0's
-actor (``RayBroadcaster``). Rank 0 picks the rendezvous address (its node's IP and the planned
+actor, and the shared one has every rank share its own copy, for the engines on its GPU
+(``RayBroadcaster``). Rank 0 picks the rendezvous address (its node's IP and the planned
 or a free port); the ranks form one process group (gloo on CPU, NCCL on GPUs). Each rank's
 trainer comes from ``build_trainer``: TorchTrainer settings shard the model over the ranks with
 FSDP2, MegatronTrainer settings split them tensor x pipeline x data parallel. A global batch is
@@ -171,6 +172,9 @@ class TrainerRankActor:
 
     def broadcast_weights(self) -> None:
         self.broadcaster().broadcast()
+
+    def share_weights(self) -> str:
+        return self.broadcaster().share()[0]
 
     def release_weights(self) -> None:
         self.broadcaster().release()
@@ -360,8 +364,9 @@ class RayTrainer:
 
 
 class RayBroadcaster:
-    """``LocalBroadcaster``'s surface (kernel.sync.push), carried out by the group's rank 0 actor
-    (every rank gathers each bucket, since gathering takes them all)."""
+    """``LocalBroadcaster``'s surface (kernel.sync.push), carried out by the group's actors:
+    every rank gathers each bucket (gathering takes them all), rank 0 broadcasts it, and each
+    rank shares its own copy (the shared transport: one payload per rank)."""
 
     def __init__(self, group: RayTrainer):
         self.group = group
@@ -387,6 +392,9 @@ class RayBroadcaster:
 
     def broadcast(self) -> None:
         self._rank0("broadcast_weights")
+
+    def share(self) -> list[str]:
+        return self.group._all("share_weights")
 
     def release(self) -> None:
         if self.group.actors:

@@ -2,8 +2,9 @@
 task runs on a placed plan -- a trainer of two Ray actors (gloo) on its planned GPUs, two embedded
 engines started by Ray actors on their planned ports behind the real sglang-router on its planned
 port. Disaggregated (distributed weight sync): each step's weights reach both engines. Colocated
-(tensor sync): the engines release their memory for every training step and resume it, and what
-they generate afterwards carries the trainer's logprobs. A Megatron trainer gets the plan's
+(shared sync: each trainer rank's shared copy to the engine on its GPU): the engines release
+their memory for every training step and resume it, and what they generate afterwards carries
+the trainer's logprobs. A Megatron trainer gets the plan's
 tensor-parallel size. Afterwards every process the launch started -- engines, routers, their
 actors, the trainer ranks -- is gone."""
 
@@ -11,14 +12,13 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import httpx
 import pytest
 
 from kernel.cluster.plan import ClusterConfig, make_plan
-from kernel.cluster.run import run_plan
+from kernel.cluster.run import _engine_command, run_plan
 from kernel.config import load_train_config
 from kernel.engine.launch import free_port
 
@@ -131,7 +131,8 @@ def test_launch_colocated_releases_and_resumes_engine_memory_around_training(
     cfg = toy(tmp_path, {"train_gpus": 2, "colocate": True})
     plan = make_plan(cfg, cluster(2))
     (g,) = plan.groups
-    assert [e.gpus for e in g.engines] == [[0], [1]] and g.sync_transport == "tensor"
+    assert [e.gpus for e in g.engines] == [[0], [1]] and g.sync_transport == "shared"
+    assert g.engine_ranks() == [[0], [1]]  # each engine reads the copy of the rank on its GPU
     counts = []
 
     def on_step(row):
@@ -147,8 +148,9 @@ def test_launch_colocated_releases_and_resumes_engine_memory_around_training(
     assert [r["step"] for r in rows] == list(range(STEPS))
     # one release and one resume per engine per training step, nothing left released
     assert counts == [[(s + 1, s + 1, [])] * 2 for s in range(STEPS)]
-    # steps 1 and 2 trained on samples generated after a release, resume and tensor sync: the
-    # engines' logprobs are the trainer's (resumed weights are zeros until the sync refills them)
+    # steps 1 and 2 trained on samples generated after a release, resume and shared sync (rank
+    # 0's shared memory to engine 0, rank 1's to engine 1): the engines' logprobs are the
+    # trainer's (resumed weights are zeros until the sync refills them)
     assert all(r["train/logprob_diff"] < 1e-4 for r in rows)
     assert [r["weight_version"] for r in rows] == list(range(1, STEPS + 1))
     check_all_stopped(tmp_path)
@@ -181,12 +183,14 @@ def test_launch_refuses_a_plan_bigger_than_the_ray_cluster(tmp_path, fake_gpu_ra
     assert not (tmp_path / "launch").exists()  # nothing was started
 
 
-def test_launch_refuses_colocation_on_real_sglang_before_starting_anything(tmp_path, fake_gpu_ray):
-    """Colocated weight sync to real SGLang needs a flattened_bucket payload per engine TP rank
-    made on that rank's GPU, which kernel launch does not wire yet: the launch says so, naming
-    the agent, instead of failing at the first sync."""
-    cfg = toy(tmp_path, {"train_gpus": 2, "colocate": True})
-    plan = make_plan(cfg, replace(cluster(2), engine_server="sglang"))
-    with pytest.raises(ValueError, match=r"agents\['default'\].resources.colocate on real SGLang"):
-        run_plan(cfg, plan)
-    assert not (tmp_path / "launch").exists()
+def test_a_colocated_sglang_engine_is_started_to_release_its_memory(tmp_path):
+    """Real SGLang colocated: its command asks for the memory saver (release/resume) at the
+    engine's TP size and memory share; its engine TP ranks read the trainer ranks' copies."""
+    cfg = toy(tmp_path, {"train_gpus": 4, "colocate": True, "engine_tensor_parallel": 2})
+    (g,) = make_plan(cfg, cluster(4)).groups
+    cmd, env = _engine_command("sglang", cfg, g, g.engines[1], "10.0.0.1", tmp_path, [])
+    assert cmd[1:3] == ["-m", "sglang.launch_server"] and env == {}
+    assert "--enable-memory-saver" in cmd
+    assert cmd[cmd.index("--tp-size") + 1] == "2"
+    assert cmd[cmd.index("--port") + 1] == str(g.engines[1].port)
+    assert g.engine_ranks() == [[0, 1], [2, 3]]

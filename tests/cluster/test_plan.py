@@ -155,7 +155,7 @@ COLOCATED = json.dumps(
 def test_deep_research_colocated_on_one_node():
     plan = make_plan(recipe_config("deep_research", f"--agents={COLOCATED}"), ONE)
     (g,) = plan.groups
-    assert g.agents == ["agent", "searcher"] and g.colocate and g.sync_transport == "tensor"
+    assert g.agents == ["agent", "searcher"] and g.colocate and g.sync_transport == "shared"
     # all 8 GPUs train (DP 8); engine k holds GPUs 2k and 2k+1
     assert plan.gpu_roles() == gpus(
         0, [[f"agent train r{r}", f"agent engine {r // 2}"] for r in range(8)]
@@ -163,6 +163,8 @@ def test_deep_research_colocated_on_one_node():
     assert [(e.gpus, e.port) for e in g.engines] == [
         ([0, 1], 30010), ([2, 3], 30011), ([4, 5], 30012), ([6, 7], 30013)
     ]  # fmt: skip
+    # each engine TP rank reads the weights of the trainer rank on its GPU
+    assert g.engine_ranks() == [[0, 1], [2, 3], [4, 5], [6, 7]]
 
 
 def test_deep_research_colocated_on_two_nodes():
@@ -177,6 +179,7 @@ def test_deep_research_colocated_on_two_nodes():
         (n, 30010 + i) for n in (0, 1) for i in range(4)
     ]
     assert g.data_parallel == 16
+    assert g.engine_ranks() == [[2 * k, 2 * k + 1] for k in range(8)]  # node 1: ranks 8-15
 
 
 def test_deep_research_default_preset_shares_one_model():
@@ -406,7 +409,7 @@ KEYS = ("owner", "backend", "colocate", "tensor_parallel", "pipeline_parallel", 
         ),
         (  # colocated: 8 ranks (DP 8) and four 2-GPU SGLang servers on the same GPUs
             {"PLACEMENT": "colocate", "ENGINE_TP": "2", "BACKEND": "torch"},
-            ("solver", "torch", True, 1, 1, 8, 8, 4, "tensor"),
+            ("solver", "torch", True, 1, 1, 8, 8, 4, "shared"),
         ),
     ],
 )

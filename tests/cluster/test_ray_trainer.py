@@ -1,23 +1,27 @@
 """A Ray trainer group of world size 2 (FSDP2 over gloo, CPU actors) and two embedded engines
-behind the real sglang-router run two RL steps with tensor or distributed weight sync (the
-latter broadcast by rank 0's actor, never through this process): the group's first loss equals a
-single process's, and after each push both engines serve the group's weights. Killing one
+behind the real sglang-router run two RL steps with tensor, distributed or shared weight sync
+(distributed: broadcast by rank 0's actor; shared: each rank's own shared copy, rank 0's to
+engine 0 and rank 1's to engine 1 -- never through this process): the group's first loss equals
+a single process's, and after each push both engines serve the group's weights. Killing one
 actor's process makes the next step raise TrainerDied naming the agent and rank. A group of
 MegatronTrainers (TP=2, or two data-parallel replicas) steps like one process."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import signal
 
 import pytest
+import torch
 from torch.distributed import distributed_c10d as c10d
 
 from kernel.engine.client import EngineClient
 from kernel.engine.launch import free_port, launch_server
 from kernel.engine.router import RouterConfig, launch_router, wait_for_workers
 from kernel.engine.server import ServerConfig
+from kernel.engine.weights import decode_flattened_bucket
 from kernel.loss import LossConfig
 from kernel.sample import Sample, Status
 from kernel.sync.push import SyncConfig, WeightSync
@@ -69,7 +73,7 @@ def engines(char_model_dir, tmp_path):
             p.stop()
 
 
-@pytest.mark.parametrize("transport", ["tensor", "distributed"])
+@pytest.mark.parametrize("transport", ["tensor", "distributed", "shared"])
 def test_group_trains_syncs_engines_and_reports_a_dead_rank(
     local_ray, engines, char_model_dir, tmp_path, transport
 ):
@@ -89,7 +93,8 @@ def test_group_trains_syncs_engines_and_reports_a_dead_rank(
     async def run() -> list[dict]:
         router = EngineClient(router_url)
         clients = [EngineClient(u) for u in urls]
-        sync = WeightSync(SyncConfig(transport=transport), clients, tmp_path)
+        ranks = [[0], [1]] if transport == "shared" else None  # engine i <- rank i's copy
+        sync = WeightSync(SyncConfig(transport=transport), clients, tmp_path, engine_ranks=ranks)
         metrics = []
         try:
             await check_engines(clients, "0")
@@ -113,6 +118,20 @@ def test_group_trains_syncs_engines_and_reports_a_dead_rank(
                 await check_engines(clients, str(step))
                 # distributed: rank 0's actor broadcast the weights; this process joined no group
                 assert c10d._world.pg_names == {}
+            if transport == "shared":  # each rank shares a copy of its own, in its own process
+                b = group.weight_broadcaster()
+                b.start(2**30, "gloo")
+                b.next()
+                payloads = b.share()
+                try:
+                    for pid, payload in zip(group.pids, payloads, strict=True):
+                        assert f"/torch_{pid}_".encode() in base64.b64decode(payload)
+                    copies = [dict(decode_flattened_bucket(p)) for p in payloads]
+                    full = dict(group.named_parameters_for_sync())
+                    assert copies[0].keys() == copies[1].keys() == full.keys()
+                    assert all(torch.equal(c[k], full[k]) for c in copies for k in full)
+                finally:
+                    b.release()
         finally:
             await sync.aclose()
             await asyncio.gather(router.aclose(), *(c.aclose() for c in clients))

@@ -272,29 +272,32 @@ def test_a_pickled_payload_is_taken_only_from_this_machine_or_an_authenticated_c
     tiny_model_dir, api_key
 ):
     """The flattened_bucket payload is a pickle: from a remote caller of a keyless server it is
-    refused (403) before it is read; from loopback, or with a key, it is read (here it is not a
-    valid payload, so the engine answers that). The app runs in-process so the caller's
-    address can be set; the key is sent whenever the server has one."""
+    refused (403) before it is read; from loopback, from the very address the server was
+    reached at (a process of its own node calling the node's IP), or with a key, it is read
+    (here it is not a valid payload, so the engine answers that). The app runs in-process so
+    the caller's address can be set; the key is sent whenever the server has one."""
     from kernel.engine.server import create_app
 
     app = create_app(ServerConfig(model=str(tiny_model_dir), num_threads=1, api_key=api_key))
     body = {"serialized_named_tensors": ["bm90IGEgcGlja2xl"], "load_format": "flattened_bucket"}
 
-    async def from_host(host: str) -> httpx.Response:
+    async def from_host(host: str, server: str = "192.0.2.2") -> httpx.Response:
         transport = httpx.ASGITransport(app=app, client=(host, 40000))
         headers = AUTH if api_key else None
-        async with httpx.AsyncClient(transport=transport, base_url="http://engine") as c:
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://{server}") as c:
             return await c.post("/update_weights_from_tensor", json=body, headers=headers)
 
     async def main():
         async with app.router.lifespan_context(app):
-            return [await from_host(h) for h in ("203.0.113.7", "127.0.0.1", "::1")]
+            hosts = ("203.0.113.7", "127.0.0.1", "::1", "192.0.2.2")
+            return [await from_host(h) for h in hosts] + [await from_host("192.0.2.3", "engine")]
 
-    remote, *local = asyncio.run(main())
-    for r in local if api_key is None else [remote, *local]:
+    remote, *local, unnamed = asyncio.run(main())
+    for r in local if api_key is None else [remote, *local, unnamed]:
         assert r.status_code == 400 and "not a flattened_bucket payload" in r.json()["message"]
-    if api_key is None:
-        assert remote.status_code == 403 and "--api_key" in remote.json()["error"]["message"]
+    if api_key is None:  # another address, or a server reached by a name: remote
+        for r in (remote, unnamed):
+            assert r.status_code == 403 and "--api_key" in r.json()["error"]["message"]
 
 
 def test_launched_servers_take_their_key_from_the_environment_not_the_command_line(
