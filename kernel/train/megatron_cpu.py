@@ -52,6 +52,11 @@ def _synchronize(device=None) -> None:
     return None
 
 
+def _current_stream(device=None):
+    # CPU work runs in order on one stream; torch.cpu's stand-in has the same (no-op) waits.
+    return torch.cpu.current_stream()
+
+
 def _causal_mask(sq: int) -> torch.Tensor:
     # Megatron's version builds the mask with device="cuda" (hard-coded).
     return torch.triu(torch.ones(sq, sq), diagonal=1).bool()  # (sq, sq), True = masked
@@ -147,6 +152,9 @@ def apply_cpu_patches() -> bool:
        (Sliding-window attention has the same problem and is not patched: no family here uses
        it.)
     5. ``torch.cuda.synchronize``: called around barriers and timers; a no-op on CPU.
+       ``torch.cuda.current_stream``: 0.19's data-parallel gradient buckets take the current
+       stream before reducing, to wait on CUDA-graph replay events (none on CPU); returns
+       ``torch.cpu.current_stream()``, whose waits are no-ops.
     6. ``LanguageModule.setup_embeddings_and_output_layer``: with tied embeddings and pipeline
        parallelism the last stage holds a copy of the embedding, which Megatron moves with
        ``weight.data.cuda()`` before all-reducing it from the first stage. Wrapped so that,
@@ -184,6 +192,7 @@ def apply_cpu_patches() -> bool:
     torch.cuda.set_rng_state = _set_rng_state
     torch.cuda.manual_seed = _manual_seed
     torch.cuda.synchronize = _synchronize
+    torch.cuda.current_stream = _current_stream
     fused_softmax.get_default_causal_mask = _causal_mask
     mrandom._get_cuda_rng_state = _get_rng_state
     mrandom._set_cuda_rng_state = _set_rng_state

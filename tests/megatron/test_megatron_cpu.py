@@ -38,6 +38,7 @@ def test_patches_give_cpu_meaning_and_are_idempotent():
     assert counter.device == torch.device("cpu") and counter.dtype == torch.int
     assert schedules.torch.Tensor is torch.Tensor and torch.zeros is not schedules.torch.zeros
     torch.cuda.synchronize()  # would raise "Torch not compiled with CUDA enabled" unpatched
+    torch.cuda.current_stream().wait_stream(torch.cuda.current_stream())  # so would this
     # Tensor.cuda is redirected only inside Megatron's tied-embedding set-up, not here
     with pytest.raises((AssertionError, RuntimeError)):
         torch.zeros(1).cuda()
