@@ -15,7 +15,7 @@ that cannot be created, so every load falls back to the GGUF file. The copy side
 normal cache (converted first, outside the timing). Printed: median seconds of each and the
 ratio GGUF ÷ copy (> 1: the copy starts faster).
 
-    python scripts/bench_startup.py              # load x3 and run x1 per side (~4 min)
+    python scripts/bench_startup.py              # load x3 and run x1 per side (~6 min)
     python scripts/bench_startup.py --repeats 1 --no-run
 """
 
@@ -57,7 +57,8 @@ def time_run(env: dict, work: Path) -> float:
     with log.open("w") as f:
         done = subprocess.run(cmd, env=env, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
     if done.returncode:
-        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}); its log: {log}")
+        tail = log.read_text()[-2000:]  # the folder is temporary: show the end of its log
+        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}); the end of its log:\n{tail}")
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     return next(r["time/startup_s"] for r in rows if "time/startup_s" in r)
 
