@@ -339,26 +339,20 @@ class WeightSync:
         not weights: the weights never pass through this process. The buffers are on the
         trainer's device: CPU shared memory, or its GPUs (CUDA IPC)."""
         b = trainer.weight_broadcaster()
-        backend = await self._run(b.backend)
         ranks = self.engine_ranks or [[0]] * len(self.clients)
-        await self._run(b.start, self.bucket_bytes, backend)
-        nbytes = 0
-        try:
-            while (m := await self._run(b.next)) is not None:
-                payloads = await self._run(b.share)  # one per trainer rank
-                await asyncio.gather(
-                    *(
-                        c.update_weights_from_serialized(
-                            [payloads[r] for r in rs], load_format="flattened_bucket"
-                        )
-                        for c, rs in zip(self.clients, ranks, strict=True)
+
+        async def send(_: BucketMeta) -> None:
+            payloads = await self._run(b.share)  # one per trainer rank
+            await asyncio.gather(
+                *(
+                    c.update_weights_from_serialized(
+                        [payloads[r] for r in rs], load_format="flattened_bucket"
                     )
+                    for c, rs in zip(self.clients, ranks, strict=True)
                 )
-                nbytes += m.nbytes
-        finally:
-            await self._run(b.release)
-        await self._all(lambda c: c.update_weight_version(version))
-        return nbytes
+            )
+
+        return await self._export(b, await self._run(b.backend), version, send)
 
     async def _push_tensor(self, trainer, version: str) -> int:
         """Per bucket: gather and encode it on the trainer's thread (an FSDP trainer gathers
@@ -410,22 +404,28 @@ class WeightSync:
         """Per bucket, the engines receive (HTTP call in flight) while rank 0 broadcasts."""
         await self._ensure_group(trainer)
         b = self._broadcaster
-        await self._run(b.start, self.bucket_bytes, self._backend)
+
+        async def send(m: BucketMeta) -> None:
+            await asyncio.gather(
+                self._all(lambda c: c.update_weights_from_distributed(m.names, m.dtypes, m.shapes)),
+                self._run(b.broadcast),
+            )
+
+        return await self._export(b, self._backend, version, send)
+
+    async def _export(self, b, backend: str, version: str, send) -> int:
+        """The export both broadcaster transports run: ``b`` gathers the trainer's weights
+        bucket by bucket (every rank takes part) and ``send(meta)`` delivers each before the
+        next is gathered; the export is released even when a bucket fails. The bucket count is
+        known only at the end, so the version is a call of its own. Returns the bytes sent."""
+        await self._run(b.start, self.bucket_bytes, backend)
         nbytes = 0
         try:
             while (m := await self._run(b.next)) is not None:
-                await asyncio.gather(
-                    self._all(
-                        lambda c, m=m: c.update_weights_from_distributed(
-                            m.names, m.dtypes, m.shapes
-                        )
-                    ),
-                    self._run(b.broadcast),
-                )
+                await send(m)
                 nbytes += m.nbytes
         finally:
             await self._run(b.release)
-        # a broadcast's bucket count is known only at its end: the version is a call of its own
         await self._all(lambda c: c.update_weight_version(version))
         return nbytes
 
