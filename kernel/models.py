@@ -43,7 +43,7 @@ def smollm2_dir() -> Path:
     return Path(spec.submodule_search_locations[0])
 
 
-def _gguf_kwargs(name_or_path: str) -> tuple[str, dict]:
+def _load_source(name_or_path: str) -> tuple[str, dict]:
     """Where transformers finds ``name_or_path``: SmolLM2's converted copy (made once), its GGUF
     file where no copy can be written, or the path itself."""
     if name_or_path != SMOLLM2:
@@ -172,7 +172,7 @@ def load_tokenizer(name_or_path: str = SMOLLM2):
     """A tokenizer by HF path (SmolLM2's from its converted copy, see ``smollm2_copy``)."""
     from transformers import AutoTokenizer
 
-    path, kwargs = _gguf_kwargs(name_or_path)
+    path, kwargs = _load_source(name_or_path)
     tok = AutoTokenizer.from_pretrained(path, **kwargs)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
@@ -181,7 +181,7 @@ def load_tokenizer(name_or_path: str = SMOLLM2):
 
 def load_causal_lm(name_or_path: str, dtype: str = "float32", device: str = "cpu"):
     """Any HF causal LM by path (SmolLM2 from its converted copy, see ``smollm2_copy``)."""
-    path, kwargs = _gguf_kwargs(name_or_path)
+    path, kwargs = _load_source(name_or_path)
     return _load_causal_lm(path, dtype, kwargs).to(device)
 
 
