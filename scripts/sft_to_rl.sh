@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # From SFT to RL on the CPU default, one worked pipeline (README "From SFT to RL"):
-#   1. eval   the base model (SmolLM2-135M-Instruct) on the held-out arith2-1d problems
+#   1. eval   the base model (SmolLM2-135M-Instruct) on the held-out arith2-12d problems
 #   2. collect its answers to training problems, N_SAMPLES each, keeping the best correct one
 #      per problem (rejection sampling: collect.min_reward 1)
 #   3. sft    the model on those answers (their exact ids and loss masks)

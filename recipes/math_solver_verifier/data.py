@@ -23,8 +23,10 @@ Sources (all read through ``datasets``; a hub name needs network or a warm HF ca
 
 from __future__ import annotations
 
+import ast
 import logging
 import os
+import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -90,6 +92,15 @@ TIERS: dict[str, tuple[str, dict[str, Any]]] = {
         EASY_TASK_CONFIGS["basic_arithmetic"] | _terms_digits(2, (1, 1)),
     ),
     "arith3-1d": ("basic_arithmetic", EASY_TASK_CONFIGS["basic_arithmetic"]),
+    "ops2-1d": (
+        "basic_arithmetic",
+        EASY_TASK_CONFIGS["basic_arithmetic"] | _terms_digits(3, (1, 1)),
+    ),
+    "arith2-12d": (
+        "basic_arithmetic",
+        EASY_TASK_CONFIGS["basic_arithmetic"] | _terms_digits(2, (1, 2)),
+    ),
+    "sum2-12d": ("chain_sum", _terms_digits(2, (1, 2))),
     "sum3-2d": ("chain_sum", EASY_TASK_CONFIGS["chain_sum"]),
     "sum2-2d": ("chain_sum", _terms_digits(2, (2, 2))),
     "arith2-2d": (
@@ -282,19 +293,96 @@ def is_gradable(label: str) -> bool:
     return score(f"\\boxed{{{label}}}", label) == 1.0
 
 
+# ---- what makes two problems the same ---------------------------------------------------------
+
+# The arithmetic in a prompt: "Calculate ( -9 - 8 )." or "...problem: 98 + 93 - 77 =".
+_ARITHMETIC = re.compile(r"[-+*/()\d\s.]*\d[-+*/()\d\s.]*")
+# A prompt is an arithmetic problem when the words around its expression are an instruction
+# ("State the final answer to the following arithmetic problem:"), not a word problem.
+_MAX_INSTRUCTION_WORDS = 12
+
+
+def _normal_form(node: ast.AST) -> str:
+    """A value-preserving normal form of an arithmetic syntax tree: brackets are gone (the tree
+    has none), a - b is a + (-b), sums and products are flattened and their operands sorted,
+    and a signed literal is one number. "( 2 + -1 )", "-1 + 2" and "2 - 1" all read
+    "(+ -1 2)"."""
+    if isinstance(node, ast.Expression):
+        return _normal_form(node.body)
+    if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
+        return repr(node.value)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        inner = _normal_form(node.operand)
+        if isinstance(node.op, ast.UAdd):
+            return inner
+        return (
+            inner[1:]
+            if inner.startswith("-")
+            else (f"-{inner}" if inner[0].isdigit() else f"(neg {inner})")
+        )
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult):
+        kind = "*" if isinstance(node.op, ast.Mult) else "+"
+        return f"({kind} " + " ".join(sorted(_operands(node, kind))) + ")"
+    if isinstance(node, ast.BinOp):  # division, power...: order matters, kept as written
+        return f"({type(node.op).__name__} {_normal_form(node.left)} {_normal_form(node.right)})"
+    raise ValueError(f"not arithmetic: {ast.dump(node)}")
+
+
+def _operands(node: ast.AST, kind: str) -> list[str]:
+    """The flattened operands of a chain of ``kind`` ('+' counting '-', or '*')."""
+    if isinstance(node, ast.BinOp):
+        if kind == "+" and isinstance(node.op, ast.Add | ast.Sub):
+            right = (
+                node.right if isinstance(node.op, ast.Add) else ast.UnaryOp(ast.USub(), node.right)
+            )
+            return _operands(node.left, kind) + _operands(right, kind)
+        if kind == "*" and isinstance(node.op, ast.Mult):
+            return _operands(node.left, kind) + _operands(node.right, kind)
+    return [_normal_form(node)]
+
+
+def canonical_key(row: Mapping[str, Any]) -> str:
+    """What makes two problems the same, for keeping held-out sets apart from training sets:
+    a bare arithmetic problem's expression in a value-preserving normal form (``_normal_form``:
+    brackets, operand order and "a - b" against "a + -b" do not matter), else (word problems)
+    the prompt with its case and white space normalised. tests/recipes/test_data_leaks.py checks every shipped split by it."""
+    prompt = str(row["prompt"])
+    spans = [m.group(0).strip() for m in _ARITHMETIC.finditer(prompt)]
+    expr = max(spans, key=len, default="").rstrip(".").strip()
+    words_around = len(prompt.replace(expr, " ").split()) if expr else 0
+    if any(op in expr for op in "+-*/") and words_around <= _MAX_INSTRUCTION_WORDS:
+        try:
+            return "arith:" + _normal_form(ast.parse(expr, mode="eval"))
+        except (SyntaxError, ValueError):
+            pass
+    return "text:" + " ".join(prompt.lower().split())
+
+
+def answer_is_an_operand(row: Mapping[str, Any]) -> bool:
+    """Whether the answer is one of the numbers the problem states ("0 * -5" is 0, "7 + 0" is
+    7): a reply restating the problem then ends in the right number, so such problems measure
+    nothing (``generate_reasoning_gym(skip_operand_answers=True)`` leaves them out)."""
+    numbers = re.findall(r"-?\d+(?:\.\d+)?", str(row["prompt"]))
+    label = str(row["label"]).strip()
+    return any(n == label or n.lstrip("-") == label for n in numbers)
+
+
 def generate_reasoning_gym(
     tasks: Sequence[str] = ("basic_arithmetic", "chain_sum"),
     n: int = 256,
     seed: int = 0,
     exclude: Iterable[str] = (),
     task_configs: Mapping[str, Mapping[str, Any]] | None = None,
+    skip_operand_answers: bool = False,
 ) -> list[Row]:
     """``n`` distinct reasoning-gym problems, spread evenly over ``tasks`` and interleaved.
 
     Rows are ``{"prompt": question, "label": answer, "source": "reasoning_gym", "task": name}``.
-    Deterministic in ``seed``. Prompts in ``exclude`` (e.g. the train set, when making a test
-    set) and repeats are skipped. Every label is checked with ``is_gradable`` (ValueError if
-    not: the task is unsuitable for this reward).
+    Deterministic in ``seed``. Problems whose ``canonical_key`` is in ``exclude`` (e.g. the
+    test set's keys, when making a training set) and repeats by key are skipped, and with
+    ``skip_operand_answers`` so are problems whose answer is one of their own numbers
+    (``answer_is_an_operand``). Every label is checked with ``is_gradable`` (ValueError if not:
+    the task is unsuitable for this reward).
     """
     import reasoning_gym
 
@@ -322,15 +410,17 @@ def generate_reasoning_gym(
                 break
             item = dataset[idx]
             prompt, label = str(item["question"]).strip(), str(item["answer"]).strip()
-            if prompt in seen:
+            row = {"prompt": prompt, "label": label, "source": "reasoning_gym", "task": task}
+            key = canonical_key(row)
+            if key in seen or (skip_operand_answers and answer_is_an_operand(row)):
                 continue
             if not is_gradable(label):
                 raise ValueError(
                     f"tasks: reasoning-gym task {task!r} item {idx}: a response boxing its "
                     f"answer {label!r} would not be graded correct; pick another task"
                 )
-            seen.add(prompt)
-            rows.append({"prompt": prompt, "label": label, "source": "reasoning_gym", "task": task})
+            seen.add(key)
+            rows.append(row)
         if len(rows) < quota:
             raise ValueError(
                 f"n: task {task!r} has only {len(rows)} distinct new problems in its first {size}, "

@@ -31,7 +31,7 @@ from kernel.agents import Dialogue
 from kernel.hooks import RolloutContext
 from kernel.sample import Sample
 from recipes.math_solver_verifier import prompts
-from recipes.math_solver_verifier.reward import extract_answer, is_equivalent
+from recipes.math_solver_verifier.reward import final_answer, is_equivalent
 
 JUDGMENT = re.compile(r"judgment\s*:\s*\**\s*(\d+)", re.IGNORECASE)
 VERDICT = re.compile(r"verdict\s*:\s*\**\s*(approve|reject)", re.IGNORECASE)
@@ -96,8 +96,8 @@ async def _speak_all(dialogues: list[Dialogue]) -> list[str]:
     return [d.text for d in dialogues]
 
 
-def _answer(text: str, cfg) -> str | None:
-    return extract_answer(text, cfg.answer.markers, cfg.answer.after_think, cfg.answer.last_number)
+def _answer(text: str, label, cfg) -> str | None:
+    return final_answer(text, str(label), cfg.answer)
 
 
 def _correct(answer: str | None, label, cfg) -> bool:
@@ -118,7 +118,7 @@ async def solver_rewriter_selector(ctx: RolloutContext, seed: Sample) -> list[Sa
     await selector.speak(prefix=cfg.selector_prefix)
     pick = parse_judgment(selector.text, n)
 
-    answers = [_answer(t.text, cfg) for t in solvers + rewriters]
+    answers = [_answer(t.text, seed.label, cfg) for t in solvers + rewriters]
     graded = [_correct(a, seed.label, cfg) for a in answers]
     solver_correct, correct_rewrites = graded[:n], graded[n:]
     correct = pick is not None and correct_rewrites[pick]
@@ -151,7 +151,7 @@ async def solver_verifier(ctx: RolloutContext, seed: Sample) -> list[Sample]:
         verdicts.append(parse_verdict(verifier.text))
         if verdicts[-1] is True:
             break
-    answer = _answer(solver.text, cfg)
+    answer = _answer(solver.text, seed.label, cfg)
     correct = _correct(answer, seed.label, cfg)
     metrics = verifier_metrics(verdicts, correct, cfg.max_loops)
     samples = [solver.sample(seed, 0, answer=answer, correct=correct, metrics=metrics)]
@@ -164,9 +164,14 @@ async def solver_only(ctx: RolloutContext, seed: Sample) -> list[Sample]:
     cfg, problem, n = ctx.config, str(seed.prompt), ctx.config.num_parallel
     solvers = [_solver(ctx, problem) for _ in range(n)]
     await _speak_all(solvers)
-    answers = [_answer(t.text, cfg) for t in solvers]
+    answers = [_answer(t.text, seed.label, cfg) for t in solvers]
     graded = [_correct(a, seed.label, cfg) for a in answers]
-    metrics = {"turns": float(n), "solver_pass@k": float(any(graded)), "solved": float(any(graded))}
+    metrics = {
+        "turns": float(n),
+        "answered": sum(a is not None for a in answers) / n,  # format: a number was given
+        "solver_pass@k": float(any(graded)),
+        "solved": float(any(graded)),
+    }
     samples = [
         t.sample(seed, i, answer=a, correct=ok, **({"metrics": metrics} if i == 0 else {}))
         for i, (t, a, ok) in enumerate(zip(solvers, answers, graded, strict=True))

@@ -79,8 +79,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--exclude",
         default=None,
-        help="a JSONL file whose prompts must not appear (e.g. the train set when "
-        "writing a test set)",
+        help="a JSONL file whose problems must not appear, compared by data.canonical_key "
+        "(brackets, operand order and signs do not make a new problem): e.g. the held-out "
+        "set when writing a training set",
+    )
+    p.add_argument(
+        "--skip-operand-answers",
+        action="store_true",
+        help="reasoning_gym: leave out problems whose answer is one of their own numbers "
+        "('0 * -5', '7 + 0'), which a reply restating the problem gets right",
     )
     return p
 
@@ -92,17 +99,17 @@ def _split_names(text: str, flag: str) -> list[str]:
     return names
 
 
-def read_prompts(path: str) -> set[str]:
-    """The prompts of a JSONL file written by this tool."""
+def read_keys(path: str) -> set[str]:
+    """The ``canonical_key`` of every problem in a JSONL file written by this tool."""
     with open(path, encoding="utf-8") as f:
-        return {json.loads(line)["prompt"] for line in f if line.strip()}
+        return {data.canonical_key(json.loads(line)) for line in f if line.strip()}
 
 
 def collect(args: argparse.Namespace) -> list[data.Row]:
     """The rows the flags ask for."""
     if args.n is not None and args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}")
-    exclude = read_prompts(args.exclude) if args.exclude else set()
+    exclude = read_keys(args.exclude) if args.exclude else set()
     if args.source == "reasoning_gym":
         tasks, configs = _split_names(args.tasks, "--tasks"), None
         if args.tier is not None:
@@ -114,6 +121,7 @@ def collect(args: argparse.Namespace) -> list[data.Row]:
             seed=args.seed,
             exclude=exclude,
             task_configs=configs,
+            skip_operand_answers=args.skip_operand_answers,
         )
         return [r | {"tier": args.tier} for r in rows] if args.tier else rows
     path = args.path or _DEFAULT_PATHS.get(args.source)
@@ -127,7 +135,7 @@ def collect(args: argparse.Namespace) -> list[data.Row]:
         rows = data.load_dapo(path, args.split)
     else:
         rows = data.load_file(path, args.input_key, args.label_key)
-    rows = [r for r in rows if r["prompt"] not in exclude]
+    rows = [r for r in rows if data.canonical_key(r) not in exclude]
     if args.n is not None and args.n < len(rows):
         rows = random.Random(args.seed).sample(rows, args.n)
     return rows

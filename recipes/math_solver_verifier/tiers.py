@@ -27,7 +27,9 @@ from recipes.math_solver_verifier.reward import MathRewardConfig, extract_answer
 
 def tier_rows(tier: str, n: int, seed: int) -> list[dict]:
     task, config = TIERS[tier]
-    rows = generate_reasoning_gym((task,), n=n, seed=seed, task_configs={task: config})
+    rows = generate_reasoning_gym(
+        (task,), n=n, seed=seed, task_configs={task: config}, skip_operand_answers=True
+    )
     return [r | {"tier": tier} for r in rows]
 
 

@@ -193,9 +193,17 @@ def test_reasoning_gym_rows_are_gradable_and_deterministic():
 
 def test_reasoning_gym_exclude_and_bad_input():
     first = data.generate_reasoning_gym(("chain_sum",), n=5, seed=0)
-    again = data.generate_reasoning_gym(("chain_sum",), n=5, seed=0, exclude=[first[0]["prompt"]])
-    assert first[0]["prompt"] not in {r["prompt"] for r in again}
+    key = data.canonical_key(first[0])
+    again = data.generate_reasoning_gym(("chain_sum",), n=5, seed=0, exclude=[key])
+    assert key not in {data.canonical_key(r) for r in again}
     assert again[:4] == first[1:]  # the rest of the sequence moves up by one
+    # excluded by key: the same problem with other brackets or operand order is gone too
+    assert all(data.canonical_key(r) != key for r in again)
+    skipped = data.generate_reasoning_gym(
+        ("basic_arithmetic",), n=40, seed=0, skip_operand_answers=True
+    )
+    assert not any(data.answer_is_an_operand(r) for r in skipped)
+    assert len({data.canonical_key(r) for r in skipped}) == 40  # no problem twice
     with pytest.raises(ValueError, match="tasks: reasoning-gym task 'no_such_task'"):
         data.generate_reasoning_gym(("no_such_task",), n=2)
     with pytest.raises(ValueError, match="n must be >= 1"):
@@ -262,7 +270,7 @@ def _shipped(name: str) -> list[dict]:
 def test_shipped_files_regenerate_from_the_documented_commands(tmp_path):
     readme = (DATA / "README.md").read_text()
     commands = re.findall(r"# python -m recipes\.math_solver_verifier\.prepare_data (.+)", readme)
-    assert len(commands) == 4  # train, test, and the arith2-1d tier's test and train
+    assert len(commands) == 4  # train, test, and the arith2-12d tier's test and train
     for command in commands:
         args = command.split()
         shipped = Path(args[args.index("--out") + 1]).name
@@ -286,3 +294,22 @@ def test_shipped_files_are_right_and_load_in_the_buffer():
     assert len(buffer) == 256
     group = buffer.next_groups(1)[0]
     assert group[0].metadata["task"] in ("basic_arithmetic", "chain_sum")
+
+
+def test_answer_is_an_operand():
+    assert data.answer_is_an_operand({"prompt": "Calculate 0 * -5.", "label": "0"})
+    assert data.answer_is_an_operand({"prompt": "Calculate -9 + 0.", "label": "-9"})
+    assert data.answer_is_an_operand({"prompt": "Calculate 1 * -9.", "label": "-9"})
+    assert not data.answer_is_an_operand({"prompt": "Calculate 5 - 3.", "label": "2"})
+    assert not data.answer_is_an_operand({"prompt": "Calculate 12 + 3.", "label": "15"})
+
+
+def test_the_headline_tier_is_far_larger_than_its_training_set():
+    """arith2-12d has tens of thousands of distinct problems (by canonical_key): 4000 draws
+    are almost all new, so 2048 training problems are a small part of it, and a held-out
+    problem is a new problem, not a training one rewritten."""
+    task, config = data.TIERS["arith2-12d"]
+    rows = data.generate_reasoning_gym((task,), n=4000, seed=10**6, task_configs={task: config})
+    train = {data.canonical_key(r) for r in _shipped("arith2-12d_train.jsonl")}
+    seen = sum(data.canonical_key(r) in train for r in rows)
+    assert seen / len(rows) < 0.1, seen  # a random problem is rarely a training problem

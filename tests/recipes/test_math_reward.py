@@ -21,7 +21,9 @@ from kernel.sample import Sample
 from recipes.math_solver_verifier.reward import (
     MathRewardConfig,
     extract_answer,
+    final_answer,
     is_equivalent,
+    is_number,
     last_number,
     reward,
     score,
@@ -295,3 +297,75 @@ def test_real_replies_cover_every_extraction_path():
     assert len(marker) >= 20 and len(REPLIES) - len(marker) >= 5  # both paths, real text
     boxed_only = MathRewardConfig(markers=("\\boxed",), last_number=False)
     assert all(score(r["text"], r["label"], boxed_only) == 0.0 for r in REPLIES)
+
+
+# ---- numbers only: restating the problem is no answer ----------------------------------------
+
+NUMBERS = [
+    ("5", True), ("-8", True), ("+3", True), ("1,000", True), ("1{,}000", True), ("2.5", True),
+    ("3/4", True), ("\\frac{3}{4}", True), ("-\\dfrac{1}{2}", True), ("50\\%", True),
+    ("5 \\text{ cm}", True), ("$-8$", True), ("**7**", True), ("−5", True),
+    ("5 - 3", False), ("2 * 4", False), ("-(-3)", False), ("(-9 - 8)", False), ("x", False),
+    ("6/3", False), ("\\frac{4}{2}", False), ("3/0", False), ("", False), (None, False),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("text", "expected"), NUMBERS)
+def test_is_number_golden(text, expected):
+    assert is_number(text) is expected
+
+
+RESTATED = [
+    # a box holding the problem's expression is skipped; what the reply computes then counts
+    ("To calculate \\boxed{5 - 3}, you simply add 3 to 5.", "2", 0.0),  # last number 5: wrong
+    ("To calculate \\boxed{5 - 3}, you add.\n\n5 - 3 = 2", "2", 1.0),  # it did compute 2
+    ("\\boxed{5 - 3}", "2", 0.0),  # its last number is the problem's 3: wrong
+    ("The answer is 12 / 4.", "3", 0.0),  # a division restated is skipped; last number 4
+    ("The answer is 12 / 4 = 3.", "3", 1.0),
+    ("\\boxed{2} or rather \\boxed{1 + 1}", "2", 1.0),  # the expression box is skipped
+    # a label that is no number accepts an expression (MATH-style answers)
+    ("\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\sqrt{2}}", 1.0),
+]
+
+
+@pytest.mark.parametrize(("text", "label", "expected"), RESTATED)
+def test_a_restated_problem_is_no_answer(text, label, expected):
+    assert score(text, label, DEFAULT) == expected
+    lenient = MathRewardConfig(format_penalty=-1.0, numbers_only=False)
+    if "\\boxed{5 - 3}" in text:  # the hack the strict rule stops: math-verify evaluates 5 - 3
+        assert score(text, label, lenient) == 1.0
+
+
+# tests/data/math_boxed_restatements.jsonl: the 256 held-out replies of a SmolLM2 policy trained
+# 84 steps at 390cb91 with the lenient scorer (shared/evidence), with their problems: it learned
+# to box the problem's own expression, and math-verify evaluated the box.
+HACKED = [
+    json.loads(line)
+    for line in (Path(__file__).resolve().parents[1] / "data" / "math_boxed_restatements.jsonl")
+    .read_text()
+    .splitlines()
+]
+
+
+def test_a_trained_policys_boxed_restatements_no_longer_score():
+    lenient = MathRewardConfig(numbers_only=False)
+    boxed_expression = [
+        r
+        for r in HACKED
+        if (a := extract_answer(r["text"], ("\\boxed",))) is not None and not is_number(a)
+    ]
+    assert len(HACKED) == 256 and sum(r["passed_at_390cb91"] for r in HACKED) == 239
+    assert len(boxed_expression) == 227  # how the policy wrote its answers
+    assert sum(score(r["text"], r["label"], lenient) for r in HACKED) == 236
+    strict = [score(r["text"], r["label"]) for r in HACKED]
+    assert sum(strict) == 94  # what it computed: a stated number equal to the label
+    for r, s in zip(HACKED, strict, strict=True):
+        answer = final_answer(r["text"], r["label"], MathRewardConfig())
+        assert answer is None or is_number(answer), r["text"]  # never an expression
+        assert s == float(answer is not None and is_equivalent(answer, r["label"]))
+    # problems answered by one of their own numbers ("0 * -5"): a restatement ending in that
+    # number scores; the learning tiers leave such problems out (answer_is_an_operand)
+    from recipes.math_solver_verifier.data import answer_is_an_operand
+
+    lucky = [r for r, s in zip(HACKED, strict, strict=True) if s and answer_is_an_operand(r)]
+    assert len(lucky) == 32
