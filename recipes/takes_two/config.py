@@ -74,8 +74,10 @@ class RecipeConfig:
     max_turns: int = 4
     """Doctor turns at most (questions plus the final diagnosis); the episode ends there."""
     min_questions: int = 0
-    """Questions the doctor must ask before it diagnoses (the system prompt says so); a diagnosis
-    after fewer costs ``early_diagnosis_penalty``. 0: the doctor may diagnose at once."""
+    """Questions (doctor turns with a '?', not the diagnosis) the doctor must ask before it
+    diagnoses (the system prompt says so); a diagnosis after fewer is not accepted: its
+    diagnosis and recommendation terms score 0 and it costs ``early_diagnosis_penalty``.
+    0: the doctor may diagnose at once."""
     last_turn_notice: bool = True
     """Tell the doctor, with the patient's last answer, that its next turn must be the diagnosis."""
     final_turn_prefix: str = ""
@@ -88,8 +90,9 @@ class RecipeConfig:
     """What the patient is told to say when asked about something not in its self-report
     (its words count as faithful)."""
     similarity: str = "token_set_ratio"
-    """rapidfuzz.fuzz scorer comparing diagnosis and recommendation with the ground truth
-    (token_set_ratio forgives extra words; token_sort_ratio punishes listing many diagnoses)."""
+    """rapidfuzz.fuzz scorer comparing the recommendation with the ground truth (and the
+    diagnosis, for the ``diagnosis_similarity`` metric only: the diagnosis term is an exact
+    match against the synonym table, which a list of diagnoses cannot game)."""
     word_cutoff: float = 80.0
     """Two words match when rapidfuzz's ratio (0..100) of them is >= this (day ~ days)."""
     reveal_threshold: float = 0.5
@@ -98,11 +101,10 @@ class RecipeConfig:
     leak_threshold: float = 0.5
     """An answer leaks the diagnosis when at least this share of the diagnosis words the case
     itself does not contain occurs in it."""
-    correct_threshold: float = 0.8
-    """An episode is correct (eval pass@k, asymmetric weighting) when its diagnosis similarity
-    (0..1) is >= this."""
     diagnosis_weight: float = 1.0
-    """Doctor: weight of the diagnosis similarity (0..1)."""
+    """Doctor: weight of the diagnosis term, 1 when the diagnosis names exactly one condition,
+    the true one by the synonym table (``data.diagnosis_matches``), else 0. It also decides
+    whether an episode is correct (eval pass@k, asymmetric weighting)."""
     recommendation_weight: float = 0.5
     """Doctor: weight of the recommendation similarity (0..1)."""
     information_weight: float = 1.0
@@ -114,7 +116,8 @@ class RecipeConfig:
     malformed_penalty: float = 0.5
     """Doctor: subtracted when the final turn lacks a non-empty Diagnosis or Recommendation."""
     early_diagnosis_penalty: float = 1.0
-    """Doctor: subtracted when it diagnoses after fewer than ``min_questions`` questions."""
+    """Doctor: subtracted when it diagnoses after fewer than ``min_questions`` questions (on top
+    of the diagnosis and recommendation terms scoring 0)."""
     faithfulness_weight: float = 1.0
     """Patient: weight of the share of its content words grounded in the case."""
     leak_penalty: float = 1.0
@@ -147,7 +150,7 @@ class RecipeConfig:
             )
         if not 0 <= self.word_cutoff <= 100:
             raise ValueError(f"recipe_args.word_cutoff must be in [0, 100], got {self.word_cutoff}")
-        for name in ("reveal_threshold", "leak_threshold", "correct_threshold"):
+        for name in ("reveal_threshold", "leak_threshold"):
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ValueError(f"recipe_args.{name} must be in (0, 1], got {value}")

@@ -1,15 +1,28 @@
-"""Cases for takes_two: the row format, a converter for DoctorAgent-RL's MTMedDialog, and the
-seeded synthetic case set shipped in data/.
+"""Cases for takes_two: the row format, a converter for DoctorAgent-RL's MTMedDialog, the
+synonym table the diagnosis is scored against, what makes two cases the same, and the seeded
+synthetic case set shipped in data/.
 
 A row (one JSON object per line; the kernel's DataBuffer reads ``prompt`` and ``label``, and
 copies ``facts`` and ``self_report`` into every sample's metadata via
 ``data.metadata_keys: [facts, self_report]``)::
 
     {"prompt": "<chief complaint: what the patient says first>",
-     "label": {"diagnosis": "...", "recommendation": "..."},
+     "label": {"diagnosis": "...", "recommendation": "...",
+               "synonyms": ["...", ...]},            # optional: names that count as the diagnosis
      "facts": ["<one self-report fact>", ...],       # what only the patient knows
      "self_report": "<the facts as one paragraph>",
-     "source": "synthetic" | "mtmeddialog", ...}
+     "source": "synthetic" | "mtmeddialog", ...,
+     "unseen_condition": true | false}               # held-out files: condition not in training
+
+A doctor's diagnosis is correct when it names exactly one condition, the true one
+(``diagnosis_matches``): its normal form equals a name the case's synonyms list. A synthetic
+row's synonyms are its condition's entry in ``CONDITIONS`` (``DIAGNOSIS_SYNONYMS``); an
+MTMedDialog row carries ``label.synonyms: [its own label]``, i.e. an exact normalised match. A
+label with neither is refused, naming it.
+
+Held-out files are kept apart from their training files by ``canonical_key`` (condition plus
+the set of facts: age, sex, duration and the order of facts do not make another case), and the
+synthetic held-out files also hold conditions no training file has (``HELD_OUT_CONDITIONS``).
 
 MTMedDialog (``MTMedDialog_RL.parquet`` of DoctorAgent-RL, or its JSONL export) rows look like::
 
@@ -27,12 +40,13 @@ solution}``) is read too. The self-report paragraph is split into sentences: the
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from kernel.buffer import DataError
 
@@ -58,12 +72,14 @@ class Case:
     facts: list[str]
     diagnosis: str
     recommendation: str
+    synonyms: tuple[str, ...] = ()
+    """The row's own ``label.synonyms`` (empty: the synonym table's entry for the diagnosis)."""
 
     @classmethod
     def from_sample(cls, sample) -> Case:
-        """From a buffer sample: prompt = chief complaint, label = {diagnosis, recommendation}
-        (or the diagnosis as a string, with metadata["recommendation"]), metadata["facts"]
-        (or metadata["self_report"], split into sentences)."""
+        """From a buffer sample: prompt = chief complaint, label = {diagnosis, recommendation,
+        optional synonyms} (or the diagnosis as a string, with metadata["recommendation"]),
+        metadata["facts"] (or metadata["self_report"], split into sentences)."""
         where = f"sample {sample.key}"
         prompt = sample.prompt
         if isinstance(prompt, list):  # chat messages: the last user message is the complaint
@@ -72,14 +88,18 @@ class Case:
         if not isinstance(prompt, str) or not prompt.strip():
             raise ValueError(f"{where}: prompt (the chief complaint) must be a non-empty string")
         label, meta = sample.label, sample.metadata
+        synonyms: Any = ()
         if isinstance(label, Mapping):
             diagnosis, recommendation = label.get("diagnosis"), label.get("recommendation")
+            synonyms = label.get("synonyms") or ()
         else:
             diagnosis, recommendation = label, meta.get("recommendation")
         if not isinstance(diagnosis, str) or not diagnosis.strip():
             raise ValueError(f"{where}: label.diagnosis must be a non-empty string")
         if not isinstance(recommendation, str):
             raise ValueError(f"{where}: label.recommendation must be a string")
+        if not isinstance(synonyms, list | tuple) or not all(isinstance(x, str) for x in synonyms):
+            raise ValueError(f"{where}: label.synonyms must be a list of strings")
         facts = meta.get("facts")
         if facts is None and isinstance(meta.get("self_report"), str):
             facts = split_facts(meta["self_report"])
@@ -88,16 +108,30 @@ class Case:
                 f"{where}: metadata needs 'facts' (list of strings) or 'self_report' (string); "
                 "set data.metadata_keys: [facts, self_report]"
             )
-        return cls(prompt.strip(), list(facts), diagnosis.strip(), recommendation.strip())
+        return cls(
+            prompt.strip(),
+            list(facts),
+            diagnosis.strip(),
+            recommendation.strip(),
+            tuple(x.strip() for x in synonyms if x.strip()),
+        )
 
 
 def make_row(
-    chief_complaint: str, facts: Sequence[str], diagnosis: str, recommendation: str, **extra: Any
+    chief_complaint: str,
+    facts: Sequence[str],
+    diagnosis: str,
+    recommendation: str,
+    synonyms: Sequence[str] = (),
+    **extra: Any,
 ) -> Row:
-    """A buffer row of this recipe."""
+    """A buffer row of this recipe (``synonyms``, when given, go into the label)."""
+    label = {"diagnosis": diagnosis, "recommendation": recommendation}
+    if synonyms:
+        label["synonyms"] = list(synonyms)
     return {
         "prompt": chief_complaint,
-        "label": {"diagnosis": diagnosis, "recommendation": recommendation},
+        "label": label,
         "facts": list(facts),
         "self_report": " ".join(facts),
         **extra,
@@ -147,7 +181,9 @@ def chief_complaint_from_prompt(prompt: Any) -> str:
 
 
 def map_mtmeddialog(row: Mapping[str, Any]) -> Row:
-    """One MTMedDialog (or MrlX-converted) row as a row of this recipe."""
+    """One MTMedDialog (or MrlX-converted) row as a row of this recipe. Its label's synonyms
+    are the label alone: MTMedDialog's thousands of free-text diagnoses have no synonym table,
+    so a doctor's diagnosis must match the label exactly after ``normalise_diagnosis``."""
     extra = row.get("extra_info") or {}
     if isinstance(extra, Mapping) and extra.get("chief_complaint"):
         chief = _text(extra, "chief_complaint")
@@ -162,7 +198,13 @@ def map_mtmeddialog(row: Mapping[str, Any]) -> Row:
     facts = split_facts(_text(row, report_path))
     index = extra.get("index") if isinstance(extra, Mapping) else None
     return make_row(
-        chief, facts, diagnosis, recommendation, source="mtmeddialog", index=str(index or "")
+        chief,
+        facts,
+        diagnosis,
+        recommendation,
+        synonyms=[diagnosis],
+        source="mtmeddialog",
+        index=str(index or ""),
     )
 
 
@@ -214,12 +256,120 @@ def load_mtmeddialog(path: str) -> list[Row]:
     return out
 
 
+# ---- diagnoses: normal form, synonyms, one case's identity -----------------------------------
+
+_APOSTROPHES = re.compile(r"['’`]")
+_NON_WORD = re.compile(r"[^0-9a-z]+")
+_ARTICLES = frozenset({"a", "an", "the"})
+
+
+def normalise_text(text: str) -> str:
+    """Lower case, apostrophes dropped ("Crohn's" -> "crohns"), every other run of
+    non-alphanumerics (punctuation, hyphens, white space) one space."""
+    return _NON_WORD.sub(" ", _APOSTROPHES.sub("", text.lower())).strip()
+
+
+def normalise_diagnosis(text: str) -> str:
+    """A diagnosis as it is compared with the synonym table: ``normalise_text`` without a
+    leading article ("The flu." -> "flu", "Type-2 diabetes" -> "type 2 diabetes"; the "a" of
+    "influenza a" stays)."""
+    words = normalise_text(text).split()
+    while words and words[0] in _ARTICLES:
+        words.pop(0)
+    return " ".join(words)
+
+
+def synonyms_for(diagnosis: str, row_synonyms: Sequence[str] = ()) -> frozenset[str]:
+    """The normalised names that count as ``diagnosis`` (a case's true condition): the row's
+    own ``label.synonyms`` when it gives some (MTMedDialog rows give their label: an exact
+    normalised match), else the condition's entry in ``DIAGNOSIS_SYNONYMS``. The label itself
+    always counts. A label with neither raises ValueError naming it: a scorer cannot guess which
+    names mean the same condition."""
+    if row_synonyms:
+        names = [diagnosis, *row_synonyms]
+    else:
+        names = DIAGNOSIS_SYNONYMS.get(normalise_diagnosis(diagnosis))
+        if names is None:
+            raise ValueError(
+                f"condition {diagnosis!r} has no entry in recipes.takes_two.data"
+                ".DIAGNOSIS_SYNONYMS and its row gives no label.synonyms: add one of the two "
+                "(a list of the names that count as this diagnosis)"
+            )
+    return frozenset(normalise_diagnosis(n) for n in names)
+
+
+def diagnosis_matches(stated: str, diagnosis: str, row_synonyms: Sequence[str] = ()) -> bool:
+    """Whether the doctor's ``stated`` diagnosis names exactly one condition, the true one:
+    its normal form equals one of ``synonyms_for(diagnosis)``, and it holds no '?'. A list
+    ("migraine, influenza", "X or Y") or a hedge ("possibly migraine", "could be X", "not sure,
+    X") never matches: the words it adds are in no synonym. A broader name ("anemia" for iron
+    deficiency anemia) matches only where the table lists it."""
+    synonyms = synonyms_for(diagnosis, row_synonyms)  # raises first for an unknown label
+    return "?" not in stated and normalise_diagnosis(stated) in synonyms
+
+
+def _diagnosis_of(row: Mapping[str, Any]) -> str:
+    label = row.get("label")
+    return str(label.get("diagnosis", "") if isinstance(label, Mapping) else label or "")
+
+
+def _fact_key(fact: str) -> str:
+    """A fact with its duration (``DURATIONS``) as a placeholder: the seeded duration is a
+    detail like the age, not another case."""
+    text = normalise_text(fact)
+    for duration in DURATIONS:
+        text = re.sub(rf"\b{duration}\b", "<duration>", text)
+    return text
+
+
+def canonical_key(row: Mapping[str, Any]) -> str:
+    """What makes two rows the same case, for keeping a held-out file apart from its training
+    file: the condition (``normalise_diagnosis`` of the label) and the SET of facts
+    (``normalise_text``, durations as a placeholder, sorted, repeats dropped). Age, sex, the
+    opening complaint, the duration and the order of the facts do not count, so a held-out case
+    whose fact combination occurs in training for its condition has the training case's key.
+    Facts come from ``facts``, else ``self_report`` split into sentences.
+    tests/recipes/test_data_leaks.py checks every shipped split by it."""
+    facts = row.get("facts")
+    if not isinstance(facts, list):
+        facts = split_facts(str(row.get("self_report") or ""))
+    keys = sorted({_fact_key(str(f)) for f in facts})
+    return normalise_diagnosis(_diagnosis_of(row)) + " | " + " + ".join(keys)
+
+
+def mark_unseen(rows: Iterable[Row], train: Iterable[Mapping[str, Any]]) -> list[Row]:
+    """``rows`` (held-out cases), each with ``unseen_condition``: whether its condition
+    (normalised) is absent from the ``train`` rows."""
+    trained = {normalise_diagnosis(_diagnosis_of(r)) for r in train}
+    return [
+        {**r, "unseen_condition": normalise_diagnosis(_diagnosis_of(r)) not in trained}
+        for r in rows
+    ]
+
+
 # ---- synthetic cases -------------------------------------------------------------------------
 
-# (diagnosis, recommendation, complaint, facts). Facts never name the diagnosis; "{d}" is a
-# duration. Ages, sexes, durations and which facts a case gets vary with the seed.
-CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
-    (
+
+class Condition(NamedTuple):
+    """One synthetic condition: the truth, how a patient opens, what it may report, and the
+    names a doctor may give it."""
+
+    diagnosis: str
+    recommendation: str
+    complaint: str
+    facts: tuple[str, ...]
+    """Seven self-report facts, of which a case gets ``facts_per_case``; none names the
+    diagnosis; "{d}" is a duration."""
+    synonyms: tuple[str, ...]
+    """Every name (the label first) that counts as this diagnosis; a broader or neighbouring
+    name ("anemia", "conjunctivitis", "back pain") is left out on purpose."""
+
+
+# Ages, sexes, durations and which facts a case gets vary with the seed. The six
+# HELD_OUT_CONDITIONS (one per shared-complaint group) are spread through the table, so that
+# taking the conditions in turn gives any prefix of a held-out file a mix of both kinds.
+CONDITIONS: tuple[Condition, ...] = (
+    Condition(
         "migraine",
         "Rest in a dark quiet room, take a pain reliever early in an attack, keep a diary.",
         "I keep getting bad headaches.",
@@ -229,9 +379,12 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             "I feel sick to my stomach during attacks.",
             "I see flashing zigzag lines before it starts.",
             "The attacks started {d} ago.",
+            "Loud noises bother me during an attack.",
+            "The attacks come back a few times a month.",
         ),
+        ("migraine", "migraines", "migraine headache", "migraine headaches", "migraine with aura"),
     ),
-    (
+    Condition(
         "influenza",
         "Rest, drink plenty of fluids, take paracetamol for the fever, stay home until it is gone.",
         "I feel terrible and feverish.",
@@ -241,9 +394,12 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             "I have a dry cough.",
             "It came on suddenly {d} ago.",
             "Several people at work were sick.",
+            "I feel completely exhausted and stay in bed.",
+            "I have a headache behind my eyes.",
         ),
+        ("influenza", "flu", "seasonal influenza", "seasonal flu", "influenza a", "influenza b"),
     ),
-    (
+    Condition(
         "strep throat",
         "A throat swab test, and penicillin antibiotics if it is positive.",
         "My throat really hurts.",
@@ -253,9 +409,43 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             "There are white patches on my tonsils.",
             "The glands in my neck are swollen.",
             "I have no cough.",
+            "The back of my throat looks bright red.",
+            "I have no runny nose.",
+        ),
+        (
+            "strep throat",
+            "strep",
+            "streptococcal pharyngitis",
+            "streptococcal tonsillitis",
+            "streptococcal sore throat",
+            "group a strep",
+            "group a streptococcal pharyngitis",
         ),
     ),
-    (
+    Condition(
+        "obstructive sleep apnea",
+        "A sleep study, losing weight if overweight, no alcohol at night, and a CPAP machine if "
+        "it is confirmed.",
+        "I am sleepy all day.",
+        (
+            "My partner says I snore loudly.",
+            "My partner has seen me stop breathing in my sleep.",
+            "I wake up with a headache.",
+            "I wake up gasping at night.",
+            "My mouth is dry when I wake up.",
+            "I nearly fell asleep while driving.",
+            "I fall asleep in front of the TV every evening.",
+        ),
+        (
+            "obstructive sleep apnea",
+            "obstructive sleep apnoea",
+            "sleep apnea",
+            "sleep apnoea",
+            "osa",
+            "obstructive sleep apnea syndrome",
+        ),
+    ),
+    Condition(
         "urinary tract infection",
         "A urine test, a short course of antibiotics, and plenty of water.",
         "It burns when I pee.",
@@ -265,9 +455,19 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             "I have a dull ache low in my belly.",
             "I have no fever.",
             "It started {d} ago.",
+            "Only a little comes out each time I go.",
+            "I feel I still need to go right after I pee.",
+        ),
+        (
+            "urinary tract infection",
+            "uti",
+            "lower urinary tract infection",
+            "bladder infection",
+            "cystitis",
+            "acute cystitis",
         ),
     ),
-    (
+    Condition(
         "acute appendicitis",
         "Go to the emergency department now for blood tests, a scan and likely surgery.",
         "I have a sharp pain in my belly.",
@@ -277,9 +477,12 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             "I have lost my appetite.",
             "I vomited once.",
             "I have a mild fever.",
+            "Pressing on the lower right side hurts a lot.",
+            "It has got steadily worse since this morning.",
         ),
+        ("acute appendicitis", "appendicitis"),
     ),
-    (
+    Condition(
         "gastroesophageal reflux disease",
         "Eat smaller meals, nothing before bed, raise the head of the bed, try an acid reducer.",
         "I get a burning feeling in my chest.",
@@ -289,9 +492,42 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             "I get a sour taste in my mouth.",
             "Antacids help a little.",
             "It has been going on for {d}.",
+            "Spicy food and coffee make it worse.",
+            "My voice is hoarse in the morning.",
+        ),
+        (
+            "gastroesophageal reflux disease",
+            "gastro oesophageal reflux disease",
+            "gastroesophageal reflux",
+            "gerd",
+            "gord",
+            "acid reflux",
+            "reflux disease",
         ),
     ),
-    (
+    Condition(
+        "acute pyelonephritis",
+        "A urine test and culture, antibiotics straight away, and hospital care if you cannot "
+        "keep fluids down.",
+        "I have a high fever and pain in my back.",
+        (
+            "The pain is on one side of my back, just below the ribs.",
+            "Peeing burns.",
+            "I shiver and then sweat.",
+            "I feel sick and have thrown up.",
+            "I had a bladder infection a week before this started.",
+            "My pee smells bad.",
+            "It started {d} ago.",
+        ),
+        (
+            "acute pyelonephritis",
+            "pyelonephritis",
+            "kidney infection",
+            "acute kidney infection",
+            "upper urinary tract infection",
+        ),
+    ),
+    Condition(
         "asthma",
         "Lung function tests and inhalers: a reliever plus a daily inhaled steroid.",
         "I get short of breath.",
@@ -301,9 +537,12 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             "Exercise and cold air set it off.",
             "My chest feels tight.",
             "I had eczema as a child.",
+            "I cough at night.",
+            "Being near cats makes it worse.",
         ),
+        ("asthma", "bronchial asthma"),
     ),
-    (
+    Condition(
         "iron deficiency anemia",
         "A blood count and iron tests, iron tablets, and finding the cause of the blood loss.",
         "I have been very tired lately.",
@@ -313,9 +552,18 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             "I bruise easily.",
             "I feel dizzy when I stand up.",
             "My nails break easily.",
+            "I have an urge to chew ice.",
+            "My heart pounds when I walk fast.",
+        ),
+        (
+            "iron deficiency anemia",
+            "iron deficiency anaemia",
+            "iron deficiency",
+            "anemia due to iron deficiency",
+            "anaemia due to iron deficiency",
         ),
     ),
-    (
+    Condition(
         "hypothyroidism",
         "A thyroid blood test and thyroid hormone tablets (levothyroxine).",
         "I feel tired and cold all the time.",
@@ -325,9 +573,41 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             "I am constipated.",
             "My hair is thinning.",
             "It has been like this for {d}.",
+            "My face looks puffy in the morning.",
+            "My thinking feels slow.",
+        ),
+        (
+            "hypothyroidism",
+            "hypothyroid",
+            "primary hypothyroidism",
+            "underactive thyroid",
+            "underactive thyroid gland",
         ),
     ),
-    (
+    Condition(
+        "gallstones",
+        "An ultrasound scan of the belly, pain relief, low-fat meals, and a surgeon's advice on "
+        "removing the gallbladder.",
+        "I get bad pain in my upper belly after eating.",
+        (
+            "The pain is under my ribs on the right side.",
+            "It comes after fatty meals.",
+            "The pain spreads to my right shoulder blade.",
+            "An attack lasts a few hours and then eases.",
+            "I feel sick and bloated during an attack.",
+            "The first attack was {d} ago.",
+            "The pain is steady, not cramping.",
+        ),
+        (
+            "gallstones",
+            "gallstone",
+            "gallstone disease",
+            "symptomatic gallstones",
+            "cholelithiasis",
+            "biliary colic",
+        ),
+    ),
+    Condition(
         "allergic rhinitis",
         "Avoid the triggers, take a non-drowsy antihistamine, use a steroid nasal spray.",
         "My nose is always runny.",
@@ -337,9 +617,18 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             "It is worse in spring.",
             "I have no fever.",
             "It has gone on for {d}.",
+            "My nose is often blocked.",
+            "Cutting the grass makes it worse.",
+        ),
+        (
+            "allergic rhinitis",
+            "seasonal allergic rhinitis",
+            "hay fever",
+            "hayfever",
+            "pollen allergy",
         ),
     ),
-    (
+    Condition(
         "kidney stone",
         "Pain relief, plenty of fluids, a urine test and a CT scan.",
         "I have terrible pain in my side.",
@@ -349,9 +638,43 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             "My pee looked pink.",
             "I cannot sit still.",
             "It started {d} ago.",
+            "The pain started in my back below my ribs.",
+            "I felt sick and threw up from the pain.",
+        ),
+        (
+            "kidney stone",
+            "kidney stones",
+            "renal colic",
+            "renal calculus",
+            "nephrolithiasis",
+            "urolithiasis",
+            "ureteric stone",
+            "ureteral stone",
         ),
     ),
-    (
+    Condition(
+        "angina",
+        "See a doctor soon for an ECG and heart tests, take a nitrate spray for attacks, and call "
+        "an ambulance if the pain comes at rest.",
+        "I get chest pain when I walk uphill.",
+        (
+            "The pain goes away within minutes when I rest.",
+            "The pain spreads to my left arm.",
+            "It feels like a heavy weight on my chest.",
+            "I get sweaty with the pain.",
+            "I smoked for thirty years.",
+            "My father had a heart attack at 55.",
+            "It first happened {d} ago.",
+        ),
+        (
+            "angina",
+            "angina pectoris",
+            "stable angina",
+            "exertional angina",
+            "chronic stable angina",
+        ),
+    ),
+    Condition(
         "pneumonia",
         "A chest x-ray and antibiotics; go to hospital if breathing gets harder.",
         "I have a bad cough and a fever.",
@@ -361,9 +684,17 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             "I feel short of breath.",
             "I have shaking chills.",
             "It started {d} ago.",
+            "I breathe faster than usual.",
+            "I feel very weak and have no appetite.",
+        ),
+        (
+            "pneumonia",
+            "community acquired pneumonia",
+            "bacterial pneumonia",
+            "lobar pneumonia",
         ),
     ),
-    (
+    Condition(
         "gout",
         "Anti-inflammatory painkillers, rest and ice, and later a uric acid blood test.",
         "My big toe is swollen and very painful.",
@@ -373,9 +704,19 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             "Even the bedsheet touching it hurts.",
             "I drank a lot of beer at a party.",
             "I had a similar attack last year.",
+            "I cannot put a shoe on.",
+            "I take water pills for my blood pressure.",
+        ),
+        (
+            "gout",
+            "gout attack",
+            "acute gout",
+            "gouty arthritis",
+            "acute gouty arthritis",
+            "podagra",
         ),
     ),
-    (
+    Condition(
         "bacterial conjunctivitis",
         "Clean the eye, use antibiotic eye drops, and do not share towels.",
         "My eye is red and sticky.",
@@ -385,9 +726,31 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             "My vision is normal.",
             "My child had the same thing last week.",
             "It feels gritty.",
+            "It started in one eye and spread to the other.",
+            "The white of my eye is bright pink.",
+        ),
+        (
+            "bacterial conjunctivitis",
+            "acute bacterial conjunctivitis",
+            "bacterial eye infection",
         ),
     ),
-    (
+    Condition(
+        "stye",
+        "Warm compresses several times a day, keep the eyelid clean, and do not squeeze it.",
+        "I have a painful lump on my eyelid.",
+        (
+            "The lump is at the edge of my eyelid.",
+            "It is red and tender to touch.",
+            "There is a small yellow spot on top of it.",
+            "Only one eye is affected.",
+            "I can see fine.",
+            "I had one like it last year.",
+            "It appeared {d} ago.",
+        ),
+        ("stye", "sty", "hordeolum", "external hordeolum", "eyelid stye"),
+    ),
+    Condition(
         "type 2 diabetes",
         "A fasting blood glucose or HbA1c test, diet and exercise changes, and metformin.",
         "I am thirsty all the time.",
@@ -397,9 +760,21 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             "Cuts heal slowly.",
             "My vision is sometimes blurry.",
             "It has been going on for {d}.",
+            "My feet tingle and feel numb.",
+            "I am hungrier than usual.",
+        ),
+        (
+            "type 2 diabetes",
+            "type 2 diabetes mellitus",
+            "type ii diabetes",
+            "type ii diabetes mellitus",
+            "diabetes type 2",
+            "diabetes mellitus type 2",
+            "t2dm",
+            "adult onset diabetes",
         ),
     ),
-    (
+    Condition(
         "lumbar muscle strain",
         "Keep moving gently, use heat and pain relief, see a doctor if it lasts over six weeks.",
         "My lower back hurts.",
@@ -409,30 +784,101 @@ CONDITIONS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
             "Bending forward makes it worse.",
             "I have no numbness.",
             "It has lasted {d}.",
+            "The muscles beside my spine feel tight.",
+            "Lying still eases it.",
+        ),
+        (
+            "lumbar muscle strain",
+            "lumbar strain",
+            "lumbar sprain",
+            "low back strain",
+            "lower back strain",
+            "back strain",
+            "back muscle strain",
+            "lower back muscle strain",
+            "pulled back muscle",
+            "mechanical low back pain",
+        ),
+    ),
+    Condition(
+        "carpal tunnel syndrome",
+        "A wrist splint at night, a break from repetitive hand work, and nerve tests if it does "
+        "not settle.",
+        "My hand keeps going numb.",
+        (
+            "My thumb and first two fingers tingle.",
+            "It wakes me up at night.",
+            "Shaking my hand makes it better.",
+            "I type on a computer all day.",
+            "I drop things more often.",
+            "My little finger feels normal.",
+            "It has been going on for {d}.",
+        ),
+        (
+            "carpal tunnel syndrome",
+            "carpal tunnel",
+            "median nerve compression",
+            "median nerve entrapment",
         ),
     ),
 )
 DURATIONS = ("two days", "three days", "a week", "two weeks", "a month")
 
+HELD_OUT_CONDITIONS: tuple[str, ...] = (
+    "obstructive sleep apnea",
+    "acute pyelonephritis",
+    "gallstones",
+    "angina",
+    "stye",
+    "carpal tunnel syndrome",
+)
+"""Conditions no training file has (``--conditions train``): a held-out file's cases on them
+carry ``unseen_condition: true``."""
+TRAIN_CONDITIONS: tuple[str, ...] = tuple(
+    c.diagnosis for c in CONDITIONS if c.diagnosis not in HELD_OUT_CONDITIONS
+)
+
+DIAGNOSIS_SYNONYMS: dict[str, tuple[str, ...]] = {
+    normalise_diagnosis(c.diagnosis): c.synonyms for c in CONDITIONS
+}
+"""Normalised label -> the names that count as it (``diagnosis_matches``); the scorer refuses a
+label that is neither here nor gives its own ``label.synonyms``."""
+
 # ``complaints="shared"``: conditions in one group open with the same complaint, so only the
 # patient's facts tell them apart: a doctor has to ask, and a patient that answers with its
 # facts helps it diagnose (the co-training ablation needs this; with ``"specific"`` complaints
-# the opening alone names the condition).
+# the opening alone names the condition). Each group holds one held-out condition.
 SHARED_COMPLAINTS: dict[str, tuple[str, ...]] = {
     "I have been very tired lately.": (
         "iron deficiency anemia",
         "hypothyroidism",
         "type 2 diabetes",
+        "obstructive sleep apnea",
     ),
-    "I have a fever and feel awful.": ("influenza", "strep throat", "pneumonia"),
+    "I have a fever and feel awful.": (
+        "influenza",
+        "strep throat",
+        "pneumonia",
+        "acute pyelonephritis",
+    ),
     "I have bad pain in my belly.": (
         "acute appendicitis",
         "urinary tract infection",
         "kidney stone",
+        "gallstones",
     ),
-    "I have an uncomfortable feeling in my chest.": ("asthma", "gastroesophageal reflux disease"),
-    "My eyes bother me.": ("allergic rhinitis", "bacterial conjunctivitis"),
-    "I am in a lot of pain.": ("migraine", "gout", "lumbar muscle strain"),
+    "I have an uncomfortable feeling in my chest.": (
+        "asthma",
+        "gastroesophageal reflux disease",
+        "angina",
+    ),
+    "My eyes bother me.": ("allergic rhinitis", "bacterial conjunctivitis", "stye"),
+    "I am in a lot of pain.": (
+        "migraine",
+        "gout",
+        "lumbar muscle strain",
+        "carpal tunnel syndrome",
+    ),
 }
 COMPLAINTS = ("specific", "shared")
 
@@ -441,37 +887,54 @@ def generate_synthetic(
     n: int,
     seed: int = 0,
     facts_per_case: int = 4,
-    exclude: Iterable[str] = (),
+    exclude: Iterable[Mapping[str, Any]] = (),
     complaints: str = "specific",
+    conditions: Sequence[str] | None = None,
 ) -> list[Row]:
-    """``n`` distinct synthetic cases, conditions taken in turn (so any prefix mixes them),
-    deterministic in ``seed``; prompts in ``exclude`` (e.g. the train set) are skipped.
-    ``complaints``: "specific" (each condition its own opening complaint) or "shared" (a
-    group's conditions open alike: ``SHARED_COMPLAINTS``)."""
+    """``n`` synthetic cases, deterministic in ``seed``; case i is on condition
+    ``conditions[i % len(conditions)]`` (default: every condition of ``CONDITIONS``, in table
+    order), so any prefix mixes them. No two cases share a ``canonical_key`` (condition and
+    fact set), nor does any case share one with a row of ``exclude`` (e.g. the training file);
+    with ``exclude`` given, every row also gets ``unseen_condition`` (``mark_unseen``).
+    ``complaints``: "specific" (each condition its own opening complaint) or "shared" (a group's
+    conditions open alike: ``SHARED_COMPLAINTS``)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    if not 1 <= facts_per_case <= 5:
-        raise ValueError(f"facts_per_case must be in 1..5, got {facts_per_case}")
+    if not 1 <= facts_per_case <= 7:
+        raise ValueError(f"facts_per_case must be in 1..7, got {facts_per_case}")
     if complaints not in COMPLAINTS:
         raise ValueError(f"complaints must be one of {COMPLAINTS}, got {complaints!r}")
+    table = {c.diagnosis: c for c in CONDITIONS}
+    names = list(table) if conditions is None else list(conditions)
+    unknown = [c for c in names if c not in table]
+    if unknown or not names:
+        raise ValueError(f"conditions: unknown {unknown} (known: {list(table)})")
     shared = {d: c for c, group in SHARED_COMPLAINTS.items() for d in group}
+    exclude = list(exclude)
+    seen = {canonical_key(r) for r in exclude}
     rng = random.Random(seed)
-    seen, rows = set(exclude), []
-    for attempt in range(50 * n):
-        if len(rows) == n:
-            break
-        diagnosis, recommendation, complaint, pool = CONDITIONS[attempt % len(CONDITIONS)]
-        complaint = shared[diagnosis] if complaints == "shared" else complaint
-        age, sex = rng.randint(18, 80), rng.choice(("man", "woman"))
-        duration = rng.choice(DURATIONS)
-        facts = [f.format(d=duration) for f in rng.sample(pool, facts_per_case)]
-        chief = f"I am a {age}-year-old {sex}. {complaint}"
-        if chief in seen:
-            continue
-        seen.add(chief)
-        rows.append(
-            make_row(chief, facts, diagnosis, recommendation, source="synthetic", case=attempt)
-        )
-    if len(rows) < n:
-        raise ValueError(f"n: only {len(rows)} distinct new cases could be made, {n} asked")
-    return rows
+    rows: list[Row] = []
+    for i in range(n):
+        cond = table[names[i % len(names)]]
+        complaint = shared[cond.diagnosis] if complaints == "shared" else cond.complaint
+        prefix = normalise_diagnosis(cond.diagnosis) + " | "
+        taken = sum(k.startswith(prefix) and k.count(" + ") == facts_per_case - 1 for k in seen)
+        if taken >= math.comb(len(cond.facts), facts_per_case):
+            raise ValueError(
+                f"n: only {len(rows)} distinct new cases could be made, {n} asked (every "
+                f"combination of {facts_per_case} of the {len(cond.facts)} facts of "
+                f"{cond.diagnosis!r} is taken)"
+            )
+        while True:  # a combination is left, so this ends
+            age, sex = rng.randint(18, 80), rng.choice(("man", "woman"))
+            duration = rng.choice(DURATIONS)
+            facts = [f.format(d=duration) for f in rng.sample(cond.facts, facts_per_case)]
+            chief = f"I am a {age}-year-old {sex}. {complaint}"
+            row = make_row(
+                chief, facts, cond.diagnosis, cond.recommendation, source="synthetic", case=i
+            )
+            if canonical_key(row) not in seen:
+                break
+        seen.add(canonical_key(row))
+        rows.append(row)
+    return mark_unseen(rows, exclude) if exclude else rows

@@ -26,18 +26,21 @@ from kernel.sample import Sample
 from recipes.takes_two import prompts
 from recipes.takes_two.config import DOCTOR, PATIENT, as_config
 from recipes.takes_two.data import Case
-from recipes.takes_two.reward import asks_several, parse_final
+from recipes.takes_two.reward import asks_several, parse_final, questions_asked
 
 
 def episode_metrics(
     doctor_turns: list[str], answers: list[str], max_turns: int, context_exhausted: bool
 ) -> dict[str, float]:
-    """What one consultation looked like (the reward adds its terms later)."""
+    """What one consultation looked like (the reward adds its terms later): ``questions`` counts
+    the doctor's turns before its diagnosis, ``questions_asked`` those of its turns that ask
+    the patient something (a '?', not the diagnosis)."""
     final = parse_final(doctor_turns[-1]) if doctor_turns else None
     questions = doctor_turns if final is None else doctor_turns[:-1]
     return {
         "turns": float(len(doctor_turns)),
         "questions": float(len(questions)),
+        "questions_asked": float(questions_asked(doctor_turns)),
         "answered": float(len(answers)),
         "ended_with_diagnosis": float(final is not None),
         "final_well_formed": float(final is not None and final.well_formed),

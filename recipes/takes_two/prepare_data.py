@@ -1,11 +1,17 @@
 """Write takes_two cases as JSONL rows (see data.py for the format) for the kernel's DataBuffer.
 
-    python -m recipes.takes_two.prepare_data --source synthetic --n 60 --seed 0 \\
-        --out recipes/takes_two/data/train.jsonl
+The shipped files (the training files on the training conditions only; each held-out file
+excludes its training file's cases by ``data.canonical_key`` and marks ``unseen_condition``)::
+
+    python -m recipes.takes_two.prepare_data --source synthetic --conditions train --n 60 \\
+        --seed 0 --out recipes/takes_two/data/train.jsonl
     python -m recipes.takes_two.prepare_data --source synthetic --n 128 --seed 1 \\
         --exclude recipes/takes_two/data/train.jsonl --out recipes/takes_two/data/test.jsonl
-    python -m recipes.takes_two.prepare_data --source synthetic --complaints shared --n 60 \\
-        --seed 0 --out recipes/takes_two/data/train_shared.jsonl   # and test_shared.jsonl alike
+    python -m recipes.takes_two.prepare_data --source synthetic --complaints shared \\
+        --conditions train --n 60 --seed 0 --out recipes/takes_two/data/train_shared.jsonl
+    python -m recipes.takes_two.prepare_data --source synthetic --complaints shared --n 128 \\
+        --seed 1 --exclude recipes/takes_two/data/train_shared.jsonl \\
+        --out recipes/takes_two/data/test_shared.jsonl
     python -m recipes.takes_two.prepare_data --source mtmeddialog \\
         --path MTMedDialog_RL.parquet --out mtmeddialog.jsonl
 
@@ -59,35 +65,49 @@ def build_parser() -> argparse.ArgumentParser:
         "all but) or 'shared' (conditions of a group open alike; only the patient's facts tell "
         "them apart)",
     )
+    p.add_argument(
+        "--conditions",
+        choices=("all", "train"),
+        default="all",
+        help="synthetic: 'all' (every condition of data.CONDITIONS, e.g. for a held-out set) "
+        "or 'train' (data.TRAIN_CONDITIONS: all but data.HELD_OUT_CONDITIONS, which a held-out "
+        "set then has and its training set lacks)",
+    )
     p.add_argument("--path", default=None, help="mtmeddialog: the input file")
     p.add_argument(
         "--exclude",
         default=None,
-        help="a JSONL file whose prompts must not appear (e.g. the train set for a test set)",
+        help="a JSONL file (e.g. the training set, for a held-out set) whose cases must not "
+        "recur (same data.canonical_key: condition and set of facts); each written row then "
+        "gets unseen_condition (its condition is absent from that file)",
     )
     return p
 
 
-def read_prompts(path: str) -> set[str]:
-    """The prompts of a JSONL file written by this tool."""
+def read_rows(path: str) -> list[data.Row]:
+    """The rows of a JSONL file written by this tool."""
     with open(path, encoding="utf-8") as f:
-        return {json.loads(line)["prompt"] for line in f if line.strip()}
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def collect(args: argparse.Namespace) -> list[data.Row]:
     """The rows the flags ask for."""
     if args.n is not None and args.n < 1:
         raise ValueError(f"--n must be >= 1, got {args.n}")
-    exclude = read_prompts(args.exclude) if args.exclude else set()
+    exclude = read_rows(args.exclude) if args.exclude else []
     if args.source == "synthetic":
         n = 60 if args.n is None else args.n
-        return data.generate_synthetic(n, args.seed, args.facts_per_case, exclude, args.complaints)
+        conditions = data.TRAIN_CONDITIONS if args.conditions == "train" else None
+        return data.generate_synthetic(
+            n, args.seed, args.facts_per_case, exclude, args.complaints, conditions
+        )
     if not args.path:
         raise ValueError("--path: --source mtmeddialog needs a .parquet/.jsonl/.json file")
-    rows = [r for r in data.load_mtmeddialog(args.path) if r["prompt"] not in exclude]
+    taken = {data.canonical_key(r) for r in exclude}
+    rows = [r for r in data.load_mtmeddialog(args.path) if data.canonical_key(r) not in taken]
     if args.n is not None and args.n < len(rows):
         rows = random.Random(args.seed).sample(rows, args.n)
-    return rows
+    return data.mark_unseen(rows, exclude) if exclude else rows
 
 
 def write_jsonl(rows: list[data.Row], out: str) -> None:

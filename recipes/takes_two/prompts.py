@@ -15,7 +15,7 @@ def doctor_system(max_turns: int, min_questions: int = 0) -> str:
         "You are a doctor in a consultation. In each turn ask the patient exactly ONE short "
         f"question. {first}When you know enough, and at the latest in turn "
         f"{max_turns}, reply only with two lines:\n"
-        "Diagnosis: <the most likely condition>\n"
+        "Diagnosis: <the one most likely condition>\n"
         "Recommendation: <the treatment or advice>"
     )
 

@@ -7,19 +7,29 @@ rapidfuzz's ``fuzz.ratio`` of them reaches ``word_cutoff`` (so "day" matches "da
 
 Doctor (``doctor_reward``)::
 
-    R_doctor = diagnosis_weight      * sim(diagnosis, true diagnosis)
-             + recommendation_weight * sim(recommendation, true recommendation)
+    R_doctor = diagnosis_weight      * correct(diagnosis)                  * asked
+             + recommendation_weight * sim(recommendation, true recommendation) * asked
              + information_weight    * mean_k gain_k
              - multi_question_penalty * (# question turns with 2+ '?')
              - no_diagnosis_penalty   * [no 'Diagnosis:' turn]
              - malformed_penalty      * [final turn lacks a non-empty Diagnosis or Recommendation]
              - early_diagnosis_penalty * [diagnosed after fewer than min_questions questions]
 
-``sim`` is the configured rapidfuzz scorer / 100. ``gain_k`` is the share of the self-report's
-facts that answer k reveals for the first time (a fact is revealed when ``reveal_threshold`` of
-its content words occur in the answer; facts the chief complaint already states are known from
-the start); the mean runs over the answered questions (0 when none), so a question that
-reveals nothing new costs the doctor.
+``correct`` is 1 when the diagnosis names exactly one condition and that condition is the truth
+by the synonym table (``data.diagnosis_matches``: a list, a hedge or a broader name scores 0),
+else 0. A *question* is a doctor turn that is not the diagnosis and holds a '?'
+(``asks_question``); ``asked`` is 1 when the doctor asked at least ``min_questions`` of them
+before its closing turn, else 0: a diagnosis before the required questions is not accepted.
+``sim`` is the configured rapidfuzz scorer / 100, for the free-text recommendation (the
+metric ``diagnosis_similarity`` still compares diagnoses so, only to compare with older runs).
+``gain_k`` is the share of the self-report's facts that answer k reveals for the first time (a
+fact is revealed when ``reveal_threshold`` of its content words occur in the answer; facts the
+chief complaint already states are known from the start); the mean runs over the answered
+questions (0 when none), so a question that reveals nothing new costs the doctor.
+
+Skill apart from format: the episode metrics ``diagnosis_correct`` (``correct`` above, whatever
+the format, from here) and ``questions_asked`` (the number of questions, from generate.py) say
+what the doctor did; the reward mixes them with format.
 
 Patient (``patient_rule_score``, plus the optional judge)::
 
@@ -52,7 +62,7 @@ from kernel.redact import redact_url
 from kernel.sample import Sample
 from recipes.takes_two import prompts
 from recipes.takes_two.config import DOCTOR, PATIENT, JudgeConfig, RecipeConfig, as_config
-from recipes.takes_two.data import Case
+from recipes.takes_two.data import Case, diagnosis_matches
 
 log = logging.getLogger(__name__)
 
@@ -140,8 +150,18 @@ def parse_final(text: str) -> Final | None:
 # ---- doctor terms ----------------------------------------------------------------------------
 
 
+def diagnosis_correct(final: Final | None, case: Case) -> float:
+    """1.0 when the final turn's diagnosis names exactly one condition, the case's, by the
+    synonym table (``data.diagnosis_matches``); else 0.0 (also without a final turn). A label
+    with no synonyms raises ValueError naming it, diagnosed or not."""
+    stated = final.diagnosis if final else ""
+    return float(diagnosis_matches(stated, case.diagnosis, case.synonyms) and bool(stated))
+
+
 def diagnosis_score(final: Final | None, truth: str, metric: str) -> float:
-    """Similarity (0..1) of the stated diagnosis to the true one; 0 without a final turn."""
+    """Fuzzy similarity (0..1) of the stated diagnosis to the true one; 0 without a final turn.
+    Reported as ``diagnosis_similarity``, never rewarded: token_set_ratio gives a list of
+    diagnoses, or a broader name, the full 1.0."""
     return similarity(final.diagnosis, truth, metric) if final and final.diagnosis else 0.0
 
 
@@ -193,10 +213,22 @@ def asks_several(turn: str) -> bool:
     return turn.count("?") >= 2
 
 
+def asks_question(turn: str) -> bool:
+    """A doctor turn that asks the patient a question: not the diagnosis, and holds a '?'
+    (sympathy such as "I'm so sorry to hear that." asks nothing)."""
+    return parse_final(turn) is None and "?" in turn
+
+
+def questions_asked(doctor_turns: Sequence[str]) -> int:
+    """How many of the doctor's turns ask the patient a question (``asks_question``)."""
+    return sum(asks_question(t) for t in doctor_turns)
+
+
 def compliance_penalty(doctor_turns: Sequence[str], cfg: RecipeConfig) -> float:
     """Minus the penalties for the DOCTOR's own turns: several questions in one turn (each),
-    no final diagnosis, a malformed final turn, a diagnosis before ``min_questions`` questions.
-    A well-formed episode scores exactly 0."""
+    no final diagnosis, a malformed final turn, a diagnosis after fewer than ``min_questions``
+    questions (turns with a '?': a turn that asks nothing does not count). A well-formed
+    episode scores exactly 0."""
     final = parse_final(doctor_turns[-1]) if doctor_turns else None
     questions = doctor_turns if final is None else doctor_turns[:-1]
     penalty = cfg.multi_question_penalty * sum(asks_several(q) for q in questions)
@@ -205,7 +237,7 @@ def compliance_penalty(doctor_turns: Sequence[str], cfg: RecipeConfig) -> float:
     else:
         if not final.well_formed:
             penalty += cfg.malformed_penalty
-        if len(questions) < cfg.min_questions:
+        if questions_asked(questions) < cfg.min_questions:
             penalty += cfg.early_diagnosis_penalty
     return -penalty
 
@@ -213,12 +245,15 @@ def compliance_penalty(doctor_turns: Sequence[str], cfg: RecipeConfig) -> float:
 def doctor_reward(
     case: Case, doctor_turns: Sequence[str], answers: Sequence[str], cfg: RecipeConfig
 ) -> tuple[float, dict[str, float]]:
-    """The doctor's reward and its terms (unweighted, for the metrics)."""
+    """The doctor's reward and its terms (unweighted, for the metrics; ``diagnosis_correct`` is
+    the skill apart from format, beside generate's ``questions_asked``)."""
     final = parse_final(doctor_turns[-1]) if doctor_turns else None
     gains = information_gains(
         case.facts, case.chief_complaint, answers, cfg.word_cutoff, cfg.reveal_threshold
     )
+    asked = questions_asked(doctor_turns)
     terms = {
+        "diagnosis_correct": diagnosis_correct(final, case),
         "diagnosis_similarity": diagnosis_score(final, case.diagnosis, cfg.similarity),
         "recommendation_similarity": recommendation_score(
             final, case.recommendation, cfg.similarity
@@ -227,9 +262,10 @@ def doctor_reward(
         "facts_revealed": sum(gains),
         "compliance": compliance_penalty(doctor_turns, cfg),
     }
+    accepted = float(asked >= cfg.min_questions)  # the closing turn counts after the questions
     total = (
-        cfg.diagnosis_weight * terms["diagnosis_similarity"]
-        + cfg.recommendation_weight * terms["recommendation_similarity"]
+        cfg.diagnosis_weight * terms["diagnosis_correct"] * accepted
+        + cfg.recommendation_weight * terms["recommendation_similarity"] * accepted
         + cfg.information_weight * terms["information_gain"]
         + terms["compliance"]
     )
@@ -366,8 +402,9 @@ async def reward(ctx: RolloutContext, samples: list[Sample]) -> dict[str, float 
 
     Reads the dialogue the generate function stored in ``metadata`` (``doctor_turns``,
     ``answers``); adds the reward terms to the episode metrics and sets ``metadata["correct"]``
-    (diagnosis similarity >= ``correct_threshold``) on every sample. The patient's reward is
-    None when it never answered, or when the judge is configured and failed.
+    (``diagnosis_correct``: one condition, the true one by the synonym table) on every sample.
+    The patient's reward is None when it never answered, or when the judge is configured and
+    failed.
     """
     cfg = as_config(ctx.config)
     by_agent = {s.agent: s for s in samples}
@@ -388,7 +425,7 @@ async def reward(ctx: RolloutContext, samples: list[Sample]) -> dict[str, float 
             r_patient = await _with_judge(
                 endpoint, cfg, case, doctor_turns, answers, r_patient, first
             )
-    correct = terms["diagnosis_similarity"] >= cfg.correct_threshold
+    correct = terms["diagnosis_correct"] == 1.0
     for s in samples:
         s.metadata["correct"] = correct
     return {DOCTOR: r_doctor, PATIENT: r_patient}

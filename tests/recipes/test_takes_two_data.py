@@ -1,6 +1,8 @@
 """takes_two's data: the MTMedDialog converter on small files shaped like DoctorAgent-RL's (and
 MrlX's converted JSONL) written here, with the errors bad rows give; the seeded synthetic cases;
-the prepare_data CLI; the shipped files as the kernel's DataBuffer reads them."""
+what makes two cases the same (canonical_key) and the synonym table; the prepare_data CLI; the
+shipped files as the kernel's DataBuffer reads them, regenerated from their commands, with no
+held-out case in training and a quarter of held-out cases on conditions training lacks."""
 
 from __future__ import annotations
 
@@ -65,7 +67,11 @@ def test_convert_mtmeddialog_jsonl_and_mrlx_rows(tmp_path):
     rows = data.load_mtmeddialog(str(_jsonl(tmp_path / "mt.jsonl", [MTMED_ROW, MRLX_ROW])))
     assert rows[0] == {
         "prompt": "I have had a headache for two weeks.",
-        "label": {"diagnosis": "Tension headache", "recommendation": "Rest and ibuprofen."},
+        "label": {  # no synonym table for MTMedDialog: the label alone, matched exactly
+            "diagnosis": "Tension headache",
+            "recommendation": "Rest and ibuprofen.",
+            "synonyms": ["Tension headache"],
+        },
         "facts": [
             "The pain is like a tight band.",
             "It is worse in the evening!",
@@ -76,7 +82,11 @@ def test_convert_mtmeddialog_jsonl_and_mrlx_rows(tmp_path):
         "index": "17",
     }
     assert rows[1]["prompt"] == "My knee is swollen."
-    assert rows[1]["label"] == {"diagnosis": "Meniscus tear", "recommendation": "An MRI scan."}
+    assert rows[1]["label"] == {
+        "diagnosis": "Meniscus tear",
+        "recommendation": "An MRI scan.",
+        "synonyms": ["Meniscus tear"],
+    }
     assert rows[1]["facts"] == ["It swelled after football.", "It hurts to bend it."]
 
 
@@ -134,22 +144,78 @@ def test_bad_files(tmp_path):
 
 
 def test_synthetic_cases_are_seeded_distinct_and_never_state_the_diagnosis():
-    a, b = data.generate_synthetic(30, seed=3), data.generate_synthetic(30, seed=3)
-    assert a == b and a != data.generate_synthetic(30, seed=4)
-    assert len({r["prompt"] for r in a}) == 30
-    assert {r["label"]["diagnosis"] for r in a[:16]} == {c[0] for c in data.CONDITIONS}
+    a, b = data.generate_synthetic(44, seed=3), data.generate_synthetic(44, seed=3)
+    assert a == b and a != data.generate_synthetic(44, seed=4)
+    assert len({data.canonical_key(r) for r in a}) == 44  # no case twice
+    names = [c.diagnosis for c in data.CONDITIONS]
+    assert [r["label"]["diagnosis"] for r in a] == names + names  # in turn
     for r in a:
         assert len(r["facts"]) == 4 and r["self_report"] == " ".join(r["facts"])
-        hidden = (r["prompt"] + " " + r["self_report"]).lower()
-        assert r["label"]["diagnosis"].lower() not in hidden
-    others = data.generate_synthetic(5, seed=3, exclude=[r["prompt"] for r in a])
-    assert not {r["prompt"] for r in others} & {r["prompt"] for r in a}
-    with pytest.raises(ValueError, match="n: only"):
-        data.generate_synthetic(2100, seed=0)  # 16 x 63 ages x 2 = 2016 exist
+        assert "unseen_condition" not in r  # only rows made against a training set have it
+        told = f" {data.normalise_text(r['prompt'] + ' ' + r['self_report'])} "
+        for name in data.synonyms_for(r["label"]["diagnosis"]):  # no name of it is told
+            assert f" {name} " not in told, (name, r)
+    others = data.generate_synthetic(22, seed=3, exclude=a)
+    assert not {data.canonical_key(r) for r in others} & {data.canonical_key(r) for r in a}
+    assert all(r["unseen_condition"] is False for r in others)
+    # 22 conditions x C(7, 4) = 35 fact sets each
+    with pytest.raises(ValueError, match=r"n: only 770 distinct new cases .* 'migraine'"):
+        data.generate_synthetic(771, seed=0)
+    with pytest.raises(ValueError, match="conditions: unknown"):
+        data.generate_synthetic(2, conditions=["scurvy"])
+
+
+def test_canonical_key_ignores_age_sex_duration_and_fact_order_only():
+    row = data.generate_synthetic(1, seed=0)[0]  # migraine
+    key = data.canonical_key(row)
+    assert key.startswith("migraine | ")
+    other = json.loads(json.dumps(row))
+    other["prompt"] = "I am a 33-year-old man. I am in a lot of pain."  # age, sex, complaint
+    other["facts"] = list(reversed(row["facts"]))
+    other["self_report"] = "(ignored when facts are given)"
+    other["label"]["diagnosis"] = " Migraine."
+    assert data.canonical_key(other) == key
+    # the seeded duration is a detail, like the age
+    dated = "The attacks started {d} ago."
+    rows = [
+        {"label": {"diagnosis": "migraine"}, "facts": [dated.format(d=d)]} for d in data.DURATIONS
+    ]
+    assert len({data.canonical_key(r) for r in rows}) == 1
+    # another fact set, or another condition, is another case
+    assert data.canonical_key({**row, "facts": row["facts"][:3]}) != key
+    assert data.canonical_key({**row, "label": {"diagnosis": "gout"}}) != key
+    # a row with a self-report only, and a bare-string label
+    assert (
+        data.canonical_key({"label": "Migraine", "self_report": " ".join(reversed(row["facts"]))})
+        == key
+    )
+
+
+def test_synonym_table_covers_every_condition_and_names_each_once():
+    owner: dict[str, str] = {}
+    for c in data.CONDITIONS:
+        assert c.synonyms[0] == c.diagnosis and len(c.facts) == 7, c.diagnosis
+        for name in c.synonyms:
+            assert data.normalise_diagnosis(name) == name, name  # stored in normal form
+            assert name not in owner, f"{name!r}: {owner.get(name)} and {c.diagnosis}"
+            owner[name] = c.diagnosis
+    assert set(data.DIAGNOSIS_SYNONYMS) == {c.diagnosis for c in data.CONDITIONS}
+    # the names the table leaves out on purpose: broader or neighbouring conditions
+    for broad in ("anemia", "anaemia", "conjunctivitis", "back pain", "diabetes", "headache"):
+        assert broad not in owner, broad
+    assert set(data.HELD_OUT_CONDITIONS) | set(data.TRAIN_CONDITIONS) == set(owner.values())
+    assert not set(data.HELD_OUT_CONDITIONS) & set(data.TRAIN_CONDITIONS)
+    # a label with no entry is refused by name, unless the row gives synonyms
+    with pytest.raises(ValueError, match=r"'scurvy' has no entry.*label\.synonyms"):
+        data.synonyms_for("scurvy")
+    assert data.synonyms_for("Scurvy", ["vitamin C deficiency"]) == {
+        "scurvy",
+        "vitamin c deficiency",
+    }
 
 
 def test_shared_complaints_leave_the_diagnosis_to_the_facts():
-    rows = data.generate_synthetic(64, seed=5, complaints="shared")
+    rows = data.generate_synthetic(88, seed=5, complaints="shared")
     groups = data.SHARED_COMPLAINTS
     assert sorted(d for g in groups.values() for d in g) == sorted(c[0] for c in data.CONDITIONS)
     by_complaint: dict[str, set[str]] = {}
@@ -170,13 +236,39 @@ def test_shared_complaints_leave_the_diagnosis_to_the_facts():
         data.generate_synthetic(4, complaints="vague")
 
 
-def test_shipped_shared_cases_regenerate_from_their_seeds():
-    train = [json.loads(x) for x in (DATA / "train_shared.jsonl").read_text().splitlines()]
-    test = [json.loads(x) for x in (DATA / "test_shared.jsonl").read_text().splitlines()]
-    assert train == data.generate_synthetic(60, seed=0, complaints="shared")
-    exclude = [r["prompt"] for r in train]
-    assert test == data.generate_synthetic(128, seed=1, exclude=exclude, complaints="shared")
-    assert not {r["prompt"] for r in test} & set(exclude)
+def _read(name: str) -> list[dict]:
+    return [json.loads(x) for x in (DATA / name).read_text().splitlines()]
+
+
+@pytest.mark.parametrize("complaints", data.COMPLAINTS)
+def test_shipped_cases_regenerate_from_their_commands(complaints):
+    """The README's commands (prepare_data, seeds 0 and 1) give the shipped files."""
+    suffix = "_shared" if complaints == "shared" else ""
+    train, test = _read(f"train{suffix}.jsonl"), _read(f"test{suffix}.jsonl")
+    conditions = data.TRAIN_CONDITIONS
+    assert train == data.generate_synthetic(60, 0, conditions=conditions, complaints=complaints)
+    assert test == data.generate_synthetic(128, 1, exclude=train, complaints=complaints)
+
+
+@pytest.mark.parametrize("suffix", ["", "_shared"])
+def test_shipped_held_out_cases_are_not_trained_on(suffix):
+    """No held-out case's condition and fact set occurs in training (age, sex, duration and
+    fact order aside); a quarter of held-out cases are on conditions training lacks, and each
+    held-out row says whether it is."""
+    train, test = _read(f"train{suffix}.jsonl"), _read(f"test{suffix}.jsonl")
+    assert (len(train), len(test)) == (60, 128)
+    trained = {data.canonical_key(r) for r in train}
+    assert not [r for r in test if data.canonical_key(r) in trained]
+    assert len({data.canonical_key(r) for r in test}) == 128  # and none twice
+    train_conditions = {r["label"]["diagnosis"] for r in train}
+    assert train_conditions == set(data.TRAIN_CONDITIONS)
+    for r in test:
+        assert r["unseen_condition"] is (r["label"]["diagnosis"] not in train_conditions), r
+    unseen = [r for r in test if r["unseen_condition"]]
+    assert len(unseen) == 34 >= 128 / 4
+    assert {r["label"]["diagnosis"] for r in unseen} == set(data.HELD_OUT_CONDITIONS)
+    for r in train + test:  # every shipped label is in the synonym table
+        assert data.synonyms_for(r["label"]["diagnosis"]), r
 
 
 def test_prepare_data_cli(tmp_path, capsys):
@@ -187,25 +279,36 @@ def test_prepare_data_cli(tmp_path, capsys):
     assert main(["--source", "synthetic", "--n", "5", "--seed", "2", "--out", str(out)]) == 0
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows == data.generate_synthetic(5, seed=2)
-    flags = ["--source", "synthetic", "--complaints", "shared", "--n", "5", "--out", str(out)]
-    assert main(flags) == 0
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    assert rows == data.generate_synthetic(5, seed=0, complaints="shared")
+    flags = ["--source", "synthetic", "--complaints", "shared", "--conditions", "train"]
+    assert main([*flags, "--n", "20", "--out", str(out)]) == 0
+    train = [json.loads(line) for line in out.read_text().splitlines()]
+    assert train == data.generate_synthetic(
+        20, seed=0, complaints="shared", conditions=data.TRAIN_CONDITIONS
+    )
+    test_out = tmp_path / "cases" / "test.jsonl"
+    flags = ["--source", "synthetic", "--complaints", "shared", "--exclude", str(out)]
+    assert main([*flags, "--n", "22", "--seed", "1", "--out", str(test_out)]) == 0
+    test = [json.loads(line) for line in test_out.read_text().splitlines()]
+    assert test == data.generate_synthetic(22, seed=1, exclude=train, complaints="shared")
+    assert sum(r["unseen_condition"] for r in test) == 6  # one case per held-out condition
     src = _jsonl(tmp_path / "mt.jsonl", [MTMED_ROW, MRLX_ROW])
     mt_out = tmp_path / "mt_out.jsonl"
     assert main(["--source", "mtmeddialog", "--path", str(src), "--out", str(mt_out)]) == 0
     assert len(mt_out.read_text().splitlines()) == 2
+    # held out against a file holding the first row's case: it is left out, the other marked
+    first = _jsonl(tmp_path / "first.jsonl", [data.map_mtmeddialog(MTMED_ROW)])
+    flags = ["--source", "mtmeddialog", "--path", str(src), "--exclude", str(first)]
+    assert main([*flags, "--out", str(mt_out)]) == 0
+    (kept,) = [json.loads(line) for line in mt_out.read_text().splitlines()]
+    assert kept["prompt"] == "My knee is swollen." and kept["unseen_condition"] is True
     assert main(["--source", "mtmeddialog", "--out", str(mt_out)]) == 2  # no --path
     assert "--path" in capsys.readouterr().err
     bad = _jsonl(tmp_path / "bad.jsonl", [_broken("reward_model", "x")])
     assert main(["--source", "mtmeddialog", "--path", str(bad), "--out", str(mt_out)]) == 2
 
 
-def test_shipped_cases_load_into_the_buffer_and_regenerate_from_their_seeds():
-    train = [json.loads(line) for line in (DATA / "train.jsonl").read_text().splitlines()]
-    test = [json.loads(line) for line in (DATA / "test.jsonl").read_text().splitlines()]
-    assert train == data.generate_synthetic(60, seed=0)
-    assert test == data.generate_synthetic(128, seed=1, exclude=[r["prompt"] for r in train])
+def test_shipped_cases_load_into_the_buffer():
+    train = _read("train.jsonl")
     cfg = DataConfig(path=str(DATA / "train.jsonl"), metadata_keys=["facts", "self_report"])
     buffer = DataBuffer(cfg)
     assert len(buffer) == 60
@@ -223,6 +326,11 @@ def test_case_from_sample_variants_and_errors():
     assert data.Case.from_sample(s) == data.Case(
         "My knee hurts.", ["It swelled.", "It clicks."], "Meniscus tear", "MRI"
     )
+    s.label = {"diagnosis": "Meniscus tear", "recommendation": "MRI", "synonyms": ["torn meniscus"]}
+    assert data.Case.from_sample(s).synonyms == ("torn meniscus",)
+    s.label["synonyms"] = "torn meniscus"
+    with pytest.raises(ValueError, match=r"label\.synonyms must be a list"):
+        data.Case.from_sample(s)
     with pytest.raises(ValueError, match=r"label\.diagnosis"):
         data.Case.from_sample(Sample(prompt="x", label={"recommendation": "r"}))
     with pytest.raises(ValueError, match="metadata_keys"):

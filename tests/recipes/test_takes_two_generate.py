@@ -81,6 +81,7 @@ def test_episode_metrics_golden():
     assert m == {
         "turns": 3.0,
         "questions": 2.0,
+        "questions_asked": 2.0,
         "answered": 2.0,
         "ended_with_diagnosis": 1.0,
         "final_well_formed": 0.0,  # no recommendation
@@ -89,6 +90,9 @@ def test_episode_metrics_golden():
         "context_exhausted": 0.0,
     }
     assert episode_metrics(["A?", "B?"], ["a"], 2, True)["hit_max_turns"] == 1.0
+    # sympathy asks nothing: a turn before the diagnosis, but no question
+    m = episode_metrics(["I'm so sorry to hear that.", "Diagnosis: flu"], ["Yes."], 2, False)
+    assert (m["questions"], m["questions_asked"]) == (1.0, 0.0)
 
 
 def test_two_models_each_train_only_on_their_own_tokens(engines, loss_spans):

@@ -1,8 +1,10 @@
-"""takes_two's rewards: golden values of every term (arithmetic written out), the two tests
-that would have caught MrlX's reward bugs, the reward hook's bilateral result, the config's
-checks, and the optional judge against a real OpenAI-compatible app served on 127.0.0.1 (and an
-unreachable port). The judge's failure against the embedded engine is in
-test_takes_two_generate.py, next to the engines it needs."""
+"""takes_two's rewards: golden values of every term (arithmetic written out), the diagnosis
+scorer against the synonym table (the lists and broader names the old fuzzy scorer paid in full,
+hedges, every synonym, and real replies of a trained doctor), the required question, the two
+tests that would have caught MrlX's reward bugs, the reward hook's bilateral result, the
+config's checks and the learn preset's weights, and the optional judge against a real
+OpenAI-compatible app served on 127.0.0.1 (and an unreachable port). The judge's failure against
+the embedded engine is in test_takes_two_generate.py, next to the engines it needs."""
 
 from __future__ import annotations
 
@@ -11,10 +13,12 @@ import base64
 import logging
 import threading
 import time
+from pathlib import Path
 from urllib.parse import quote
 
 import pytest
 import uvicorn
+import yaml
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -22,17 +26,20 @@ from kernel.engine.launch import free_port
 from kernel.hooks import RolloutContext
 from kernel.rewards import assign_rewards
 from kernel.sample import Sample
+from recipes.takes_two import data
 from recipes.takes_two.config import JudgeConfig, RecipeConfig, as_config
 from recipes.takes_two.data import Case
 from recipes.takes_two.reward import (
     Final,
     JudgeEndpoint,
     JudgeError,
+    asks_question,
     asks_several,
     case_vocab,
     compliance_penalty,
     content_words,
     coverage,
+    diagnosis_correct,
     diagnosis_score,
     doctor_reward,
     faithfulness,
@@ -43,6 +50,7 @@ from recipes.takes_two.reward import (
     parse_final,
     parse_judge_score,
     patient_rule_score,
+    questions_asked,
     recommendation_score,
     revealed,
     reward,
@@ -119,11 +127,113 @@ def test_parse_final(text, expected):
 
 def test_diagnosis_and_recommendation_scores():
     final = parse_final(FINAL)
+    assert diagnosis_correct(final, CASE) == 1.0
+    assert diagnosis_correct(None, CASE) == 0.0  # never diagnosed
+    assert diagnosis_correct(Final("", "rest"), CASE) == 0.0
     assert diagnosis_score(final, CASE.diagnosis, "token_set_ratio") == 1.0
     # "rest dark quiet room keep diary" == the truth's content words: 1.0
     assert recommendation_score(final, CASE.recommendation, "token_set_ratio") == 1.0
     assert diagnosis_score(None, CASE.diagnosis, "token_set_ratio") == 0.0  # never diagnosed
     assert recommendation_score(Final("migraine", ""), CASE.recommendation, "ratio") == 0.0
+
+
+def _case(diagnosis: str, synonyms: tuple[str, ...] = ()) -> Case:
+    return Case(CASE.chief_complaint, CASE.facts, diagnosis, CASE.recommendation, synonyms)
+
+
+@pytest.mark.parametrize(
+    ("stated", "truth"),
+    [
+        ("migraine, influenza, strep throat, asthma, gout", "migraine"),  # a list
+        ("anemia", "iron deficiency anemia"),  # a broader name the table leaves out
+        ("Diabetes", "type 2 diabetes"),
+        ("conjunctivitis", "bacterial conjunctivitis"),
+    ],
+)
+def test_gaming_diagnoses_the_fuzzy_scorer_paid_in_full_score_0(stated, truth):
+    """The reviewer's cases: rapidfuzz's token_set_ratio (the old diagnosis term) gives a list
+    of diagnoses, or a broader name, 1.0 against the truth; the synonym table gives 0."""
+    final = parse_final(f"Diagnosis: {stated}\nRecommendation: rest")
+    assert diagnosis_score(final, truth, "token_set_ratio") == 1.0  # the old scorer: gamed
+    assert diagnosis_correct(final, _case(truth)) == 0.0
+
+
+@pytest.mark.parametrize(
+    "stated",
+    [
+        "possibly migraine",
+        "Maybe a migraine.",
+        "It could be migraine",
+        "either migraine or tension headache",
+        "migraine or influenza",
+        "migraine / cluster headache",
+        "not sure, migraine",
+        "Differential: migraine",
+        "likely migraine",
+        "migraine?",
+        "migraine (rule out a brain tumour)",
+        "migraine migraine",
+    ],
+)
+def test_a_hedged_or_listed_diagnosis_scores_0(stated):
+    assert diagnosis_correct(parse_final(f"Diagnosis: {stated}"), CASE) == 0.0
+
+
+@pytest.mark.parametrize("condition", data.CONDITIONS, ids=lambda c: c.diagnosis)
+def test_a_single_correct_diagnosis_scores_1_by_every_synonym(condition):
+    case = _case(condition.diagnosis)
+    for name in condition.synonyms:
+        for stated in (name, name.upper(), f"The {name}.", f" a {name}!", f"**{name}**"):
+            final = parse_final(f"Diagnosis: {stated}\nRecommendation: rest")
+            assert diagnosis_correct(final, case) == 1.0, stated
+    # ... and no other condition's name
+    for other in data.CONDITIONS:
+        if other is not condition:
+            final = parse_final(f"Diagnosis: {other.diagnosis}\nRecommendation: rest")
+            assert diagnosis_correct(final, case) == 0.0, other.diagnosis
+
+
+def test_the_table_decides_and_a_label_without_synonyms_is_refused():
+    assert diagnosis_correct(Final("the flu", "rest"), _case("influenza")) == 1.0
+    assert diagnosis_correct(Final("Type-2 diabetes", ""), _case("type 2 diabetes")) == 1.0
+    assert diagnosis_correct(Final("kidney infection", ""), _case("acute pyelonephritis")) == 1.0
+    assert diagnosis_correct(Final("kidney infection", ""), _case("kidney stone")) == 0.0
+    assert diagnosis_correct(Final("UTI", ""), _case("acute pyelonephritis")) == 0.0
+    # an MTMedDialog row gives its own label as its synonyms: an exact normalised match
+    mt = _case("Tension headache", ("Tension headache",))
+    assert diagnosis_correct(Final("tension headache.", ""), mt) == 1.0
+    assert diagnosis_correct(Final("headache", ""), mt) == 0.0
+    with pytest.raises(ValueError, match="'Tension headache' has no entry"):
+        diagnosis_correct(Final("tension headache", ""), _case("Tension headache"))
+    with pytest.raises(ValueError, match="'Tension headache' has no entry"):
+        diagnosis_correct(None, _case("Tension headache"))  # refused, diagnosed or not
+
+
+# Replies of a trained doctor, quoted in the main README's learning section (the learn preset,
+# SmolLM2-135M co-trained 30 and 40 minutes; greedy on the held-out cases): its first turn was
+# sympathy in all 128 cases, and its diagnoses "read like '75-year-old woman'".
+TRAINED_FIRST_TURN = "I'm so sorry to hear about your personal experience..."
+TRAINED_CLOSING = "Diagnosis: 75-year-old woman\nRecommendation: rest"
+
+
+def test_real_replies_of_a_trained_doctor():
+    assert not asks_question(TRAINED_FIRST_TURN)
+    assert questions_asked([TRAINED_FIRST_TURN, TRAINED_CLOSING]) == 0
+    assert diagnosis_correct(parse_final(TRAINED_CLOSING), CASE) == 0.0
+    # under the learn preset: no question, so no diagnosis accepted, and the early penalty
+    learn = _learn_config()
+    total, terms = doctor_reward(CASE, [TRAINED_FIRST_TURN, TRAINED_CLOSING], [A1], learn)
+    assert terms["compliance"] == -learn.early_diagnosis_penalty
+    assert total == pytest.approx(learn.information_weight * 0.25 - learn.early_diagnosis_penalty)
+
+
+def test_questions_are_turns_with_a_question_mark_that_are_not_the_diagnosis():
+    assert asks_question("Which side of your head hurts?")
+    assert not asks_question("Do you feel sick")  # the '?' is what counts
+    assert not asks_question("Tell me more about it.")
+    assert not asks_question("Diagnosis: migraine?\nRecommendation: rest")
+    turns = ["Where?", "I'm sorry.", "Since when? And how bad?", FINAL]
+    assert questions_asked(turns) == 2
 
 
 def test_revealed_facts_need_half_of_their_words():
@@ -162,10 +272,24 @@ def test_early_diagnosis_costs_only_below_min_questions():
     assert compliance_penalty([FINAL], two) == -0.75  # no question asked
     assert compliance_penalty(["Where?", FINAL], two) == -0.75  # one of two
     assert compliance_penalty(["Where?", "Since when?", FINAL], two) == 0.0
+    # a turn without a '?' asks nothing: it is not a question
+    assert compliance_penalty(["Where?", "I am so sorry.", FINAL], two) == -0.75
     # a malformed early diagnosis pays both; running out of turns is the no-diagnosis penalty
     assert compliance_penalty(["Diagnosis: migraine"], two) == -(0.5 + 0.75)
     assert compliance_penalty(["Where?"], two) == -1.0
     assert compliance_penalty([FINAL], CFG) == 0.0  # the default (0) never charges it
+
+
+def test_a_diagnosis_before_the_required_questions_is_not_accepted():
+    one = RecipeConfig(max_turns=2, min_questions=1, early_diagnosis_penalty=2.0).validate()
+    # asked: 1.0 (diagnosis) + 0.5 * 1.0 (recommendation) + 1.0 * 1/4 (information)
+    total, terms = doctor_reward(CASE, ["Which side hurts?", FINAL], [A1], one)
+    assert terms["diagnosis_correct"] == 1.0 and total == pytest.approx(1.0 + 0.5 + 0.25)
+    # the same answer after sympathy: the closing turn earns nothing, the penalty is charged,
+    # and the information the patient volunteered is still paid
+    total, terms = doctor_reward(CASE, ["I'm so sorry to hear that.", FINAL], [A1], one)
+    assert terms["diagnosis_correct"] == 1.0  # the skill metric, whatever the format
+    assert total == pytest.approx(0.0 + 0.0 + 0.25 - 2.0)
 
 
 def test_mrlx_precedence_bug_catcher_well_formed_final_is_not_penalised():
@@ -183,6 +307,7 @@ def test_doctor_reward_golden():
     turns = ["Where?", "Which side?", "Anything else?", FINAL]
     total, terms = doctor_reward(CASE, turns, [A1, A1, A3], CFG)
     assert terms == {
+        "diagnosis_correct": 1.0,
         "diagnosis_similarity": 1.0,
         "recommendation_similarity": 1.0,
         "information_gain": pytest.approx(0.75 / 3),
@@ -276,10 +401,30 @@ def test_reward_hook_metrics_correct_flag_and_no_patient_reward_without_answers(
     samples = _episode([FINAL], [])[:1]  # diagnosed at once: the patient never spoke
     result = asyncio.run(reward(RolloutContext(config=CFG), samples))
     assert result == {"doctor": pytest.approx(1.0 + 0.5), "patient": None}
-    assert samples[0].metadata["correct"] is True  # diagnosis similarity 1.0 >= 0.8
+    assert samples[0].metadata["correct"] is True  # migraine, by the synonym table
+    assert samples[0].metadata["metrics"]["diagnosis_correct"] == 1.0
+    # a list the fuzzy similarity scores 1.0: not correct, and not paid
+    listed = "Diagnosis: migraine, influenza, gout\nRecommendation: rest in a dark quiet room"
+    samples = _episode([listed], [])[:1]
+    result = asyncio.run(reward(RolloutContext(config=CFG), samples))
+    metrics = samples[0].metadata["metrics"]
+    assert samples[0].metadata["correct"] is False and metrics["diagnosis_correct"] == 0.0
+    assert metrics["diagnosis_similarity"] == 1.0  # reported only
+    assert result["doctor"] == pytest.approx(0.0 + 0.5 * metrics["recommendation_similarity"])
     samples = _episode(["Diagnosis: tension headache\nRecommendation: rest"], [])[:1]
     asyncio.run(reward(RolloutContext(config=CFG), samples))
     assert samples[0].metadata["correct"] is False
+
+
+def test_reward_hook_refuses_a_label_without_synonyms_and_reads_a_rows_own():
+    samples = _episode([FINAL], [])[:1]
+    samples[0].label = {"diagnosis": "Tension headache", "recommendation": "Rest."}
+    with pytest.raises(ValueError, match="'Tension headache' has no entry"):
+        asyncio.run(reward(RolloutContext(config=CFG), samples))
+    samples[0].label["synonyms"] = ["Tension headache", "tension-type headache"]
+    samples[0].metadata["doctor_turns"] = ["Diagnosis: tension type headache\nRecommendation: x"]
+    asyncio.run(reward(RolloutContext(config=CFG), samples))
+    assert samples[0].metadata["correct"] is True
 
 
 # ---- config ----------------------------------------------------------------------------------
@@ -302,6 +447,28 @@ def test_reward_hook_metrics_correct_flag_and_no_patient_reward_without_answers(
 def test_config_errors_name_the_field(args, field):
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         RecipeConfig(**args).validate()
+
+
+def _learn_config() -> RecipeConfig:
+    preset = Path(__file__).resolve().parents[2] / "recipes/takes_two/presets/learn.yaml"
+    return RecipeConfig(**yaml.safe_load(preset.read_text())["recipe_args"]).validate()
+
+
+def test_learn_preset_requires_a_question_and_pays_mostly_for_the_diagnosis():
+    learn = _learn_config()
+    assert learn.min_questions >= 1 and learn.early_diagnosis_penalty > 0
+    # the diagnosis outweighs everything else the doctor can earn
+    assert learn.diagnosis_weight > learn.recommendation_weight + learn.information_weight
+    question, wrong = "Which side hurts?", "Diagnosis: tension headache\nRecommendation: rest"
+    asked_right, _ = doctor_reward(CASE, [question, FINAL], [A1], learn)
+    asked_wrong, _ = doctor_reward(CASE, [question, wrong], [A1], learn)
+    unasked_right, _ = doctor_reward(CASE, [TRAINED_FIRST_TURN, FINAL], [A1], learn)
+    # 3.0 (diagnosis) + 0.25 * 1.0 (recommendation) + 0.5 * 1/4 (information)
+    assert asked_right == pytest.approx(3.0 + 0.25 + 0.125)
+    # "rest" is a subset of the true recommendation's words: token_set_ratio 1.0
+    assert asked_wrong == pytest.approx(0.0 + 0.25 + 0.125)
+    assert unasked_right == pytest.approx(0.125 - 2.0)
+    assert asked_right > asked_wrong > unasked_right
 
 
 def test_config_from_recipe_args_dict():
