@@ -19,11 +19,17 @@ by ``title_key`` / ``text_key``) or, like Search-R1's wiki-18 dump, one ``conten
 first line is the (quoted) title and the rest the text.
 
 Errors name the file (or set), the 1-based row and the field.
+
+``canonical_key`` names what a question is about -- its source documents -- so that a held-out
+set can be checked (and built, make_data.py) to share none with its training set: two questions
+about the same document ("In which town was X born?", "What was the profession of X?") answer
+each other, whatever their wording.
 """
 
 from __future__ import annotations
 
 import os
+import string
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -170,6 +176,24 @@ def load_corpus(
     if not docs:
         raise DataError(f"{name}: no documents")
     return docs
+
+
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def canonical_key(row: Mapping[str, Any]) -> str:
+    """What one QA row is about, for leak checks between a training and a held-out file: its
+    source documents (``support`` ids, deduplicated, sorted, joined with ``+``), or, for a row
+    that names none, its prompt normalised (lower case, punctuation dropped, whitespace
+    collapsed). Held-out rows whose key occurs in the training file leak."""
+    support = row.get("support")
+    if isinstance(support, (str, int)):
+        support = [support]
+    ids = sorted({str(i).strip() for i in support or () if str(i).strip()})
+    if ids:
+        return "support:" + "+".join(ids)
+    prompt = str(row.get("prompt") or "").lower().translate(_PUNCTUATION)
+    return "prompt:" + " ".join(prompt.split())
 
 
 def dedup(rows: Iterable[Row]) -> list[Row]:

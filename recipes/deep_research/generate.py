@@ -16,18 +16,21 @@ With ``recipe_args.scaffold`` every turn starts with the tag the protocol expect
 sampled): ``<search>`` then, in the last turn, ``<answer>``; ``<query>`` then ``<summary>``.
 
 A malformed turn is counted and answered with what was wrong; a retriever failure (after the
-client's retries) is counted and answered with the error; neither ends the episode. Tool
-responses enter each dialogue as ``tool_role`` messages, so they are in the context but masked
-out of the loss: each agent trains only on the tokens it sampled, in its own Conversation with
-its own tokenizer (the two agents may be different models).
+client's retries) is counted and answered with the error; neither ends the episode. An episode
+with a retriever failure is marked ``retriever_failed`` on every sample, and reward.py gives
+its samples None (the kernel's "does not apply": not trained on), counted in the metric
+``retriever_failed``. Tool responses enter each dialogue as ``tool_role`` messages, so they are
+in the context but masked out of the loss: each agent trains only on the tokens it sampled, in
+its own Conversation with its own tokenizer (the two agents may be different models).
 
 ``recipe_args.workflow: routed`` is Dr.MAS's search hierarchy instead (``routed`` below): a
 verifier routes each loop to the searcher or to an answerer.
 
 Returns the main agent's sample (turn 0) and one sample per searcher call (agent "searcher",
-turn = the call's number). Every sample carries ``final_answer`` and ``correct`` (exact match)
-for reward.py and the kernel's outcome weighting; the main agent's sample carries the episode
-metrics in ``metadata["metrics"]``.
+turn = the call's number). Every sample carries ``final_answer``, ``correct`` (exact match) and
+``retriever_failed`` for reward.py and the kernel's outcome weighting; the main agent's sample
+carries the episode metrics in ``metadata["metrics"]`` (``exact_match``, ``f1`` and
+``gold_in_answer`` of the final answer: reward.answer_metrics).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ from recipes.deep_research.config import (
     RecipeConfig,
     resolve,
 )
-from recipes.deep_research.reward import evidence, exact_match, f1_score, gold_answers
+from recipes.deep_research.reward import answer_metrics, evidence
 from recipes.deep_research.tools import (
     ACTION_TAGS,
     AGENT_STOP,
@@ -83,22 +86,22 @@ class Counts:
     notes: list[str] = field(default_factory=list)  # tool errors, for debugging a run
 
 
-def episode_metrics(c: Counts, answered: bool, em: float, f1: float) -> dict[str, float | None]:
+def episode_metrics(c: Counts, answer: str | None, label) -> dict[str, float | None]:
     """Episode metrics (None: not applicable, left out of the averages)."""
     return {
         "turns": float(c.turns),
         "searches": float(c.searches),
         "reads": float(c.reads),
         "read_misses": float(c.read_misses),
-        "answered": float(answered),
+        "answered": float(answer is not None),
         "format_errors": float(c.format_errors),
         "retriever_errors": float(c.retriever_errors),
+        "retriever_failed": float(c.retriever_errors > 0),
         "searcher_turns": float(c.searcher_turns),
         "searcher_queries": float(c.searcher_queries),
         "searcher_format_errors": float(c.searcher_format_errors),
         "summary_rate": c.summaries / c.searches if c.searches else None,
-        "em": em,
-        "f1": f1,
+        **answer_metrics(answer, label),
     }
 
 
@@ -221,10 +224,12 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
             if not main.say(cfg.tool_role, prompts.information(reply)):
                 break
 
-    golds = gold_answers(sample.label)
-    em, f1 = exact_match(answer, golds), f1_score(answer, golds)
-    outcome = {"final_answer": answer, "correct": em == 1.0}
-    metrics = episode_metrics(counts, answer is not None, em, f1)
+    metrics = episode_metrics(counts, answer, sample.label)
+    outcome = {
+        "final_answer": answer,
+        "correct": metrics["exact_match"] == 1.0,
+        "retriever_failed": counts.retriever_errors > 0,  # reward.py masks the episode
+    }
     samples = [
         main.sample(
             sample,
@@ -289,10 +294,12 @@ async def routed(ctx: RolloutContext, sample: Sample) -> list[Sample]:
         action = parse_action(_closed(text, opening)) if text is not None else None
         answer = action.arg if isinstance(action, Action) and action.kind == "answer" else None
 
-    golds = gold_answers(sample.label)
-    em, f1 = exact_match(answer, golds), f1_score(answer, golds)
-    outcome = {"final_answer": answer, "correct": em == 1.0}
-    metrics = episode_metrics(counts, answer is not None, em, f1)
+    metrics = episode_metrics(counts, answer, sample.label)
+    outcome = {
+        "final_answer": answer,
+        "correct": metrics["exact_match"] == 1.0,
+        "retriever_failed": counts.retriever_errors > 0,  # reward.py masks the episode
+    }
     metrics |= {"loops": float(counts.turns), "routed_to_answer": float(enough)}
     retrieved = sorted({i for _, meta in searchers for i in meta["retrieved"]})
     samples = [

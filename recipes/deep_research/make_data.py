@@ -1,13 +1,15 @@
 """Generate the small offline corpus and QA set shipped in data/ (seeded, deterministic).
 
     python -m recipes.deep_research.make_data --seed 0 --out recipes/deep_research/data
+    python -m recipes.deep_research.make_data --seed 0 --train 280 --test 140 --prefix learn_
 
 A fictional world -- people, towns and companies with made-up names and attributes -- so that no
 model knows the answers and they can only be found by searching the corpus. 200 short
 documents (100 people ``pNNN``, 50 towns ``tNNN``, 50 companies ``cNNN``) and questions that
 need one document (``hops: 1``: "In which town was X born?") or two (``hops: 2``: "In which
 town was the founder of Y born?" needs Y's document to find the founder, then the founder's).
-Each question row records the documents that answer it (``support``).
+Each question row records the documents that answer it (``support``); train and test share
+none (``data.canonical_key``), so no held-out answer is in a training question's documents.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import json
 import random
 import sys
 from pathlib import Path
+
+from recipes.deep_research.data import canonical_key
 
 # fmt: off
 SYLLABLES = (
@@ -170,19 +174,40 @@ def make_world(seed: int = 0) -> tuple[list[dict], list[dict]]:
 def split_questions(
     questions: list[dict], seed: int, n_train: int, n_test: int, two_hop_share: float = 0.35
 ) -> tuple[list[dict], list[dict]]:
-    """Disjoint train and test sets, each with about ``two_hop_share`` 2-hop questions."""
+    """Train and test sets that share no source documents (``data.canonical_key``: no test
+    question is about the documents of a training question), each with about
+    ``two_hop_share`` 2-hop questions.
+
+    Per number of hops, the questions are grouped by key and the groups shuffled; each set
+    takes whole groups while they fit, and the last one it needs only in part (the rest of that
+    group is left out of both sets), so the sizes are exact."""
     rng = random.Random(seed + 1)
-    one = [x for x in questions if x["hops"] == 1]
-    two = [x for x in questions if x["hops"] == 2]
-    rng.shuffle(one)
-    rng.shuffle(two)
+    pools = {}
+    for hops in (1, 2):
+        groups: dict[str, list[dict]] = {}
+        for x in questions:
+            if x["hops"] == hops:
+                groups.setdefault(canonical_key(x), []).append(x)
+        pools[hops] = list(groups.values())
+        rng.shuffle(pools[hops])
     sets = []
     for n in (n_train, n_test):
         k = round(n * two_hop_share)
-        rows = [two.pop() for _ in range(k)] + [one.pop() for _ in range(n - k)]
+        rows = _take(pools[2], k, "2-hop") + _take(pools[1], n - k, "1-hop")
         rng.shuffle(rows)
         sets.append(rows)
     return sets[0], sets[1]
+
+
+def _take(groups: list[list[dict]], n: int, what: str) -> list[dict]:
+    """``n`` questions from whole groups (removed from ``groups``), the last one possibly cut."""
+    out: list[dict] = []
+    while len(out) < n:
+        if not groups:
+            raise ValueError(f"not enough {what} questions with unused source documents")
+        fits = next((i for i, g in enumerate(groups) if len(g) <= n - len(out)), 0)
+        out += groups.pop(fits)[: n - len(out)]
+    return out
 
 
 def write_jsonl(rows: list[dict], path: Path) -> None:
@@ -192,20 +217,27 @@ def write_jsonl(rows: list[dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m recipes.deep_research.make_data",
-        description="Write the fictional corpus.jsonl, train.jsonl and test.jsonl.",
+        description="Write the fictional corpus.jsonl, train.jsonl and test.jsonl (the "
+        "two question sets share no source documents).",
     )
     p.add_argument("--seed", type=int, default=0, help="generation seed")
     p.add_argument("--out", default="recipes/deep_research/data", help="output folder")
     p.add_argument("--train", type=int, default=60, help="train questions")
     p.add_argument("--test", type=int, default=20, help="test questions")
+    p.add_argument(
+        "--prefix",
+        default="",
+        help="prefix of the question files: 'learn_' writes learn_train.jsonl and "
+        "learn_test.jsonl (the corpus is the same for every split of one seed)",
+    )
     args = p.parse_args(argv)
     corpus, questions = make_world(args.seed)
     train, test = split_questions(questions, args.seed, args.train, args.test)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     write_jsonl(corpus, out / "corpus.jsonl")
-    write_jsonl(train, out / "train.jsonl")
-    write_jsonl(test, out / "test.jsonl")
+    write_jsonl(train, out / f"{args.prefix}train.jsonl")
+    write_jsonl(test, out / f"{args.prefix}test.jsonl")
     print(f"wrote {len(corpus)} documents, {len(train)} train and {len(test)} test questions")
     return 0
 

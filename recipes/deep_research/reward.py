@@ -1,5 +1,6 @@
 """deep_research reward: exact match and token F1 of the final answer (SQuAD normalisation,
-several gold answers), a format term, and the searcher rewarded by the main agent's outcome.
+several gold answers), a format term, and the searcher rewarded by the main agent's outcome;
+None for every sample of an episode in which a retriever call failed.
 
 With gold answers G and the agent's final answer a (None when it never answered):
 
@@ -19,6 +20,15 @@ With gold answers G and the agent's final answer a (None when it never answered)
     all       + evidence_weight * |support retrieved| / |support|  (if evidence_weight; support
                 = the row's supporting document ids, retrieved = by all the episode's searches
                 for the agent, by its own queries for a searcher; 0 without support ids)
+    masked:   None for every sample of an episode in which a retriever call failed after its
+              retries (``metadata["retriever_failed"]``): the search engine, not the agents,
+              decided that episode, so it is not trained on (a None reward has no advantage
+              and no loss, as takes_two's failed judge) nor counted in evaluation
+
+An answer that is empty after normalisation scores 0 (EM, F1 and ``answer_in`` alike), whatever
+the gold answers. ``answer_metrics`` gives the episode metrics of the final answer:
+``exact_match`` (EM), ``f1`` (F1) and ``gold_in_answer`` (``answer_in`` of the answer: a gold
+answer occurs in it as whole normalised tokens, e.g. "Mibek Brier" in "it was Mibek Brier").
 
 ``normalize`` is SQuAD's: lower case, punctuation removed, the articles a/an/the removed,
 whitespace collapsed. Token F1 = 2PR/(P+R) with P = common/len(pred), R = common/len(gold),
@@ -63,10 +73,8 @@ def gold_answers(label) -> list[str]:
 
 
 def exact_match(answer: str | None, golds: Sequence[str]) -> float:
-    if answer is None:
-        return 0.0
-    a = normalize(answer)
-    return float(any(a == normalize(g) for g in golds))
+    a = normalize(answer) if answer is not None else ""
+    return float(bool(a) and any(a == normalize(g) for g in golds))
 
 
 def _f1(pred: list[str], gold: list[str]) -> float:
@@ -80,9 +88,9 @@ def _f1(pred: list[str], gold: list[str]) -> float:
 
 
 def f1_score(answer: str | None, golds: Sequence[str]) -> float:
-    if answer is None or not golds:
+    pred = normalize(answer).split() if answer is not None else []
+    if not pred or not golds:
         return 0.0
-    pred = normalize(answer).split()
     return max(_f1(pred, normalize(g).split()) for g in golds)
 
 
@@ -92,6 +100,17 @@ def answer_in(text: str | None, golds: Sequence[str]) -> float:
         return 0.0
     padded = f" {normalize(text)} "
     return float(any(n and f" {n} " in padded for n in map(normalize, golds)))
+
+
+def answer_metrics(answer: str | None, label) -> dict[str, float]:
+    """The episode metrics of a final answer (None: never answered): ``exact_match``, ``f1``
+    and ``gold_in_answer`` (module docstring)."""
+    golds = gold_answers(label)
+    return {
+        "exact_match": exact_match(answer, golds),
+        "f1": f1_score(answer, golds),
+        "gold_in_answer": answer_in(answer, golds),
+    }
 
 
 def answer_score(answer: str | None, label, cfg: RecipeConfig) -> float:
@@ -110,6 +129,8 @@ def evidence(sample: Sample) -> float:
 def score_sample(sample: Sample, cfg: RecipeConfig) -> float | None:
     """The reward of one sample of an episode (formulas in the module docstring)."""
     meta = sample.metadata
+    if meta.get("retriever_failed"):
+        return None
     outcome = answer_score(meta.get("final_answer"), sample.label, cfg)
     if sample.agent in (AGENT, VERIFIER, ANSWERER):  # the routed workflow's roles score alike
         score = outcome + cfg.format_weight * float(meta["format_ok"])

@@ -151,18 +151,54 @@ def test_prepare_data_help(capsys):
 
 def test_shipped_set_is_what_the_generator_writes(tmp_path):
     make_data.main(["--seed", "0", "--out", str(tmp_path)])
-    for name in ("corpus.jsonl", "train.jsonl", "test.jsonl"):
+    learn = ["--train", "280", "--test", "140", "--prefix", "learn_"]
+    make_data.main(["--seed", "0", *learn, "--out", str(tmp_path)])
+    names = ("corpus.jsonl", "train.jsonl", "test.jsonl", "learn_train.jsonl", "learn_test.jsonl")
+    for name in names:
         assert (tmp_path / name).read_text() == (SHIPPED / name).read_text(), name
-    corpus, train, test = (read(SHIPPED / n) for n in ("corpus.jsonl", "train.jsonl", "test.jsonl"))
+    corpus, train, test, learn_train, learn_test = (read(SHIPPED / n) for n in names)
     assert len(corpus) == 200 and len({d["id"] for d in corpus}) == 200
     assert (len(train), len(test)) == (60, 20)
-    assert not {r["prompt"] for r in train} & {r["prompt"] for r in test}
-    # round(60 * 0.35) = 21 and round(20 * 0.35) = 7 two-hop questions
-    assert sum(r["hops"] == 2 for r in train) == 21 and sum(r["hops"] == 2 for r in test) == 7
+    assert (len(learn_train), len(learn_test)) == (280, 140)
+    # round(n * 0.35) two-hop questions: 21 of 60, 7 of 20, 98 of 280, 49 of 140
+    for rows, two_hop in ((train, 21), (test, 7), (learn_train, 98), (learn_test, 49)):
+        assert sum(r["hops"] == 2 for r in rows) == two_hop
+    # held out means no held-out question is about a training question's documents
+    for held_in, held_out in ((train, test), (learn_train, learn_test)):
+        keys = {data.canonical_key(r) for r in held_in}
+        assert not [r["prompt"] for r in held_out if data.canonical_key(r) in keys]
+        assert not {r["prompt"] for r in held_in} & {r["prompt"] for r in held_out}
     # every answer is written in one of the documents that support it, and the loaders read it
     docs = {d["id"]: d for d in data.load_corpus(str(SHIPPED / "corpus.jsonl"))}
-    for r in train + test:
+    for r in train + test + learn_train + learn_test:
         assert r["label"][0] in " ".join(docs[i]["text"] for i in r["support"]), r
     assert (
         data.load_qa(str(SHIPPED / "test.jsonl"), "prompt", "label")[0]["label"] == test[0]["label"]
     )
+
+
+def test_canonical_key_is_the_source_documents():
+    q = {"prompt": "In which town was X born?", "label": ["A"], "hops": 1, "support": ["p001"]}
+    same_doc = {**q, "prompt": "What was the profession of X?", "label": ["poet"]}
+    assert data.canonical_key(q) == data.canonical_key(same_doc) == "support:p001"
+    two_hop = {"prompt": "?", "support": ["p001", "c004"]}
+    assert data.canonical_key(two_hop) == "support:c004+p001"  # sorted: order does not matter
+    assert data.canonical_key({**two_hop, "support": ["c004", "p001", "c004"]}) == (
+        "support:c004+p001"
+    )
+    assert data.canonical_key(two_hop) != data.canonical_key(q)  # another set of documents
+    assert data.canonical_key({"prompt": "?", "support": "p001"}) == "support:p001"
+    # no support ids: the prompt, lower case, punctuation dropped, whitespace collapsed
+    assert data.canonical_key({"prompt": "  Who wrote\tHAMLET? "}) == "prompt:who wrote hamlet"
+    assert data.canonical_key({"prompt": "who wrote Hamlet", "support": []}) == (
+        "prompt:who wrote hamlet"
+    )
+
+
+def test_split_shares_no_source_documents_and_fails_when_too_small():
+    _, questions = make_data.make_world(seed=3)
+    train, test = make_data.split_questions(questions, 3, 280, 140)
+    assert (len(train), len(test)) == (280, 140)
+    assert not {data.canonical_key(r) for r in train} & {data.canonical_key(r) for r in test}
+    with pytest.raises(ValueError, match="not enough 2-hop questions"):
+        make_data.split_questions(questions, 3, 400, 100)  # 140 + 35 two-hop of 150

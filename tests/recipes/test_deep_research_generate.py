@@ -187,13 +187,16 @@ def test_full_tool_loop_with_the_real_retriever(world, retriever_url, smollm2_to
         "answered": 1.0,
         "format_errors": 0.0,
         "retriever_errors": 0.0,
+        "retriever_failed": 0.0,
         "searcher_turns": 2.0,
         "searcher_queries": 1.0,
         "searcher_format_errors": 0.0,
         "summary_rate": 1.0,
-        "em": 1.0,
+        "exact_match": 1.0,
         "f1": 1.0,
+        "gold_in_answer": 1.0,
     }
+    assert not main.metadata["retriever_failed"] and not searcher.metadata["retriever_failed"]
     assert searcher.metadata["queries"] == [f"{company['title']} founder"]
     # agent: 1.0 * EM 1 + 0.5 * F1 1 + 0.1 * format 1 = 1.6; searcher (outcome): 1 + 0.5 = 1.5
     assert reward(ctx, samples) == [pytest.approx(1.6), pytest.approx(1.5)]
@@ -235,7 +238,7 @@ def test_scaffold_gives_each_turn_its_tag_and_trains_only_what_was_sampled(
         assert "<answer>" in whole or "<summary>" in whole
 
 
-def test_dead_retriever_is_counted_not_crashed(smollm2_tokenizer):
+def test_dead_retriever_is_counted_and_masks_the_episode(smollm2_tokenizer):
     tok = smollm2_tokenizer
     agents = {
         "agent": ScriptedAgent(
@@ -250,7 +253,10 @@ def test_dead_retriever_is_counted_not_crashed(smollm2_tokenizer):
     m = main.metadata["metrics"]
     # the searcher's query and the main agent's read both failed, after one retry each
     assert (m["retriever_errors"], m["searches"], m["reads"], m["turns"]) == (2.0, 1.0, 1.0, 3.0)
-    assert m["summary_rate"] == 0.0 and m["answered"] == 1.0 and m["em"] == 0.0
+    assert m["summary_rate"] == 0.0 and m["answered"] == 1.0 and m["exact_match"] == 0.0
+    assert m["retriever_failed"] == 1.0
+    assert main.metadata["retriever_failed"] and searcher.metadata["retriever_failed"]
+    assert reward(ctx, [main, searcher]) == [None, None]  # not trained on
     assert len(main.metadata["tool_errors"]) == 2
     assert all("ConnectError" in e for e in main.metadata["tool_errors"])
     _, whole = _split(main, tok)
@@ -258,6 +264,71 @@ def test_dead_retriever_is_counted_not_crashed(smollm2_tokenizer):
     _, whole = _split(searcher, tok)
     assert "The search engine failed: /retrieve: ConnectError" in whole
     assert searcher.metadata["summary"] is None and searcher.metadata["format_ok"] is False
+
+
+def test_a_failed_search_masks_its_episode_and_the_step_goes_on(
+    world, retriever_url, smollm2_tokenizer
+):
+    """Three episodes of one prompt group through the kernel's RolloutManager and GRPO, against
+    the real retriever: in the first, the searcher's query is longer than the retriever takes
+    (its max_query_chars, 2048), so /retrieve answers HTTP 422 -- a failed retriever call. That
+    episode answers right, yet none of its samples gets a reward or an advantage (nothing of it
+    is trained on); the other two are scored, and the group's advantages come from them alone."""
+    from kernel.advantages import AdvantageConfig, compute_advantages
+    from kernel.rewards import RewardConfig
+    from kernel.rollout import RolloutManager
+    from kernel.train.update import trainable
+
+    tok, company, founder = smollm2_tokenizer, world["company"], world["founder"]
+    question = f"Who founded {company['title']}?"
+    summary = f"<summary>{company['title']} was founded by {founder['title']}.</summary>"
+    too_long = " ".join([company["title"]] * 300)  # > 2048 characters
+    assert len(too_long) > 2048
+    agent_replies, searcher_replies = [], []
+    for answer, query in (
+        (founder["title"], too_long),  # right answer, failed search
+        (founder["title"], f"{company['title']} founder"),  # right
+        ("Nobody", f"{company['title']} founder"),  # wrong
+    ):
+        agent_replies += [f"<search>{question}</search>", f"<answer>{answer}</answer>"]
+        searcher_replies += [f"<query>{query}</query>", summary]
+    agents = {
+        "agent": ScriptedAgent("agent", tok, agent_replies, max_context_len=4096),
+        "searcher": ScriptedAgent("searcher", tok, searcher_replies, max_context_len=4096),
+    }
+    ctx = _ctx(agents, retriever_url, max_turns=2, searcher_max_turns=2)
+    seeds = [Sample(prompt=question, label=[founder["title"]], index=i) for i in range(3)]
+    # concurrency 1: the episodes run one after another, so each takes its own scripted replies
+    manager = RolloutManager(generate, reward, RewardConfig(), concurrency=1, timeout_s=120)
+    kept, aborted, stats = asyncio.run(manager.run(ctx, [seeds]))
+    assert not aborted and (stats.failed, stats.timed_out, stats.reward_errors) == (0, 0, 0)
+    samples = kept[0].samples
+    assert [(s.index, s.agent) for s in samples] == [
+        (0, "agent"),
+        (0, "searcher"),
+        (1, "agent"),
+        (1, "searcher"),
+        (2, "agent"),
+        (2, "searcher"),
+    ]
+    compute_advantages(samples, AdvantageConfig(estimator="grpo"))
+    failed, right, wrong = samples[0:2], samples[2:4], samples[4:6]
+
+    m = failed[0].metadata["metrics"]
+    assert (m["retriever_errors"], m["retriever_failed"], m["exact_match"]) == (1.0, 1.0, 1.0)
+    assert "/retrieve: HTTP 422" in failed[0].metadata["tool_errors"][0]
+    assert "The search engine failed: /retrieve: HTTP 422" in tok.decode(failed[1].response_ids)
+    for s in failed:
+        assert s.status is Status.COMPLETED  # a finished episode, only not scored
+        assert s.raw_reward is None and s.reward is None and s.advantage is None
+        assert not trainable(s)
+    assert right[0].metadata["metrics"]["retriever_failed"] == 0.0
+    for s in right + wrong:
+        assert not s.metadata["retriever_failed"]
+        assert s.raw_reward is not None and trainable(s)
+    # agent: 1 + 0.5 + 0.1 = 1.6 (right) against 0.1 (wrong): GRPO over these two only
+    assert (right[0].raw_reward, wrong[0].raw_reward) == (pytest.approx(1.6), pytest.approx(0.1))
+    assert right[0].advantage == pytest.approx(-wrong[0].advantage) and right[0].advantage > 0
 
 
 def test_malformed_turns_and_unknown_ids_are_counted(retriever_url, smollm2_tokenizer):
@@ -350,7 +421,16 @@ def test_short_cpu_training_run_logs_every_metric(tmp_path, retriever_url):
     for row in rows:
         for key in ("reward", "response_length", "mask_share", "samples"):
             assert f"agent/{key}" in row, key
-        for key in ("turns", "answered", "format_errors", "retriever_errors", "em", "f1"):
+        for key in (
+            "turns",
+            "answered",
+            "format_errors",
+            "retriever_errors",
+            "retriever_failed",
+            "exact_match",
+            "f1",
+            "gold_in_answer",
+        ):
             assert f"episode/{key}" in row, key
         assert row["train/n_samples"] > 0
     assert "eval/agent/pass@2" in rows[-1]
@@ -410,7 +490,8 @@ def test_routed_verifier_sends_to_the_searcher_then_to_the_answerer(
     assert summary in tok.decode(answerer.prompt_ids)
     assert _split(answerer, tok)[0] == f"<answer>{founder['title']}</answer>"
     m = verifier.metadata["metrics"]
-    assert (m["loops"], m["searches"], m["routed_to_answer"], m["em"]) == (2.0, 1.0, 1.0, 1.0)
+    assert (m["loops"], m["searches"], m["routed_to_answer"]) == (2.0, 1.0, 1.0)
+    assert (m["exact_match"], m["gold_in_answer"], m["retriever_failed"]) == (1.0, 1.0, 0.0)
     # verifier and answerer: EM 1 + 0.5 F1 1 + 0.1 format; searcher (outcome) 1.5
     assert reward(ctx, samples) == [pytest.approx(1.6), pytest.approx(1.6), pytest.approx(1.5)]
 
@@ -443,3 +524,21 @@ def test_routed_answers_anyway_after_max_loops_and_counts_a_bad_route(
     # the verifier made a malformed turn: no format credit; the answerer answered: it has one
     r = reward(ctx, samples)
     assert r[0] == pytest.approx(0.0) and r[1] == pytest.approx(0.1)
+
+
+def test_routed_dead_retriever_masks_every_role(world, smollm2_tokenizer):
+    """workflow routed: a failed search masks the verifier, the answerer and the searcher."""
+    tok, company, founder = smollm2_tokenizer, world["company"], world["founder"]
+    _, ctx, samples = _routed(
+        world,
+        tok,
+        [f"<search>Who founded {company['title']}?</search>", "<enough></enough>"],
+        [f"<query>{company['title']} founder</query>", "<summary>nothing</summary>"],
+        f"<answer>{founder['title']}</answer>",
+        _dead_url(),
+        retries=0,
+    )
+    assert [s.agent for s in samples] == ["verifier", "answerer", "searcher"]
+    m = samples[0].metadata["metrics"]
+    assert (m["retriever_errors"], m["retriever_failed"], m["exact_match"]) == (1.0, 1.0, 1.0)
+    assert reward(ctx, samples) == [None, None, None]

@@ -1,5 +1,6 @@
-"""deep_research reward goldens (arithmetic written out), the tag parsers on golden strings, and
-the recipe config's validation."""
+"""deep_research reward goldens (arithmetic written out), the episode metrics of the final answer
+(exact_match, f1, gold_in_answer) on SQuAD-style goldens, the masking of an episode whose
+retriever failed, the tag parsers on golden strings, and the recipe config's validation."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from kernel.sample import Sample
 from recipes.deep_research.config import RecipeConfig
 from recipes.deep_research.reward import (
     answer_in,
+    answer_metrics,
     exact_match,
     f1_score,
     gold_answers,
@@ -71,7 +73,8 @@ def test_f1_goldens():
     assert math.isclose(f1_score("herb tea", ["green tea leaves"]), 0.4)
     assert f1_score("salt", ["herb tea"]) == 0.0
     assert f1_score(None, ["herb tea"]) == 0.0
-    assert f1_score("the", ["a"]) == 1.0  # both normalise to nothing: equal
+    # an answer that normalises to nothing never scores, even against a gold that does too
+    assert f1_score("the", ["a"]) == 0.0 and exact_match("the", ["a"]) == 0.0
 
 
 def test_answer_in_summary_is_token_aligned():
@@ -80,6 +83,48 @@ def test_answer_in_summary_is_token_aligned():
     assert answer_in(summary, ["Pelbek"]) == 0.0  # part of a word is not the answer
     assert answer_in(summary, ["Ostmark", "Calfen Rhotumtor"]) == 1.0
     assert answer_in(None, ["Pelbekmere"]) == 0.0
+
+
+# (answer, golds) -> (exact_match, f1, gold_in_answer), F1 worked out by hand
+ANSWER_METRICS = [
+    # SQuAD normalisation: case and the article go, so the answer equals the gold
+    ("the Eiffel Tower", ["Eiffel Tower"], (1.0, 1.0, 1.0)),
+    ("Denver Broncos", ["Broncos", "Denver Broncos"], (1.0, 1.0, 1.0)),  # any gold counts
+    # pred [eiffel, tower, in, paris] (4), gold [eiffel, tower] (2): common 2, P = 2/4, R = 1,
+    # F1 = 2 * 1/2 * 1 / (3/2) = 2/3; the gold is in the answer
+    ("Eiffel Tower in Paris", ["the Eiffel Tower"], (0.0, 2 / 3, 1.0)),
+    # pred [tower] (1), gold [eiffel, tower]: common 1, P = 1, R = 1/2, F1 = 1 / (3/2) = 2/3;
+    # the gold is not in the answer
+    ("Tower", ["Eiffel Tower"], (0.0, 2 / 3, 0.0)),
+    # best gold: vs [santa, clara] common 2 of pred 3, P = 2/3, R = 1, F1 = (4/3) / (5/3) = 4/5;
+    # vs [levis, stadium] 0
+    ("Santa Clara, California", ["Levi's Stadium", "Santa Clara"], (0.0, 0.8, 1.0)),
+    # whole words only: "towers" is not "tower"; common [eiffel], P = R = 1/2, F1 = 1/2
+    ("Eiffel Towers", ["Eiffel Tower"], (0.0, 0.5, 0.0)),
+    ("1,842", ["1842"], (1.0, 1.0, 1.0)),  # punctuation dropped before comparing
+    ("Paris", ["Eiffel Tower"], (0.0, 0.0, 0.0)),
+    # no answer: never answered, empty, blank, or nothing left after normalisation
+    (None, ["Eiffel Tower"], (0.0, 0.0, 0.0)),
+    ("", ["Eiffel Tower"], (0.0, 0.0, 0.0)),
+    ("   ", ["Eiffel Tower"], (0.0, 0.0, 0.0)),
+    ("the.", ["the"], (0.0, 0.0, 0.0)),
+]
+
+
+@pytest.mark.parametrize(("answer", "golds", "expected"), ANSWER_METRICS)
+def test_answer_metrics_goldens(answer, golds, expected):
+    m = answer_metrics(answer, golds)
+    assert list(m) == ["exact_match", "f1", "gold_in_answer"]
+    assert (m["exact_match"], m["f1"], m["gold_in_answer"]) == pytest.approx(expected)
+
+
+def test_answer_metrics_take_the_label_as_a_string_or_none():
+    assert answer_metrics("the Eiffel Tower", "Eiffel Tower")["exact_match"] == 1.0
+    assert answer_metrics("Eiffel Tower", None) == {
+        "exact_match": 0.0,
+        "f1": 0.0,
+        "gold_in_answer": 0.0,
+    }
 
 
 # ---- the hook ---------------------------------------------------------------------------------
@@ -146,6 +191,41 @@ def test_evidence_term_is_the_share_of_supporting_documents_retrieved():
     for s in ep:
         s.metadata.pop("support")  # a row without support ids: the term is 0
     assert _reward(ep, evidence_weight=0.5) == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("searcher_reward", ["outcome", "answer_in_summary", "none"])
+def test_retriever_failure_masks_the_whole_episode(searcher_reward):
+    """An episode in which a retriever call failed gets None for every sample, however right
+    its answer, and the kernel then gives it no advantage and trains nothing of it, as it does
+    with takes_two's patient when the judge failed."""
+    from kernel.advantages import AdvantageConfig, compute_advantages
+    from kernel.rewards import RewardConfig, apply_weighting, assign_rewards
+    from kernel.sample import Status
+    from kernel.train.update import trainable
+
+    failed = _episode("blue cheese")
+    for s in failed:
+        s.metadata["retriever_failed"] = True
+    cfg = {"searcher_reward": searcher_reward, "evidence_weight": 0.5}
+    assert _reward(failed, **cfg) == [None, None]
+    clean = _episode("blue cheese from Lobriby")  # another episode of the same group
+
+    episodes = []
+    for index, ep in enumerate((failed, clean, _episode("blue cheese"))):
+        for s in ep:
+            s.index, s.status = index, Status.COMPLETED
+            s.prompt_ids, s.response_ids, s.loss_mask = [1, 2], [3, 4], [1, 1]
+            s.metadata["correct"] = False
+        assign_rewards(ep, _reward(ep, **cfg))
+        apply_weighting(ep, RewardConfig(), correct=False)
+        episodes.append(ep)
+    compute_advantages([s for ep in episodes for s in ep], AdvantageConfig(estimator="grpo"))
+    assert all(s.reward is None and s.advantage is None for s in failed)
+    assert not any(trainable(s) for s in failed)
+    # the other two agent samples form the group alone: rewards 1/3 + 0.1 and 1.6
+    agents = [ep[0] for ep in episodes[1:]]
+    assert all(trainable(s) for s in agents)
+    assert agents[0].advantage < 0 < agents[1].advantage
 
 
 def test_reward_takes_the_recipe_args_dict_too():
