@@ -1,41 +1,55 @@
-"""Does it learn? One recipe's ``learn`` preset on a real model: the held-out score of the
-starting weights, at most ``--minutes`` of training, the held-out score again with the same
-sampling settings, and the difference with a 95% interval.
+"""Does it learn? One recipe's ``learn`` preset on a real model, for a fixed number of steps and
+several seeds: the held-out scores of the starting weights, ``--steps`` updates, the held-out
+scores again with the same sampling settings, and the difference with a 95% interval that
+covers both seeds and held-out items.
 
-The run is a plain ``python -m kernel train --recipe R --preset learn`` with the evaluation of
-the starting weights switched on (``--eval.at_start true``) and a time limit
-(``--max_minutes``); flags after ``--`` go to it unchanged (a sweep: ``-- --optim.lr 1e-5``).
-A recipe that needs a service (deep_research: the retriever) is launched by its ``run.sh``,
-which starts the service and passes the same flags on. The held-out set is the preset's
-``eval.path``, never trained on. Each evaluation writes one line per (held-out item, agent) to
-``<out>/eval/step_<updates>.jsonl``; this script pairs the first and the last by item, so the
-interval is a **paired bootstrap over held-out items** (``--resamples`` draws of the items
-with replacement; the 2.5th and 97.5th percentiles of the mean difference). Two scores per
-item: ``reward``, the mean of its episodes' rewards as the recipe scored them, and ``passed``,
-the share of its episodes the recipe marked correct (accuracy; exact match; a diagnosis close
-enough). Each recipe names the agent and score of its headline (``HEADLINES``; a preset may
-name another: ``PRESET_HEADLINES``).
+Each seed is a plain ``python -m kernel train --recipe R --preset P --num_steps N --seed S``
+with the evaluation of the starting weights switched on (``--eval.at_start true``), in
+``<out>/seed<S>``; seeds run one after another (one model-loading process at a time) and a
+seed whose run already finished is kept, so an interrupted call resumes. ``--minutes`` is only
+a safety cap per seed: a seed it stops early is reported as such (``capped``), since its step
+count then depends on the machine's load. Flags after ``--`` go to every run unchanged (``--
+--optim.lr 1e-5``). A recipe that needs a service (deep_research: the retriever) is launched
+by its ``run.sh``, which starts the service and passes the same flags on.
 
-Prints before, after, difference and interval of both scores for every evaluated agent, steps
-done, samples seen and wall time per phase (start-up, generate, reward, train, sync, eval);
-writes ``<out>/learning.json`` (the headline's figures at the top level, every agent's under
-``agents``, and the same statistics of every episode metric the recipe reports, e.g.
-takes_two's facts revealed or deep_research's searches, under ``episode_metrics``) and the
-curves PNG ``<out>/curves.png``. ``--report-only`` reports on a finished
-run again without training. ``--against RUN`` also pairs the final held-out scores of this run
-with those of RUN, an ablation on the same held-out set (takes_two co-trained against a frozen
-patient), item by item (``learning.json["against"]``). Not run by CI (CI runs each ``learn``
-preset for one step: tests/recipes/test_learn_presets.py).
+The held-out set is the preset's ``eval.path``, never trained on (tests/recipes/
+test_data_leaks.py checks every shipped split by each recipe's ``canonical_key``). Each
+evaluation writes one line per (held-out item, agent) to ``eval/step_<updates>.jsonl``. Every
+score is a mean per item over its episodes: ``reward`` as the recipe scored it, ``passed`` (the
+recipe's ``correct``: a right numeric answer, an exact match, all checks passing), and each
+episode metric the recipe reports (takes_two's ``diagnosis_correct``, deep_research's ``f1``).
+A recipe's headline (``HEADLINES``, or ``PRESET_HEADLINES`` for a preset) is a skill score;
+the composite reward and format terms are shown ``beside`` it, never instead of it.
 
-Example: python scripts/bench_learning.py --recipe math_solver_verifier --minutes 45
+The interval is a **two-level (crossed) bootstrap**: each of ``--resamples`` draws resamples
+the seeds with replacement and, once for all of them, the held-out items (every seed is scored
+on the same items, so an item's difficulty is shared by the seeds and is resampled as one);
+the 2.5th and 97.5th percentiles of the mean difference. Each seed also gets its own paired
+item bootstrap. ``--against RUN`` compares this run's final scores with another finished
+bench_learning run on the same held-out set (an ablation, or a single-agent baseline), item by
+item, with the same two-level bootstrap over both runs' seeds (``learning.json["against"]``).
+
+Writes ``<out>/learning.json`` (headline figures at the top level; ``per_seed`` rows; every
+agent's scores under ``agents``; the headline per held-out subset under ``subsets``; generated
+tokens per step; phases; the command, commit and machine) and each seed's ``curves.png``.
+``--publish NAME`` copies the report, each seed's config, metrics and first and last
+evaluation files (gzipped) and curves into ``docs/results/NAME/``, where
+``scripts/results_table.py`` builds the docs' tables from them. ``--report-only`` reports on
+finished runs again without training. Not run by CI (CI runs each ``learn`` preset for one
+step: tests/recipes/test_learn_presets.py).
+
+Example: python scripts/bench_learning.py --recipe math_solver_verifier --steps 60 --seeds 3
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import os
+import platform
 import shlex
+import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -44,44 +58,68 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
 
 
 @dataclass(frozen=True)
 class Headline:
-    """The number a recipe's row in README's "Does it learn?" table reports."""
+    """The skill a recipe's row in the results tables reports, and what stands beside it."""
 
     agent: str  # whose held-out scores
-    score: str  # "passed" (the share of items answered correctly) or "reward" (its mean)
-    metric: str  # what they mean, in words
+    score: str  # "passed", "reward" or an episode metric of the agent (e.g. diagnosis_correct)
+    metric: str  # what it means, in words
+    beside: tuple[str, ...] = ("reward",)  # the composite reward, format terms: own columns
+    subset: str | None = None  # a held-out row field the headline is also reported by
     run_sh: bool = False  # launched by the recipe's run.sh, which starts the services it needs
 
 
-SCORES = ("reward", "passed")  # what an evaluated item's episodes are averaged into
-
 HEADLINES = {
     "math_solver_verifier": Headline(
-        "solver", "passed", "solver accuracy (boxed / 'the answer is' / last number, math-verify)"
+        "solver",
+        "passed",
+        "correct numeric answers (a number, not an expression; math-verify)",
+        beside=("reward", "answered"),
     ),
     "takes_two": Headline(
-        "doctor", "reward", "doctor reward (diagnosis + recommendation + information - penalties)"
+        "doctor",
+        "diagnosis_correct",
+        "correct single diagnoses (synonym table)",
+        beside=("reward", "questions_asked"),
+        subset="unseen_condition",
     ),
-    "deep_research": Headline("agent", "passed", "exact match of the final answer", run_sh=True),
+    "deep_research": Headline(
+        "agent",
+        "passed",
+        "exact match of the final answer",
+        beside=("f1", "gold_in_answer", "reward"),
+        run_sh=True,
+    ),
     "debate": Headline("alice", "passed", "accuracy of the debate's majority verdict"),
-    "code_pair": Headline(
-        "main", "reward", "team reward (CoMLRL-style partial credit, 0..4; HumanEval checks)"
-    ),
+    "code_pair": Headline("main", "passed", "HumanEval problems with every check passing"),
 }
 
 # presets whose headline differs from their recipe's
 PRESET_HEADLINES = {
     ("math_solver_verifier", "learn_three_role"): Headline(
-        "selector", "passed", "final-answer accuracy of solver -> rewriter -> selector"
+        "selector",
+        "passed",
+        "correct final answers of solver -> rewriter -> selector",
+        beside=("reward", "solver_accuracy", "selector_format_ok"),
+    ),
+    ("math_solver_verifier", "learn_verifier"): Headline(
+        "solver",
+        "passed",
+        "correct final answers of the solver <-> verifier loop",
+        beside=("reward", "approved_correct", "turns"),
     ),
 }
 
 
 def headline_of(recipe: str, preset: str) -> Headline:
     return PRESET_HEADLINES.get((recipe, preset), HEADLINES[recipe])
+
+
+# ---- statistics -----------------------------------------------------------------------------
 
 
 def paired_bootstrap(
@@ -95,50 +133,83 @@ def paired_bootstrap(
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
+def crossed_bootstrap(
+    a: np.ndarray, b: np.ndarray | None, resamples: int, seed: int = 0
+) -> tuple[float, float]:
+    """95% interval of mean(a) - mean(b) (of mean(a) when ``b`` is None), where ``a`` and ``b``
+    are (seeds, items) arrays over the same held-out items: each draw resamples the items once
+    for every seed of both arrays and the seeds of each array on their own."""
+    rng = np.random.default_rng(seed)
+    n = a.shape[1]
+    items = rng.integers(0, n, size=(resamples, n))  # (R, n)
+
+    def draw(x: np.ndarray) -> np.ndarray:
+        per_seed = x[:, items].mean(axis=-1)  # (K, R): each seed's mean over the drawn items
+        seeds = rng.integers(0, x.shape[0], size=(resamples, x.shape[0]))  # (R, K)
+        return per_seed[seeds, np.arange(resamples)[:, None]].mean(axis=1)  # (R,)
+
+    means = draw(np.asarray(a, float))
+    if b is not None:
+        means = means - draw(np.asarray(b, float))
+    return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
+
+
 def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
-def item_scores(path: Path, score: str) -> dict[str, dict[int, float]]:
-    """agent -> held-out row -> the mean over its episodes of ``score``: the reward as the
-    recipe scored it, or ``passed`` (1/0: the recipe's ``correct``, else reward >= threshold)."""
-    out: dict[str, dict[int, float]] = {}
+Scores = dict[str, dict[str, dict[int, float]]]  # agent -> score -> held-out row -> value
+
+
+def item_scores(path: Path) -> Scores:
+    """agent -> score -> held-out row -> the mean over the row's scored episodes, for the scores
+    ``reward`` (as the recipe scored it), ``passed`` (1/0: the recipe's ``correct``, else reward
+    >= threshold) and every episode metric the recipe put in ``metadata["metrics"]`` (over the
+    episodes that report it). An episode whose reward is None (masked) counts in none."""
+    out: Scores = {}
     for item in read_jsonl(path):
-        values = [
-            float(p if score == "passed" else r)
-            for r, p in zip(item["rewards"], item["passed"], strict=True)
-            if r is not None
-        ]
-        if values:
-            out.setdefault(item["agent"], {})[item["row"]] = sum(values) / len(values)
+        rewards = item.get("rewards") or []
+        passed = item.get("passed") or [None] * len(rewards)
+        metrics = item.get("metrics") or [{}] * len(rewards)
+        kept = [i for i, r in enumerate(rewards) if r is not None]
+        values: dict[str, list[float]] = {"reward": [], "passed": []}
+        for i in kept:
+            values["reward"].append(float(rewards[i]))
+            values["passed"].append(float(passed[i]))
+            for key, v in (metrics[i] if i < len(metrics) else {}).items():
+                if v is not None:
+                    values.setdefault(key, []).append(float(v))
+        for key, vs in values.items():
+            if vs:
+                out.setdefault(item["agent"], {}).setdefault(key, {})[item["row"]] = sum(vs) / len(
+                    vs
+                )
     return out
 
 
-def item_metrics(path: Path) -> dict[str, dict[str, dict[int, float]]]:
-    """agent -> episode metric -> held-out row -> its mean over the row's episodes (the
-    numbers the recipe put in ``metadata["metrics"]``; evaluation files without them give
-    none)."""
-    out: dict[str, dict[str, dict[int, float]]] = {}
-    for item in read_jsonl(path):
-        episodes = item.get("metrics") or []
-        for key in sorted({k for m in episodes for k in m}):
-            values = [m[key] for m in episodes if key in m]
-            out.setdefault(item["agent"], {}).setdefault(key, {})[item["row"]] = sum(values) / len(
-                values
-            )
-    return out
+Maps = list[dict[int, float]]  # one held-out row -> value map per seed
 
 
-def paired(before: dict[int, float], after: dict[int, float], resamples: int) -> dict | None:
-    """n, before, after, diff, ci_low, ci_high over the rows both have (None: no such row)."""
-    rows = sorted(set(before) & set(after))
-    if not rows:
+def _stats(before: Maps, after: Maps, resamples: int, rows, paired_seeds: bool) -> dict | None:
+    """n, before, after, diff, ci_low, ci_high of one score over the rows every map has (and in
+    ``rows``, when given); None when there are none. ``paired_seeds``: before and after are
+    the same seeds' first and last evaluations (the interval resamples their differences);
+    else two runs' seeds, resampled on their own."""
+    common = set.intersection(*(set(m) for m in before + after))
+    keep = sorted(common & set(rows) if rows is not None else common)
+    if not keep:
         return None
-    b = np.array([before[r] for r in rows])
-    a = np.array([after[r] for r in rows])
-    low, high = paired_bootstrap(b, a, resamples)
+    b = np.array([[m[r] for r in keep] for m in before])  # (seeds, items)
+    a = np.array([[m[r] for r in keep] for m in after])
+    low, high = (
+        crossed_bootstrap(a - b, None, resamples)
+        if paired_seeds
+        else crossed_bootstrap(a, b, resamples)
+    )
     return {
-        "n_eval": len(rows),
+        "n_eval": len(keep),
         "before": float(b.mean()),
         "after": float(a.mean()),
         "diff": float(a.mean() - b.mean()),
@@ -147,90 +218,363 @@ def paired(before: dict[int, float], after: dict[int, float], resamples: int) ->
     }
 
 
-def compare(
-    before_path: Path, after_path: Path, resamples: int, score: str = "reward"
-) -> dict[str, dict]:
-    """Per agent: n, before, after, diff, ci_low, ci_high of ``score`` over the items both
-    files scored."""
-    before, after = item_scores(before_path, score), item_scores(after_path, score)
-    out = {}
-    for agent in sorted(set(before) & set(after)):
-        stats = paired(before[agent], after[agent], resamples)
-        if stats is not None:
-            out[agent] = stats
-    return out
+def pooled(before: Maps, after: Maps, resamples: int, rows: list[int] | None = None) -> dict | None:
+    """Before and after training, over the seeds (each seed's first and last evaluation)."""
+    return _stats(before, after, resamples, rows, paired_seeds=True)
 
 
-def compare_metrics(before_path: Path, after_path: Path, resamples: int) -> dict[str, dict]:
-    """Per agent and episode metric: the same statistics (``paired``)."""
-    before, after = item_metrics(before_path), item_metrics(after_path)
+def between(base: Maps, run: Maps, resamples: int) -> dict | None:
+    """``run``'s final scores (after) against ``base``'s (before), two runs on the same items:
+    items drawn once for both, each run's seeds on their own."""
+    return _stats(base, run, resamples, None, paired_seeds=False)
+
+
+def compare_all(before: list[Scores], after: list[Scores], resamples: int, fn) -> dict:
+    """agent -> score -> ``fn(before maps, after maps, resamples)`` for every (agent, score)
+    that all seeds' files of both sides have."""
     out: dict[str, dict] = {}
-    for agent in sorted(set(before) & set(after)):
-        for key in sorted(set(before[agent]) & set(after[agent])):
-            stats = paired(before[agent][key], after[agent][key], resamples)
+    agents = set.intersection(*(set(s) for s in before + after))
+    for agent in sorted(agents):
+        keys = set.intersection(*(set(s[agent]) for s in before + after))
+        for key in sorted(keys):
+            stats = fn([s[agent][key] for s in before], [s[agent][key] for s in after], resamples)
             if stats is not None:
                 out.setdefault(agent, {})[key] = stats
     return out
 
 
+# ---- a run on disk --------------------------------------------------------------------------
+
+
+def seed_dirs(out: Path) -> list[Path]:
+    """The seed folders of a bench_learning run (``seed<S>``, by seed); a folder holding a
+    single kernel run (``metrics.jsonl`` at its top: a run from before seeds) is its own."""
+    found = {p.parent for p in out.glob("seed*/metrics.jsonl*")}
+    if found:
+        return sorted(found, key=lambda p: int(p.name[4:]))
+    return [out] if _either(out / "metrics.jsonl").exists() else []
+
+
 def final_eval(out: Path, rows: list[dict]) -> tuple[int, Path]:
-    """(steps done, the last held-out evaluation's file) of the finished run in ``out`` whose
-    metrics rows are ``rows``; exits naming the file if the run did not finish."""
+    """(steps done, the last held-out evaluation's file) of the finished kernel run in ``out``
+    whose metrics rows are ``rows``; exits naming the file if the run did not finish."""
     steps = sum(1 for r in rows if r["step"] >= 0)
-    last = out / "eval" / f"step_{steps}.jsonl"
-    if not last.exists():
-        sys.exit(f"bench_learning.py: {last} is missing: the run in {out} did not finish")
-    return steps, last
+    for name in (f"step_{steps}.jsonl", f"step_{steps}.jsonl.gz"):
+        if (out / "eval" / name).exists():
+            return steps, out / "eval" / name
+    missing = out / "eval" / f"step_{steps}.jsonl"
+    sys.exit(f"bench_learning.py: {missing} is missing: the run in {out} did not finish")
 
 
-def phases(rows: list[dict]) -> dict[str, float]:
-    """Wall seconds per phase, summed over the run's metrics rows."""
+def first_eval(out: Path) -> Path:
+    plain = out / "eval" / "step_0.jsonl"
+    return plain if plain.exists() else plain.with_suffix(".jsonl.gz")
 
-    def total(key: str) -> float:
-        return float(sum(r.get(key, 0.0) for r in rows))
 
-    reward = total("rollout/reward_seconds")
+@dataclass
+class SeedRun:
+    """One finished seed: its folder, metrics rows, config, steps and evaluation files."""
+
+    path: Path
+    rows: list[dict]
+    config: dict
+    steps: int
+    first: Path
+    last: Path
+
+    @classmethod
+    def read(cls, path: Path) -> SeedRun:
+        rows = read_jsonl(_either(path / "metrics.jsonl"))
+        steps, last = final_eval(path, rows)
+        config = json.loads((path / "config.json").read_text())
+        return cls(path, rows, config, steps, first_eval(path), last)
+
+    @property
+    def seed(self) -> int:
+        return int(self.config.get("seed", 0))
+
+    @property
+    def train_rows(self) -> list[dict]:
+        return [r for r in self.rows if r["step"] >= 0]
+
+    def phases(self) -> dict[str, float]:
+        """Wall seconds per phase, summed over the run's metrics rows."""
+
+        def total(key: str) -> float:
+            return float(sum(r.get(key, 0.0) for r in self.rows))
+
+        reward = total("rollout/reward_seconds")
+        return {
+            "startup": total("time/startup_s"),
+            "generate": total("time/rollout_s") - reward,
+            "reward": reward,
+            "train": total("time/train_s"),
+            "sync": total("time/sync_s"),
+            "eval": total("time/eval_s"),
+        }
+
+    def minutes(self) -> float:
+        return sum(self.phases().values()) / 60
+
+    def samples(self) -> int:
+        return int(sum(v for r in self.rows for k, v in r.items() if k.endswith("/samples")))
+
+    def tokens_per_step(self) -> float:
+        """Generated (sampled) tokens per training step, every agent's together."""
+        totals = [
+            sum(
+                r[k] * r.get(k.replace("/response_length", "/samples"), 0.0)
+                for k in r
+                if k.endswith("/response_length")
+            )
+            for r in self.train_rows
+        ]
+        return float(np.mean(totals)) if totals else 0.0
+
+
+def _either(path: Path) -> Path:
+    """``path``, or its gzipped copy (a published run)."""
+    return path if path.exists() else path.with_name(path.name + ".gz")
+
+
+def held_out_field(config: dict, field: str) -> dict[int, object]:
+    """held-out row -> its ``field`` in the run's eval file (rows without it are left out)."""
+    path = Path(config["eval"]["path"])
+    path = path if path.is_absolute() else ROOT / path
+    if not path.exists():
+        return {}
+    return {i: r[field] for i, r in enumerate(read_jsonl(path)) if field in r}
+
+
+# ---- the report -----------------------------------------------------------------------------
+
+
+def commit() -> str:
+    """The repository's commit, with "+dirty" when tracked files differ from it."""
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+    except OSError:
+        return "unknown"
+    return (head or "unknown") + ("+dirty" if dirty else "")
+
+
+def machine() -> str:
+    import torch
+
+    return (
+        f"{platform.machine()} {os.cpu_count()} cores, {platform.system()}, Python "
+        f"{platform.python_version()}, torch {torch.__version__}, "
+        f"{'cuda ' + torch.cuda.get_device_name() if torch.cuda.is_available() else 'cpu'}"
+    )
+
+
+def report(
+    runs: list[SeedRun], recipe: str, preset: str, resamples: int, command_line: str
+) -> dict:
+    """The learning report of finished seed runs (the same preset and steps)."""
+    headline = headline_of(recipe, preset)
+    before = [item_scores(r.first) for r in runs]
+    after = [item_scores(r.last) for r in runs]
+    agents = compare_all(before, after, resamples, pooled)
+    mine = agents.get(headline.agent, {})
+    if headline.score not in mine:
+        sys.exit(
+            f"bench_learning.py: no held-out '{headline.score}' of agent {headline.agent!r} in "
+            f"{[str(r.last) for r in runs]}"
+        )
+    per_seed = []
+    for r, b, a in zip(runs, before, after, strict=True):
+        stats = pooled(
+            [b[headline.agent][headline.score]], [a[headline.agent][headline.score]], resamples
+        )
+        per_seed.append(
+            {
+                "seed": r.seed,
+                **stats,
+                "steps": r.steps,
+                "minutes": round(r.minutes(), 1),
+                "samples": r.samples(),
+                "tokens_per_step": round(r.tokens_per_step(), 1),
+            }
+        )
+    subsets = {}
+    if headline.subset:
+        field = held_out_field(runs[0].config, headline.subset)
+        for value in sorted({json.dumps(v) for v in field.values()}):
+            rows = [i for i, v in field.items() if json.dumps(v) == value]
+            stats = pooled(
+                [b[headline.agent][headline.score] for b in before],
+                [a[headline.agent][headline.score] for a in after],
+                resamples,
+                rows,
+            )
+            if stats is not None:
+                subsets[f"{headline.subset}={value}"] = stats
+    config = runs[0].config
+    steps = sorted({r.steps for r in runs})
     return {
-        "startup": total("time/startup_s"),
-        "generate": total("time/rollout_s") - reward,
-        "reward": reward,
-        "train": total("time/train_s"),
-        "sync": total("time/sync_s"),
-        "eval": total("time/eval_s"),
+        "recipe": recipe,
+        "preset": preset,
+        "model": config["model"],
+        "agent": headline.agent,
+        "score": headline.score,
+        "metric": headline.metric,
+        **mine[headline.score],
+        "beside": {k: mine[k] for k in headline.beside if k in mine},
+        "subsets": subsets,
+        "seeds": [r.seed for r in runs],
+        "steps": steps[0] if len(steps) == 1 else steps,
+        "capped": [r.seed for r in runs if r.steps < r.config.get("num_steps", r.steps)],
+        "per_seed": per_seed,
+        "minutes": round(sum(r.minutes() for r in runs), 1),
+        "samples": sum(r.samples() for r in runs),
+        "tokens_per_step": round(float(np.mean([r.tokens_per_step() for r in runs])), 1),
+        "interval": (
+            f"95% two-level bootstrap: {len(runs)} seed(s) x {mine[headline.score]['n_eval']} "
+            f"held-out items, resampled together ({resamples} resamples)"
+        ),
+        "eval": {
+            "path": config["eval"]["path"],
+            "temperature": config["eval"]["temperature"],
+            "n_samples": config["eval"]["n_samples"],
+        },
+        "agents": agents,
+        "phases_s": {k: round(sum(r.phases()[k] for r in runs), 1) for k in runs[0].phases()},
+        "command": command_line,
+        "commit": commit(),
+        "machine": machine(),
     }
+
+
+def against(
+    runs: list[SeedRun], base: list[SeedRun], headline: Headline, resamples: int, name: str
+) -> dict:
+    """This run's final scores against ``base``'s (another finished run on the same held-out
+    set), by item, over both runs' seeds: its headline against the base's (``base_headline``:
+    e.g. the three-role workflow's selector against the single solver), and every agent and
+    score both have."""
+    final = [item_scores(r.last) for r in runs]
+    other = [item_scores(r.last) for r in base]
+    base_report = base[0].path.parent / "learning.json"
+    theirs = json.loads(base_report.read_text()) if base_report.exists() else {}
+    agent, score = theirs.get("agent", headline.agent), theirs.get("score", headline.score)
+    try:
+        mine = [s[headline.agent][headline.score] for s in final]
+        ref = [s[agent][score] for s in other]
+    except KeyError as e:
+        sys.exit(f"bench_learning.py: --against {name}: no held-out scores of {e} there")
+    return {
+        "run": name,
+        "seeds": [r.seed for r in base],
+        "base_headline": {"agent": agent, "score": score},
+        "tokens_per_step": round(float(np.mean([r.tokens_per_step() for r in base])), 1),
+        "headline": between(ref, mine, resamples),
+        "agents": compare_all(other, final, resamples, between),
+    }
+
+
+def publish(out: Path, runs: list[SeedRun], name: str) -> Path:
+    """Copy the report and what it was computed from into docs/results/<name>/: learning.json,
+    and per seed its config, metrics, first and last evaluation (gzipped) and curves."""
+    dest = RESULTS / name
+    if dest.exists():
+        shutil.rmtree(dest)
+    dest.mkdir(parents=True)
+    shutil.copy(out / "learning.json", dest / "learning.json")
+    for r in runs:
+        d = dest / f"seed{r.seed}"
+        (d / "eval").mkdir(parents=True)
+        shutil.copy(r.path / "config.json", d / "config.json")
+        for src, target in (
+            (_either(r.path / "metrics.jsonl"), d / "metrics.jsonl.gz"),
+            (r.first, d / "eval" / "step_0.jsonl.gz"),
+            (r.last, d / "eval" / f"step_{r.steps}.jsonl.gz"),
+        ):
+            _gzip_copy(src, target)
+        if (r.path / "curves.png").exists():
+            shutil.copy(r.path / "curves.png", d / "curves.png")
+    return dest
+
+
+def _gzip_copy(src: Path, dest: Path) -> None:
+    if src.suffix == ".gz":
+        shutil.copy(src, dest)
+        return
+    with open(src, "rb") as f, gzip.GzipFile(dest, "wb", mtime=0) as g:
+        shutil.copyfileobj(f, g)
+
+
+# ---- the command line -----------------------------------------------------------------------
 
 
 def command(args: argparse.Namespace, extra: list[str]) -> str:
     """The command line that reproduces this run (as given, without --report-only)."""
     cmd = ["python", "scripts/bench_learning.py", "--recipe", args.recipe]
-    cmd += ["--minutes", f"{args.minutes:g}", "--seed", str(args.seed)]
     cmd += [] if args.preset == "learn" else ["--preset", args.preset]
-    cmd += ["--out", args.out] if args.out else []
-    cmd += ["--against", args.against] if args.against else []
+    cmd += ["--steps", str(args.steps)] if args.steps else []
+    cmd += ["--seeds", str(args.seeds)] if args.seeds != 1 else []
+    cmd += ["--seed", str(args.seed)] if args.seed else []
+    cmd += ["--minutes", f"{args.minutes:g}"] if args.minutes else []
+    cmd += ["--against", _shown(args.against)] if args.against else []
+    cmd += ["--publish", args.publish] if args.publish else []
     return shlex.join(cmd + (["--", *extra] if extra else []))
+
+
+def _shown(path: str) -> str:
+    """A run folder as the repository sees it (relative when inside it)."""
+    p = Path(path).resolve()
+    return str(p.relative_to(ROOT)) if p.is_relative_to(ROOT) else str(p)
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0].replace("\n", " "),
-        epilog="Flags after -- go to 'python -m kernel train' (e.g. -- --optim.lr 1e-5).",
+        epilog="Flags after -- go to every run's 'python -m kernel train' (e.g. -- --optim.lr "
+        "1e-5). Example: python scripts/bench_learning.py --recipe math_solver_verifier "
+        "--steps 60 --seeds 3 --publish math_solver",
     )
     p.add_argument("--recipe", required=True, choices=sorted(HEADLINES))
-    p.add_argument("--minutes", type=float, default=45.0, help="training time limit")
-    p.add_argument("--seed", type=int, default=0, help="the run's seed")
     p.add_argument("--preset", default="learn", help="the recipe's preset to train with")
-    p.add_argument("--out", default=None, help="run folder (default runs/learning/R-sS)")
+    p.add_argument(
+        "--steps", type=int, default=None, help="training steps per seed (required to train)"
+    )
+    p.add_argument("--seeds", type=int, default=1, help="how many seeds, one after another")
+    p.add_argument("--seed", type=int, default=0, help="the first seed (then seed+1, ...)")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="safety cap on each seed's training minutes (a capped seed is reported as such)",
+    )
+    p.add_argument(
+        "--out", default=None, help="run folder (default runs/learning/<recipe>[-<preset>])"
+    )
     p.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples")
     p.add_argument(
         "--report-only",
         action="store_true",
-        help="do not train: report on the finished run already in --out",
+        help="do not train: report on the finished seeds already in --out",
     )
     p.add_argument(
         "--against",
         default=None,
-        help="a finished run's folder (an ablation of this one, same held-out set): also "
-        "compare the two runs' final held-out scores, paired by item (learning.json 'against')",
+        help="another finished bench_learning run's folder on the same held-out set (an "
+        "ablation, a single-agent baseline): compare final scores by item over both runs' "
+        "seeds (learning.json 'against')",
+    )
+    p.add_argument(
+        "--publish",
+        default=None,
+        metavar="NAME",
+        help="copy the report and its evaluation files into docs/results/NAME/",
     )
     return p
 
@@ -244,20 +588,21 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
     return argv[:i], argv[i + 1 :]
 
 
-def main(argv: list[str] | None = None) -> int:
-    own, extra = split_argv(sys.argv[1:] if argv is None else argv)
-    args = build_parser().parse_args(own)
-    if args.minutes <= 0 or args.resamples < 100:
-        sys.exit("bench_learning.py: --minutes must be > 0 and --resamples >= 100")
-    preset = ROOT / "recipes" / args.recipe / "presets" / f"{args.preset}.yaml"
-    if not preset.exists():
-        sys.exit(f"bench_learning.py: {preset} does not exist (no '{args.preset}' preset)")
-    out = Path(args.out or ROOT / "runs" / "learning" / f"{args.recipe}-s{args.seed}")
-    flags = ["--seed", str(args.seed), "--max_minutes", str(args.minutes)]
-    flags += ["--eval.at_start", "true", *extra]
+def train_seed(args: argparse.Namespace, seed: int, out: Path, extra: list[str]) -> None:
+    """One seed's kernel run into ``out`` (kept when it already finished)."""
+    if (out / "metrics.jsonl").exists():
+        rows = read_jsonl(out / "metrics.jsonl")
+        if (
+            sum(r["step"] >= 0 for r in rows) == args.steps
+            and (out / "eval" / f"step_{args.steps}.jsonl").exists()
+        ):
+            print(f"seed {seed}: finished before in {out}, kept", flush=True)
+            return
+    flags = ["--seed", str(seed), "--num_steps", str(args.steps), "--eval.at_start", "true"]
+    flags += ["--max_minutes", str(args.minutes)] if args.minutes else []
+    flags += extra
     env = dict(os.environ)
-    headline = headline_of(args.recipe, args.preset)
-    if headline.run_sh:  # e.g. deep_research: the retriever first
+    if headline_of(args.recipe, args.preset).run_sh:  # e.g. deep_research: the retriever first
         cmd = ["bash", f"recipes/{args.recipe}/run.sh", *flags]
         env |= {"MODE": "cpu", "PRESET": args.preset, "OUT": str(out), "PY": sys.executable}
         shown = f"MODE=cpu PRESET={args.preset} OUT={out} " + shlex.join(cmd)
@@ -265,74 +610,82 @@ def main(argv: list[str] | None = None) -> int:
         cmd = [sys.executable, "-m", "kernel", "train", "--recipe", args.recipe]
         cmd += ["--preset", args.preset, "--output_dir", str(out), *flags]
         shown = shlex.join(cmd)
-    if not args.report_only:
-        print("$ " + shown, flush=True)
-        if subprocess.run(cmd, cwd=ROOT, env=env).returncode != 0:
-            sys.exit(f"bench_learning.py: the training run failed (its logs: {out})")
+    print(f"seed {seed}: $ {shown}", flush=True)
+    if subprocess.run(cmd, cwd=ROOT, env=env).returncode != 0:
+        sys.exit(f"bench_learning.py: the training run of seed {seed} failed (its logs: {out})")
 
-    rows = read_jsonl(out / "metrics.jsonl")
-    steps, last = final_eval(out, rows)
-    first = out / "eval" / "step_0.jsonl"
-    wall = last.stat().st_mtime - (out / "config.json").stat().st_mtime  # start-up to last eval
-    results = {score: compare(first, last, args.resamples, score) for score in SCORES}
-    if headline.agent not in results[headline.score]:
-        sys.exit(f"bench_learning.py: no held-out scores of agent {headline.agent!r} in {out}/eval")
-    config = json.loads((out / "config.json").read_text())
-    samples = sum(v for r in rows for k, v in r.items() if k.endswith("/samples"))
-    times = phases(rows)
-    report = {
-        "recipe": args.recipe,
-        "model": config["model"],
-        "metric": headline.metric,
-        **results[headline.score][headline.agent],
-        "minutes": round(wall / 60, 1),
-        "steps": steps,
-        "samples": int(samples),
-        "seed": args.seed,
-        "interval": f"95% paired bootstrap over held-out items ({args.resamples} resamples)",
-        "eval_temperature": config["eval"]["temperature"],
-        "agents": {
-            agent: {score: results[score][agent] for score in SCORES if agent in results[score]}
-            for agent in results["reward"]
-        },
-        "episode_metrics": compare_metrics(first, last, args.resamples),
-        "phases_s": times,
-        "command": command(args, extra),
-    }
+
+def main(argv: list[str] | None = None) -> int:
+    own, extra = split_argv(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(own)
+    if args.resamples < 100 or args.seeds < 1 or (args.minutes is not None and args.minutes <= 0):
+        sys.exit("bench_learning.py: need --resamples >= 100, --seeds >= 1, --minutes > 0")
+    if not args.report_only and (args.steps is None or args.steps < 1):
+        sys.exit("bench_learning.py: --steps N (>= 1) is required to train: a fixed step count")
+    preset = ROOT / "recipes" / args.recipe / "presets" / f"{args.preset}.yaml"
+    if not preset.exists():
+        sys.exit(f"bench_learning.py: {preset} does not exist (no '{args.preset}' preset)")
+    name = args.recipe + ("" if args.preset == "learn" else f"-{args.preset}")
+    out = Path(args.out).resolve() if args.out else ROOT / "runs" / "learning" / name
+    seeds = list(range(args.seed, args.seed + args.seeds))
+    if not args.report_only:
+        for seed in seeds:
+            train_seed(args, seed, out / f"seed{seed}", extra)
+    dirs = seed_dirs(out)
+    if not args.report_only:
+        dirs = [out / f"seed{s}" for s in seeds]
+    if not dirs:
+        sys.exit(f"bench_learning.py: no finished run in {out}")
+    runs = [SeedRun.read(d) for d in dirs]
+
+    result = report(runs, args.recipe, args.preset, args.resamples, command(args, extra))
     if args.against:
-        other = Path(args.against)
-        _, other_last = final_eval(other, read_jsonl(other / "metrics.jsonl"))
-        report["against"] = {
-            "run": str(other),
-            **{score: compare(other_last, last, args.resamples, score) for score in SCORES},
-            "episode_metrics": compare_metrics(other_last, last, args.resamples),
-        }
-    (out / "learning.json").write_text(json.dumps(report, indent=1) + "\n")
+        base = [SeedRun.read(d) for d in seed_dirs(Path(args.against))]
+        if not base:
+            sys.exit(f"bench_learning.py: --against {args.against}: no finished run there")
+        headline = headline_of(args.recipe, args.preset)
+        result["against"] = against(runs, base, headline, args.resamples, _shown(args.against))
+    (out / "learning.json").write_text(json.dumps(result, indent=1) + "\n")
     from kernel.plot import plot_metrics
 
-    png = plot_metrics(out / "metrics.jsonl", out / "curves.png")
-
-    print(f"\n{args.recipe} on {config['model']}: {headline.metric}")
-    head = ("agent", "score", "n", "before", "after", "diff")
-    print("{:<12} {:<7} {:>5} {:>8} {:>8} {:>8}  95% interval".format(*head))
-    for agent, scores in report["agents"].items():
-        for score, r in scores.items():
-            mark = " *" if (agent, score) == (headline.agent, headline.score) else ""
-            print(f"{agent + mark:<12} {score:<7} " + _figures(r))
-    _print_episode_metrics(report["episode_metrics"])
-    print(f"(* headline; interval: {report['interval']})")
-    if args.against:
-        vs = report["against"]
-        print(f"\nfinal held-out scores, {vs['run']} ('before') against this run ('after'):")
-        for score in SCORES:
-            for agent, r in vs[score].items():
-                print(f"{agent:<12} {score:<7} " + _figures(r))
-        _print_episode_metrics(vs["episode_metrics"])
-    print(f"steps {steps}, samples seen {int(samples)}, wall {wall / 60:.1f} min")
-    print("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in times.items()))
-    print(f"wrote {out / 'learning.json'} and {png}")
-    print("README row:\n" + readme_row(report))
+    for r in runs:
+        plot_metrics(_either(r.path / "metrics.jsonl"), r.path / "curves.png")
+    print_report(result)
+    if args.publish:
+        print(f"published to {publish(out, runs, args.publish)}")
+    print(f"wrote {out / 'learning.json'}")
     return 0
+
+
+def print_report(r: dict) -> None:
+    head = ("agent", "score", "n", "before", "after", "diff")
+    print(f"\n{r['recipe']} ({r['preset']}) on {r['model']}: {r['metric']}")
+    print("{:<12} {:<24} {:>5} {:>8} {:>8} {:>8}  95% interval".format(*head))
+    for agent, scores in r["agents"].items():
+        for score, s in scores.items():
+            mark = " *" if (agent, score) == (r["agent"], r["score"]) else ""
+            print(f"{agent:<12} {(score + mark)[:24]:<24} " + _figures(s))
+    for subset, s in r["subsets"].items():
+        print(f"{r['agent']:<12} {subset[:24]:<24} " + _figures(s))
+    print(f"(* headline; interval: {r['interval']})")
+    print("per seed:")
+    for s in r["per_seed"]:
+        print(
+            f"  seed {s['seed']}: {_figures(s)}, {s['steps']} steps, {s['minutes']} min, "
+            f"{s['tokens_per_step']:.0f} generated tokens a step"
+        )
+    if r["capped"]:
+        print(f"WARNING: seeds {r['capped']} stopped on --minutes before their steps")
+    if "against" in r:
+        vs = r["against"]
+        print(f"\nfinal held-out scores, {vs['run']} ('before') against this run ('after'):")
+        b = vs["base_headline"]
+        print(f"{'headline':<12} {b['agent'] + ' ' + b['score']:<24} " + _figures(vs["headline"]))
+        for agent, scores in vs["agents"].items():
+            for score, s in scores.items():
+                print(f"{agent:<12} {score[:24]:<24} " + _figures(s))
+    print(f"samples seen {r['samples']}, wall {r['minutes']:.1f} min, commit {r['commit']}")
+    print("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in r["phases_s"].items()))
 
 
 def _figures(r: dict) -> str:
@@ -341,29 +694,6 @@ def _figures(r: dict) -> str:
         f"{r['n_eval']:>5} {r['before']:>8.3f} {r['after']:>8.3f} {r['diff']:>+8.3f}  "
         f"[{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
     )
-
-
-def _print_episode_metrics(by_agent: dict[str, dict[str, dict]]) -> None:
-    """One printed row per agent and episode metric (``compare_metrics``' statistics)."""
-    for agent, metrics in by_agent.items():
-        for key, r in metrics.items():
-            print(f"{agent:<12} {key[:24]:<24} " + _figures(r))
-
-
-def readme_row(r: dict) -> str:
-    """The report as a row of README's "Does it learn?" table."""
-    cells = [
-        r["recipe"],
-        r["model"],
-        r["metric"],
-        f"{r['n_eval']}",
-        f"{r['before']:.3f}",
-        f"{r['after']:.3f}",
-        f"{r['diff']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]",
-        f"{r['minutes']:.0f} ({r['steps']} steps)",
-        f"`{r['command']}`",
-    ]
-    return "| " + " | ".join(cells) + " |"
 
 
 if __name__ == "__main__":

@@ -11,12 +11,14 @@ earlier ones'. Prints the table (markdown, for the README) and writes ``<out>/sw
 ``<out>/sweep.png`` (each run's sampled training reward of the recipe's headline agent per
 step).
 
-A short budget ranks learning rates for that budget: the best lr for 8 minutes need not be the
-best for 45 (a larger one wins early and may overshoot later). Say the budget with the table.
+A short budget ranks learning rates for that budget: the best lr for 12 steps need not be the
+best for 60 (a larger one wins early and may overshoot later). Say the budget with the table.
+Every run is one seed (``--seed``); rerun the chosen cell with bench_learning.py ``--seeds 3``
+before publishing it.
 
-Example (README, "Does it learn?"):
+Example:
   python scripts/sweep_learning.py --recipe math_solver_verifier --lr 5e-6 1e-5 2e-5 4e-5 \\
-      --warmup 0 --minutes 8 -- --eval.max_prompts 128
+      --warmup 0 --steps 12 -- --eval.max_prompts 128
 """
 
 from __future__ import annotations
@@ -50,7 +52,8 @@ def commands(args: argparse.Namespace, out: Path, extra: list[str]) -> list[tupl
         for warmup in args.warmup:
             folder = out / run_name(lr, warmup)
             cmd = [sys.executable, "scripts/bench_learning.py", "--recipe", args.recipe]
-            cmd += ["--minutes", f"{args.minutes:g}", "--seed", str(args.seed)]
+            cmd += ["--steps", str(args.steps), "--seed", str(args.seed)]
+            cmd += ["--minutes", f"{args.minutes:g}"] if args.minutes else []
             cmd += ["--preset", args.preset, "--out", str(folder), "--"]
             cmd += ["--optim.lr", f"{lr:g}", "--optim.warmup_steps", str(warmup), *extra]
             runs.append((folder, cmd))
@@ -64,7 +67,8 @@ def table(out: Path) -> list[dict]:
     rows = []
     for report in sorted(out.glob("*/learning.json")):
         r = json.loads(report.read_text())
-        optim = json.loads((report.parent / "config.json").read_text())["optim"]
+        config = next(report.parent.glob("seed*/config.json"))
+        optim = json.loads(config.read_text())["optim"]
         rows.append(
             {"run": report.parent.name, "lr": optim["lr"], "warmup": optim["warmup_steps"], **r}
         )
@@ -103,7 +107,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recipe", required=True, help="a recipe with a learn preset")
     p.add_argument("--lr", type=float, nargs="+", required=True, help="learning rates to try")
     p.add_argument("--warmup", type=int, nargs="+", default=[0], help="warm-up steps to try")
-    p.add_argument("--minutes", type=float, default=8.0, help="training time limit per run")
+    p.add_argument("--steps", type=int, required=True, help="training steps per run")
+    p.add_argument("--minutes", type=float, default=None, help="safety cap on a run's minutes")
     p.add_argument("--seed", type=int, default=0, help="every run's seed")
     p.add_argument("--preset", default="learn", help="the recipe's preset to train with")
     p.add_argument("--out", default=None, help="sweep folder (default runs/sweep/<recipe>)")
@@ -122,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = [f"--lr {x:g}" for x in args.lr if not x > 0] + [
         f"--warmup {w}" for w in args.warmup if w < 0
     ]
-    if bad or args.minutes <= 0:
-        sys.exit(f"sweep_learning.py: need lr > 0, warm-up >= 0, minutes > 0; got {bad}")
+    if bad or args.steps < 1 or (args.minutes is not None and args.minutes <= 0):
+        sys.exit(f"sweep_learning.py: need lr > 0, warm-up >= 0, steps >= 1, minutes > 0; {bad}")
     for flag in ("--optim.lr", "--optim.warmup_steps"):
         if any(x.split("=")[0] == flag for x in extra):
             sys.exit(f"sweep_learning.py: {flag} is what the sweep sets; pass it as --lr/--warmup")
@@ -148,9 +153,9 @@ def main(argv: list[str] | None = None) -> int:
     from kernel.plot import compare_runs
 
     agent = bench.headline_of(args.recipe, args.preset).agent
-    runs_in = [out / r["run"] / "metrics.jsonl" for r in rows]
+    runs_in = [next((out / r["run"]).glob("seed*/metrics.jsonl")) for r in rows]
     png = compare_runs(runs_in, [f"{agent}/reward"], out / "sweep.png")
-    print(f"\n{args.recipe}: {rows[0]['metric']}, {args.minutes:g} minutes a run, seed {args.seed}")
+    print(f"\n{args.recipe}: {rows[0]['metric']}, {args.steps} steps a run, seed {args.seed}")
     print(markdown(rows))
     print(f"wrote {out / 'sweep.json'} and {png}")
     return 0

@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 LEARN = sorted(ROOT.glob("recipes/*/presets/learn.yaml"))
 LEARN_ALL = sorted(ROOT.glob("recipes/*/presets/learn*.yaml"))  # learn_three_role.yaml, ...
 FIELDS = ("recipe", "model", "metric", "n_eval", "before", "after", "diff", "ci_low", "ci_high")
+FIELDS += ("per_seed", "beside", "commit", "machine", "command")
 
 
 def bench_learning():
@@ -57,7 +58,7 @@ def _rows(path: str) -> list[str]:
 def test_learn_preset_one_step_through_bench_learning(preset, tmp_path):
     recipe = preset.parent.parent.name
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_learning.py"), "--recipe", recipe]
-    cmd += ["--out", str(tmp_path), "--resamples", "200", "--", "--num_steps", "1"]
+    cmd += ["--out", str(tmp_path), "--resamples", "200", "--steps", "1", "--"]
     cmd += ["--eval.max_prompts", "2", "--rollout.max_response_len", "12"]
     cmd += ["--data.n_samples_per_prompt", "2", "--data.prompts_per_step", "1"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
@@ -65,17 +66,22 @@ def test_learn_preset_one_step_through_bench_learning(preset, tmp_path):
     report = json.loads((tmp_path / "learning.json").read_text())
     assert all(k in report for k in FIELDS) and report["recipe"] == recipe
     assert report["steps"] == 1 and report["n_eval"] == 2 and report["samples"] > 0
+    assert report["seeds"] == [0] and report["capped"] == [] and len(report["per_seed"]) == 1
     assert report["ci_low"] <= report["diff"] <= report["ci_high"]
     assert report["diff"] == pytest.approx(report["after"] - report["before"])
     assert set(report["phases_s"]) == {"startup", "generate", "reward", "train", "sync", "eval"}
     assert report["phases_s"]["eval"] > 0 and report["phases_s"]["train"] > 0
-    assert (tmp_path / "curves.png").exists()
-    if recipe == "takes_two":  # the doctor's episode metrics, compared item by item too
-        facts = report["episode_metrics"]["doctor"]["facts_revealed"]
-        assert facts["n_eval"] == 2 and facts["ci_low"] <= facts["diff"] <= facts["ci_high"]
+    assert report["tokens_per_step"] > 0 and report["commit"] and "cores" in report["machine"]
+    headline = bench_learning().headline_of(recipe, "learn")
+    assert report["score"] == headline.score and report["agent"] == headline.agent
+    assert set(report["beside"]) == set(headline.beside), "a beside score the recipe lacks"
+    assert (tmp_path / "seed0" / "curves.png").exists()
     for updates in (0, 1):
-        items = [json.loads(x) for x in (tmp_path / "eval" / f"step_{updates}.jsonl").open()]
-        assert {i["row"] for i in items} == {0, 1}, items
+        path = tmp_path / "seed0" / "eval" / f"step_{updates}.jsonl"
+        assert {json.loads(x)["row"] for x in path.open()} == {0, 1}
+
+
+# ---- the statistics ---------------------------------------------------------------------------
 
 
 def test_paired_bootstrap_goldens():
@@ -91,95 +97,192 @@ def test_paired_bootstrap_goldens():
     assert m.paired_bootstrap(b, b + 0.1, 1000) == pytest.approx((0.1, 0.1))
 
 
-def test_compare_pairs_items_by_row_and_agent(tmp_path):
+def test_crossed_bootstrap_covers_seeds_and_items():
     m = bench_learning()
-
-    def write(name, items):
-        path = tmp_path / name
-        path.write_text("".join(json.dumps(i) + "\n" for i in items))
-        return path
-
-    before = write(
-        "b.jsonl",
-        [
-            {"row": 0, "agent": "solver", "rewards": [0.0, 1.0], "passed": [False, True]},
-            {"row": 1, "agent": "solver", "rewards": [0.0, 0.0], "passed": [False, False]},
-            {"row": 2, "agent": "solver", "rewards": [1.0, 1.0], "passed": [True, True]},
-            {"row": 0, "agent": "selector", "rewards": [None], "passed": [False]},
-        ],
-    )
-    after = write(
-        "a.jsonl",
-        [
-            {"row": 1, "agent": "solver", "rewards": [1.0, 1.0], "passed": [True, True]},
-            {"row": 0, "agent": "solver", "rewards": [1.0, 1.0], "passed": [True, True]},
-            {"row": 0, "agent": "selector", "rewards": [1.0], "passed": [True]},
-        ],
-    )
-    out = m.compare(before, after, 500)
-    # row 2 was not scored after: left out; the selector's only item had no reward before
-    assert set(out) == {"solver"}
-    s = out["solver"]
-    assert s["n_eval"] == 2 and s["before"] == 0.25 and s["after"] == 1.0
-    assert s["diff"] == 0.75 and s["ci_low"] == 0.5 and s["ci_high"] == 1.0
-    # scored by correctness instead: an episode with reward 1 the recipe did not mark correct
-    # fails (row 1 after: 1 of 2 passed)
-    after = write(
-        "a2.jsonl",
-        [
-            {"row": 1, "agent": "solver", "rewards": [1.0, 1.0], "passed": [True, False]},
-            {"row": 0, "agent": "solver", "rewards": [1.0, 1.0], "passed": [True, True]},
-        ],
-    )
-    p = m.compare(before, after, 500, "passed")["solver"]
-    assert p["before"] == 0.25 and p["after"] == 0.75 and p["diff"] == 0.5
+    # one seed: the item bootstrap (20 of 100 items flip: sd of the mean 0.04)
+    one = np.r_[np.ones(20), np.zeros(80)][None, :]
+    low, high = m.crossed_bootstrap(one, None, 20000)
+    assert 0.11 <= low <= 0.13 and 0.27 <= high <= 0.29
+    # three seeds that agree item by item: no wider than one
+    assert m.crossed_bootstrap(np.repeat(one, 3, 0), None, 20000) == pytest.approx((low, high))
+    # seeds that disagree with no item spread at all: the interval is the seeds' spread
+    seeds = np.array([[0.0] * 50, [0.2] * 50, [0.4] * 50])
+    low, high = m.crossed_bootstrap(seeds, None, 20000)
+    assert low == pytest.approx(0.0) and high == pytest.approx(0.4)
+    # two runs on the same items: items are drawn once for both, so a shared item effect
+    # cancels (every item 0 or 1 in both runs, run a 0.1 higher everywhere: no spread)
+    base = np.r_[np.zeros(50), np.ones(50)][None, :]
+    assert m.crossed_bootstrap(base + 0.1, base, 1000) == pytest.approx((0.1, 0.1))
 
 
-def test_episode_metrics_are_paired_by_row_and_averaged_over_episodes(tmp_path):
+def _write(path: Path, items: list[dict]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(i) + "\n" for i in items))
+    return path
+
+
+def test_item_scores_average_episodes_and_skip_masked_ones(tmp_path):
     m = bench_learning()
-    before, after = tmp_path / "b.jsonl", tmp_path / "a.jsonl"
-    before.write_text(
-        json.dumps({"row": 0, "agent": "doctor", "metrics": [{"facts": 0.0}, {"facts": 0.5}]})
-        + "\n"
-        + json.dumps({"row": 1, "agent": "doctor", "metrics": [{"facts": 0.0, "turns": 2.0}]})
-        + "\n"
-        + json.dumps({"row": 0, "agent": "patient", "rewards": [1.0]})  # no metrics: none
-        + "\n"
+    path = _write(
+        tmp_path / "e.jsonl",
+        [
+            {
+                "row": 0,
+                "agent": "doctor",
+                "rewards": [1.0, None, 0.0],  # the second episode was masked (judge failed)
+                "passed": [True, False, False],
+                "metrics": [{"dx": 1.0, "q": 2.0}, {"dx": 1.0}, {"dx": 0.0, "q": 1.0}],
+            },
+            {"row": 1, "agent": "doctor", "rewards": [0.5], "passed": [False], "metrics": [{}]},
+            {"row": 0, "agent": "patient", "rewards": [None], "passed": [False]},  # none kept
+        ],
     )
-    after.write_text(
-        json.dumps({"row": 1, "agent": "doctor", "metrics": [{"facts": 1.0}]})
-        + "\n"
-        + json.dumps({"row": 0, "agent": "doctor", "metrics": [{"facts": 0.25}]})
-        + "\n"
-    )
-    out = m.compare_metrics(before, after, 500)
-    assert set(out) == {"doctor"} and set(out["doctor"]) == {"facts"}  # turns: before only
-    f = out["doctor"]["facts"]
-    # rows 0 and 1: before (0.25, 0.0), after (0.25, 1.0)
-    assert f["n_eval"] == 2 and f["before"] == 0.125 and f["after"] == 0.625 and f["diff"] == 0.5
-    assert f["ci_low"] == 0.0 and f["ci_high"] == 1.0
+    scores = m.item_scores(path)
+    assert set(scores) == {"doctor"}
+    d = scores["doctor"]
+    assert d["reward"] == {0: 0.5, 1: 0.5} and d["passed"] == {0: 0.5, 1: 0.0}
+    assert d["dx"] == {0: 0.5} and d["q"] == {0: 1.5}  # over the kept episodes reporting it
 
 
-def test_readme_row_shows_every_figure_of_the_report():
-    report = {
-        "recipe": "math_solver_verifier",
-        "model": "smollm2",
-        "metric": "solver accuracy",
-        "n_eval": 256,
-        "before": 0.234,
-        "after": 0.3516,
-        "diff": 0.1176,
-        "ci_low": 0.07,
-        "ci_high": 0.164,
-        "minutes": 46.4,
-        "steps": 61,
-        "command": "python scripts/bench_learning.py --recipe math_solver_verifier",
+def test_pooled_and_between_pair_rows_and_seeds():
+    m = bench_learning()
+    # two seeds; row 2 was scored by one seed only: left out
+    before = [{0: 0.0, 1: 0.0, 2: 1.0}, {0: 0.0, 1: 0.0}]
+    after = [{0: 1.0, 1: 0.0, 2: 1.0}, {0: 1.0, 1: 1.0}]
+    s = m.pooled(before, after, 500)
+    assert s["n_eval"] == 2 and s["before"] == 0.0 and s["after"] == 0.75 and s["diff"] == 0.75
+    assert 0.0 <= s["ci_low"] <= s["diff"] <= s["ci_high"] <= 1.0
+    assert m.pooled(before, after, 500, rows=[1])["after"] == 0.5  # a subset of rows
+    assert m.pooled(before, after, 500, rows=[7]) is None
+    b = m.between([{0: 0.0, 1: 1.0}], [{0: 1.0, 1: 1.0}, {0: 1.0, 1: 0.0}], 500)
+    assert b["before"] == 0.5 and b["after"] == 0.75 and b["diff"] == 0.25
+
+
+# ---- finished runs on disk ----------------------------------------------------------------------
+
+
+def finished_run(out: Path, seeds: dict[int, tuple[list[float], list[float]]], steps: int = 2):
+    """A bench_learning run folder: per seed, the doctor's rewards per held-out row before and
+    after ``steps`` steps (passed when > 0.5; diagnosis_correct when >= 0.6)."""
+    for seed, (before, after) in seeds.items():
+        d = out / f"seed{seed}"
+        (d / "eval").mkdir(parents=True)
+        config = {
+            "model": "m",
+            "seed": seed,
+            "num_steps": steps,
+            "eval": {
+                "path": "recipes/takes_two/data/test.jsonl",
+                "temperature": 0.0,
+                "n_samples": 1,
+            },
+        }
+        (d / "config.json").write_text(json.dumps(config))
+        rows = [{"step": -1, "time/startup_s": 3.0}]
+        rows += [{"step": k, "doctor/response_length": 10.0, "doctor/samples": 4.0,
+                  "time/train_s": 6.0} for k in range(steps)]  # fmt: skip
+        _write(d / "metrics.jsonl", rows)
+        for step, rewards in ((0, before), (steps, after)):
+            items = [
+                {
+                    "row": row,
+                    "agent": "doctor",
+                    "rewards": [r],
+                    "passed": [r > 0.5],
+                    "metrics": [{"diagnosis_correct": float(r >= 0.6), "questions_asked": 1.0}],
+                }
+                for row, r in enumerate(rewards)
+            ]
+            _write(d / "eval" / f"step_{step}.jsonl", items)
+    return out
+
+
+def test_report_pools_seeds_and_reports_each(tmp_path, capsys):
+    m = bench_learning()
+    out = finished_run(
+        tmp_path / "run",
+        {0: ([0.0, 0.0, 0.0, 0.0], [0.6, 0.8, 0.0, 0.0]), 1: ([0.0] * 4, [0.6, 0.0, 0.0, 0.0])},
+    )
+    assert m.main(["--recipe", "takes_two", "--out", str(out), "--report-only"]) == 0
+    r = json.loads((out / "learning.json").read_text())
+    assert r["agent"] == "doctor" and r["score"] == "diagnosis_correct"
+    assert r["seeds"] == [0, 1] and r["steps"] == 2 and r["capped"] == []
+    assert r["before"] == 0.0 and r["after"] == pytest.approx(3 / 8) and r["n_eval"] == 4
+    assert [s["after"] for s in r["per_seed"]] == [0.5, 0.25]
+    assert r["beside"]["reward"]["after"] == pytest.approx(2.0 / 8)
+    assert r["beside"]["questions_asked"]["diff"] == 0.0
+    assert r["tokens_per_step"] == 40.0 and r["per_seed"][0]["minutes"] == pytest.approx(
+        0.25, abs=0.05
+    )
+    # takes_two's held-out rows say whether their condition was trained on: reported apart
+    assert r["subsets"] and all(k.startswith("unseen_condition=") for k in r["subsets"])
+    assert "per seed:" in capsys.readouterr().out
+    # a seed cut short by --minutes is flagged
+    config = json.loads((out / "seed1" / "config.json").read_text())
+    (out / "seed1" / "config.json").write_text(json.dumps(config | {"num_steps": 5}))
+    m.main(["--recipe", "takes_two", "--out", str(out), "--report-only"])
+    assert json.loads((out / "learning.json").read_text())["capped"] == [1]
+
+
+def test_against_compares_headlines_over_both_runs_seeds(tmp_path, capsys):
+    m = bench_learning()
+    frozen = finished_run(tmp_path / "frozen", {0: ([0.0] * 4, [0.2, 0.4, 0.6, 0.0])})
+    cotrained = finished_run(
+        tmp_path / "cotrained",
+        {0: ([0.0] * 4, [0.6, 0.8, 0.6, 0.0]), 1: ([0.0] * 4, [0.6, 0.8, 0.6, 0.0])},
+    )
+    flags = ["--recipe", "takes_two", "--out", str(cotrained), "--report-only"]
+    assert m.main([*flags, "--resamples", "200", "--against", str(frozen)]) == 0
+    vs = json.loads((cotrained / "learning.json").read_text())["against"]
+    assert vs["seeds"] == [0] and vs["base_headline"] == {
+        "agent": "doctor",
+        "score": "diagnosis_correct",
     }
-    assert bench_learning().readme_row(report) == (
-        "| math_solver_verifier | smollm2 | solver accuracy | 256 | 0.234 | 0.352 | "
-        "+0.118 [+0.070, +0.164] | 46 (61 steps) | "
-        "`python scripts/bench_learning.py --recipe math_solver_verifier` |"
+    h = vs["headline"]  # diagnosis_correct: frozen rows 2 only, co-trained rows 0, 1, 2
+    assert h["before"] == 0.25 and h["after"] == 0.75 and h["diff"] == 0.5
+    r = vs["agents"]["doctor"]["reward"]
+    assert (
+        r["n_eval"] == 4 and r["before"] == pytest.approx(0.3) and r["after"] == pytest.approx(0.5)
     )
+    assert r["ci_low"] >= 0.0 and r["ci_high"] <= 0.4
+    assert "against this run" in capsys.readouterr().out
+    # a run that did not finish is named
+    (frozen / "seed0" / "eval" / "step_2.jsonl").unlink()
+    with pytest.raises(SystemExit, match=r"step_2\.jsonl is missing"):
+        m.main([*flags, "--against", str(frozen)])
+
+
+def test_publish_copies_what_the_report_was_computed_from(tmp_path, monkeypatch):
+    m = bench_learning()
+    monkeypatch.setattr(m, "RESULTS", tmp_path / "results")
+    out = finished_run(tmp_path / "run", {3: ([0.0, 1.0], [1.0, 1.0]), 4: ([0.0, 1.0], [0.0, 1.0])})
+    flags = ["--recipe", "takes_two", "--out", str(out), "--report-only", "--seed", "3"]
+    assert m.main([*flags, "--publish", "demo"]) == 0
+    pub = tmp_path / "results" / "demo"
+    names = sorted(str(p.relative_to(pub)) for p in pub.rglob("*") if p.is_file())
+    assert names == [
+        "learning.json",
+        *[f"seed{s}/{f}" for s in (3, 4) for f in (
+            "config.json", "curves.png", "eval/step_0.jsonl.gz", "eval/step_2.jsonl.gz",
+            "metrics.jsonl.gz")],
+    ]  # fmt: skip
+    # the published copy is a run folder: reported from it, the figures are the same
+    again = m.report(
+        [m.SeedRun.read(d) for d in m.seed_dirs(pub)], "takes_two", "learn", 10000, "cmd"
+    )
+    first = json.loads((pub / "learning.json").read_text())
+    for key in ("before", "after", "diff", "ci_low", "ci_high", "per_seed", "tokens_per_step"):
+        assert again[key] == first[key], key
+
+
+def test_bad_flags_are_refused_by_name(tmp_path):
+    m = bench_learning()
+    with pytest.raises(SystemExit, match="--steps N"):
+        m.main(["--recipe", "takes_two", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit, match="no finished run"):
+        m.main(["--recipe", "takes_two", "--out", str(tmp_path), "--report-only"])
+    with pytest.raises(SystemExit, match="no 'nope' preset"):
+        m.main(["--recipe", "takes_two", "--preset", "nope", "--steps", "1"])
 
 
 def test_preset_headlines_name_an_agent_of_an_existing_preset():
@@ -189,52 +292,3 @@ def test_preset_headlines_name_an_agent_of_an_existing_preset():
         path = ROOT / "recipes" / recipe / "presets" / f"{preset}.yaml"
         agents = yaml.safe_load(path.read_text())["agents"]
         assert headline.agent in agents and m.headline_of(recipe, preset) == headline
-
-
-def test_against_pairs_two_finished_runs_final_scores_by_item(tmp_path, capsys):
-    """--report-only --against: this run's final held-out scores against another run's (an
-    ablation), paired by item; the run's own before/after stays as it was."""
-    m = bench_learning()
-
-    def finished_run(name, before, after):  # doctor rewards per held-out row, before / after
-        out = tmp_path / name
-        (out / "eval").mkdir(parents=True)
-        (out / "config.json").write_text(json.dumps({"model": "m", "eval": {"temperature": 0}}))
-        rows = [{"step": -1}, {"step": 0, "doctor/reward": 0.1}, {"step": 1, "doctor/reward": 0.2}]
-        (out / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-        for step, rewards in ((0, before), (2, after)):
-            items = [
-                {
-                    "row": row,
-                    "agent": "doctor",
-                    "rewards": [r],
-                    "passed": [r > 0.5],
-                    "metrics": [{"facts_revealed": r / 2}],
-                }
-                for row, r in enumerate(rewards)
-            ]
-            path = out / "eval" / f"step_{step}.jsonl"
-            path.write_text("".join(json.dumps(i) + "\n" for i in items))
-        return out
-
-    frozen = finished_run("frozen", [0.0, 0.0, 0.0, 0.0], [0.2, 0.4, 0.6, 0.0])
-    cotrained = finished_run("cotrained", [0.0, 0.0, 0.0, 0.0], [0.6, 0.8, 0.6, 0.0])
-    flags = ["--recipe", "takes_two", "--out", str(cotrained), "--report-only"]
-    assert m.main([*flags, "--resamples", "200", "--against", str(frozen)]) == 0
-    report = json.loads((cotrained / "learning.json").read_text())
-    assert report["steps"] == 2 and report["after"] == pytest.approx(0.5)
-    vs = report["against"]
-    assert vs["run"] == str(frozen)
-    r = vs["reward"]["doctor"]
-    assert (
-        r["n_eval"] == 4 and r["before"] == pytest.approx(0.3) and r["after"] == pytest.approx(0.5)
-    )
-    assert r["diff"] == pytest.approx(0.2) and r["ci_low"] >= 0.0 and r["ci_high"] <= 0.4
-    assert vs["passed"]["doctor"]["diff"] == pytest.approx(0.5)  # rows 0, 1 pass only here
-    assert vs["episode_metrics"]["doctor"]["facts_revealed"]["diff"] == pytest.approx(0.1)
-    assert "--against" in report["command"]
-    assert "against this run" in capsys.readouterr().out
-    # a run that did not finish is named
-    (frozen / "eval" / "step_2.jsonl").unlink()
-    with pytest.raises(SystemExit, match=r"step_2\.jsonl is missing"):
-        m.main([*flags, "--against", str(frozen)])

@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 SWEEP = [sys.executable, "scripts/sweep_learning.py", "--recipe", "math_solver_verifier"]
-SHORT = ["--", "--num_steps", "1", "--eval.max_prompts", "2", "--rollout.max_response_len", "8"]
+SHORT = ["--steps", "1", "--", "--eval.max_prompts", "2", "--rollout.max_response_len", "8"]
 SHORT += ["--data.n_samples_per_prompt", "2", "--data.prompts_per_step", "1"]
 
 
@@ -30,7 +30,7 @@ def test_a_sweep_trains_with_its_grid_and_resumes(tmp_path):
     p = sweep(*flags)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     run = tmp_path / "lr3e-05-w2"
-    optim = json.loads((run / "config.json").read_text())["optim"]
+    optim = json.loads((run / "seed0" / "config.json").read_text())["optim"]
     assert optim["lr"] == 3e-5 and optim["warmup_steps"] == 2
     rows = json.loads((tmp_path / "sweep.json").read_text())
     assert [(r["run"], r["lr"], r["warmup"], r["steps"]) for r in rows] == [
@@ -43,9 +43,9 @@ def test_a_sweep_trains_with_its_grid_and_resumes(tmp_path):
     # a run of an earlier grid in the same folder (its copy, said to have trained at 1e-5)
     earlier = tmp_path / "lr1e-05-w0"
     shutil.copytree(run, earlier)
-    config = json.loads((earlier / "config.json").read_text())
+    config = json.loads((earlier / "seed0" / "config.json").read_text())
     config["optim"] |= {"lr": 1e-5, "warmup_steps": 0}
-    (earlier / "config.json").write_text(json.dumps(config))
+    (earlier / "seed0" / "config.json").write_text(json.dumps(config))
 
     before = (run / "learning.json").stat().st_mtime_ns
     again = sweep(*flags)
@@ -56,7 +56,8 @@ def test_a_sweep_trains_with_its_grid_and_resumes(tmp_path):
 
 
 def test_dry_run_prints_one_command_per_grid_cell(tmp_path):
-    p = sweep("--lr", "1e-5", "2e-5", "--warmup", "0", "5", "--out", str(tmp_path), "--dry-run")
+    flags = ["--lr", "1e-5", "2e-5", "--warmup", "0", "5", "--steps", "3", "--dry-run"]
+    p = sweep(*flags, "--out", str(tmp_path))
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert len(lines) == 4
@@ -68,9 +69,11 @@ def test_dry_run_prints_one_command_per_grid_cell(tmp_path):
 @pytest.mark.parametrize(
     "flags, message",
     [
-        (["--lr", "0"], "need lr > 0"),
-        (["--lr", "1e-5", "--warmup", "-1"], "--warmup -1"),
-        (["--lr", "1e-5", "--", "--optim.lr", "2e-5"], "--optim.lr is what the sweep sets"),
+        (["--lr", "0", "--steps", "2"], "need lr > 0"),
+        (["--lr", "1e-5", "--warmup", "-1", "--steps", "2"], "--warmup -1"),
+        (["--lr", "1e-5", "--steps", "0"], "steps >= 1"),
+        (["--lr", "1e-5"], "--steps"),
+        (["--lr", "1e-5", "--steps", "2", "--", "--optim.lr", "2e-5"], "--optim.lr is what"),
     ],
 )
 def test_bad_flags_are_refused_by_name(flags, message, tmp_path):
@@ -81,7 +84,7 @@ def test_bad_flags_are_refused_by_name(flags, message, tmp_path):
 
 def test_unknown_recipe_is_refused():
     p = subprocess.run(
-        [sys.executable, "scripts/sweep_learning.py", "--recipe", "nope", "--lr", "1e-5"],
+        [sys.executable, "scripts/sweep_learning.py", "--recipe", "nope", "--lr", "1e-5", "--steps", "1"],
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert p.returncode != 0 and "--recipe must be one of" in p.stderr

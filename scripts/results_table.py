@@ -1,0 +1,176 @@
+"""The docs' results tables, written from the files under docs/results/ and nowhere else.
+
+Every published run (``scripts/bench_learning.py --publish NAME``) is a folder
+``docs/results/NAME/`` holding its ``learning.json`` and, per seed, the config, metrics and
+first and last held-out evaluation files the report was computed from. A Markdown file asks for
+a table with a pair of markers, and this script fills in what lies between them::
+
+    <!-- results:learning -->            every published run, one row each
+    <!-- results:learning NAME NAME -->  only these runs, in this order
+    <!-- results:multi_agent -->         each run published with --against: workflow against
+                                         its single-agent baseline, final scores by item
+    <!-- results:seeds NAME -->          one run's per-seed rows
+    ...                                  (generated: do not edit)
+    <!-- /results -->
+
+    python scripts/results_table.py           # rewrite the tables in README.md, docs/, recipes/
+    python scripts/results_table.py --check   # exit 1 naming each file whose table is stale
+
+tests/scripts/test_results_table.py runs ``--check``, so a table in the docs that differs from
+its files fails CI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+DOCS = ("README.md", "docs/*.md", "recipes/*/README.md")
+BLOCK = re.compile(
+    r"(<!-- results:(?P<kind>[a-z_]+)(?P<names>(?: [\w.-]+)*) -->\n)"
+    r"(?P<body>.*?)(<!-- /results -->)",
+    re.S,
+)
+
+
+def load(name: str) -> dict:
+    path = RESULTS / name / "learning.json"
+    if not path.exists():
+        raise SystemExit(f"results_table.py: {path} does not exist (a table names run {name!r})")
+    return json.loads(path.read_text())
+
+
+def published() -> list[str]:
+    return sorted(p.parent.name for p in RESULTS.glob("*/learning.json"))
+
+
+def _ci(r: dict) -> str:
+    return f"{r['diff']:+.3f} [{r['ci_low']:+.3f}, {r['ci_high']:+.3f}]"
+
+
+def _change(r: dict | None) -> str:
+    return "—" if r is None else f"{r['before']:.3f} → {r['after']:.3f}"
+
+
+def _steps(r: dict) -> str:
+    steps = r["steps"] if isinstance(r["steps"], int) else "/".join(map(str, r["steps"]))
+    return f"{steps}" + (" (capped)" if r.get("capped") else "")
+
+
+def learning_table(names: list[str]) -> str:
+    """One row per run: the skill headline, before → after, difference and interval over
+    seeds and items; the scores beside it (composite reward, format) as before → after."""
+    lines = [
+        "| run | recipe (preset) | skill metric | seeds × steps | held-out n | before | after "
+        "| difference [95% interval] | beside it (before → after) | tokens / step | commit |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        r = load(name)
+        beside = "; ".join(f"{k} {_change(v)}" for k, v in r["beside"].items()) or "—"
+        cells = [
+            f"[{name}](docs/results/{name})",
+            f"{r['recipe']} ({r['preset']})",
+            r["metric"],
+            f"{len(r['seeds'])} × {_steps(r)}",
+            str(r["n_eval"]),
+            f"{r['before']:.3f}",
+            f"{r['after']:.3f}",
+            f"**{_ci(r)}**",
+            beside,
+            f"{r['tokens_per_step']:.0f}",
+            f"`{r['commit']}`",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def multi_agent_table(names: list[str]) -> str:
+    """Each run published with --against: its final headline score against the baseline's, by
+    item, with the two-level interval, and both runs' generated tokens per step."""
+    lines = [
+        "| workflow (run) | baseline (run) | skill metric | seeds | held-out n | baseline | "
+        "workflow | difference [95% interval] | tokens / step (workflow, baseline) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        r = load(name)
+        vs = r.get("against")
+        if vs is None:
+            continue
+        s, base = vs["headline"], vs["base_headline"]
+        cells = [
+            f"{r['preset']}: {r['agent']} ([{name}](docs/results/{name}))",
+            f"{Path(vs['run']).name}: {base['agent']}",
+            r["metric"],
+            f"{len(r['seeds'])}, {len(vs['seeds'])}",
+            str(s["n_eval"]),
+            f"{s['before']:.3f}",
+            f"{s['after']:.3f}",
+            f"**{_ci(s)}**",
+            f"{r['tokens_per_step']:.0f}, {vs['tokens_per_step']:.0f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def seeds_table(names: list[str]) -> str:
+    """One run's per-seed rows."""
+    lines = [
+        "| run | seed | steps | before | after | difference [95% item interval] | minutes |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        for s in load(name)["per_seed"]:
+            cells = [name, str(s["seed"]), str(s["steps"]), f"{s['before']:.3f}"]
+            cells += [f"{s['after']:.3f}", _ci(s), f"{s['minutes']:.0f}"]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+TABLES = {"learning": learning_table, "multi_agent": multi_agent_table, "seeds": seeds_table}
+
+
+def render(text: str, where: Path) -> str:
+    """``text`` with every results block filled in from docs/results/."""
+
+    def fill(m: re.Match) -> str:
+        kind = m.group("kind")
+        if kind not in TABLES:
+            raise SystemExit(f"results_table.py: {where}: unknown table 'results:{kind}'")
+        names = m.group("names").split() or published()
+        return m.group(1) + TABLES[kind](names) + "\n" + m.group(5)
+
+    return BLOCK.sub(fill, text)
+
+
+def doc_files() -> list[Path]:
+    return sorted({p for pattern in DOCS for p in ROOT.glob(pattern)})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--check", action="store_true", help="change nothing; exit 1 if stale")
+    args = p.parse_args(argv)
+    stale = []
+    for path in doc_files():
+        text = path.read_text()
+        new = render(text, path.relative_to(ROOT))
+        if new != text:
+            stale.append(str(path.relative_to(ROOT)))
+            if not args.check:
+                path.write_text(new)
+    if args.check and stale:
+        print("stale results tables (run python scripts/results_table.py): " + ", ".join(stale))
+        return 1
+    print(("rewrote " + ", ".join(stale)) if stale else "results tables are up to date")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

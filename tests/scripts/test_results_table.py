@@ -1,0 +1,64 @@
+"""scripts/results_table.py: the results tables in the docs are what the files under
+docs/results/ say, and every published run holds the files its figures were computed from."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+PUBLISHED = sorted(p.parent for p in (ROOT / "docs" / "results").glob("*/learning.json"))
+
+
+def module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_docs_tables_match_the_result_files():
+    p = subprocess.run(
+        [sys.executable, "scripts/results_table.py", "--check"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert p.returncode == 0, p.stdout + p.stderr
+
+
+@pytest.mark.parametrize("run", PUBLISHED, ids=[p.name for p in PUBLISHED])
+def test_a_published_run_recomputes_from_its_own_files(run):
+    """The report's figures come out again from the evaluation files published beside it, and
+    the run is small enough to keep (< 2 MB), names its commit and machine, and is 3 seeds of
+    a fixed number of steps."""
+    bench = module("bench_learning")
+    first = json.loads((run / "learning.json").read_text())
+    runs = [bench.SeedRun.read(d) for d in bench.seed_dirs(run)]
+    again = bench.report(runs, first["recipe"], first["preset"], 10000, first["command"])
+    for key in ("n_eval", "before", "after", "diff", "ci_low", "ci_high", "seeds", "steps"):
+        assert again[key] == first[key], key
+    assert sum(f.stat().st_size for f in run.rglob("*") if f.is_file()) < 2_000_000
+    assert first["commit"] and "+dirty" not in first["commit"] and first["machine"]
+    assert len(first["seeds"]) >= 3 and not first["capped"] and isinstance(first["steps"], int)
+
+
+def test_a_table_is_filled_in_between_its_markers_and_unknown_ones_are_named(tmp_path):
+    rt = module("results_table")
+    text = "x\n<!-- results:seeds nope -->\nold\n<!-- /results -->\ny\n"
+    with pytest.raises(SystemExit, match="nope"):
+        rt.render(text, Path("doc.md"))
+    with pytest.raises(SystemExit, match="unknown table 'results:bogus'"):
+        rt.render("<!-- results:bogus -->\n<!-- /results -->", Path("doc.md"))
+    if PUBLISHED:
+        name = PUBLISHED[0].name
+        out = rt.render(f"a\n<!-- results:seeds {name} -->\nold\n<!-- /results -->\nb\n", Path("d"))
+        assert out.startswith("a\n<!-- results:seeds") and out.endswith("<!-- /results -->\nb\n")
+        assert "old" not in out and f"| {name} | " in out
