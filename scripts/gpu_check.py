@@ -11,14 +11,17 @@ Checks (tiny models built from configs: no model hub, no internet):
 4. ``payload``: a ``flattened_bucket`` payload written on the device (``FlatBucketWriter``)
    and read back in another process (``decode_flattened_bucket``), every tensor compared;
 5. ``distributed``: run 1 with ``sync.transport distributed``: a process-group broadcast from
-   the trainer to the engine (NCCL on CUDA, gloo on CPU);
+   the trainer to the engine (gloo on CPU; NCCL on CUDA with the engine on a second GPU, since
+   NCCL refuses two ranks on one GPU: with a single GPU, gloo from the trainer's GPU);
 6. ``sync_bench``: ``scripts/bench_weight_sync.py`` on a 2-layer Qwen2.5-0.5B-shaped model:
    conversion and push time over a plain copy of the same bytes, per transport (the script
    builds the model on the CPU; the issue's goal, <= 1.5x a device-to-device copy, needs it on
    the GPU: not measured here yet).
 
 Each check prints PASS, FAIL or SKIP (megatron-core not installed) and its figure; the exit
-status is 1 when any failed. ``--device cpu`` runs the same checks on CPU (what CI runs, so
+status is 1 when any failed; a failed check also prints the end of its output. ``--out DIR``
+writes the table (``gpu_check.md``) and the results with the machine and versions
+(``gpu_check.json``) there. ``--device cpu`` runs the same checks on CPU (what CI runs, so
 this script cannot rot); ``scripts/gpu_check.sh`` is the one command on a GPU machine.
 """
 
@@ -27,6 +30,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import platform
 import subprocess
 import sys
 import tempfile
@@ -60,8 +64,18 @@ def _train(device: str, out: Path, *flags: str, timeout: float) -> tuple[bool, s
     rc, tail, seconds = _run([*cmd, *flags], timeout)
     rows = _rows(out)
     if rc != 0 or len(rows) != STEPS:
+        print(tail, flush=True)
         return False, f"exit {rc}, {len(rows)} of {STEPS} steps: {tail[-400:]}", rows
     return True, f"{STEPS} steps in {seconds:.0f} s, reward {rows[-1]['reward']:.3f}", rows
+
+
+def _commit() -> str | None:
+    """The checked-out commit, or None where this tree is a copy without git (a lent machine)."""
+    try:
+        p = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    except OSError:
+        return None
+    return p.stdout.strip() if p.returncode == 0 else None
 
 
 def _digest(t) -> str:
@@ -116,6 +130,7 @@ def check_sync_bench(device: str, timeout: float) -> tuple[bool, str]:
     cmd = [sys.executable, "scripts/bench_weight_sync.py", "--layers", "2", "--dtype", "bfloat16"]
     rc, tail, _ = _run(cmd, timeout)
     if rc != 0:
+        print(tail, flush=True)
         return False, f"exit {rc}: {tail[-400:]}"
     lines = tail.splitlines()
     pushes = [line.split()[1] for line in lines if line.startswith("push (")]
@@ -129,15 +144,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
     p.add_argument("--timeout", type=float, default=600, help="seconds per check")
     p.add_argument("--skip", default="", help="comma-separated checks to leave out")
+    p.add_argument("--out", type=Path, help="folder for gpu_check.md and gpu_check.json")
     args = p.parse_args(argv)
     skip = set(filter(None, args.skip.split(",")))
-    if args.device.startswith("cuda"):
-        import torch
+    import torch
 
+    machine = platform.processor() or platform.machine()
+    if args.device.startswith("cuda"):
         if not torch.cuda.is_available():
             print("gpu_check: no CUDA device here (torch.cuda.is_available() is False)")
             return 2
-        print(f"gpu_check on {torch.cuda.get_device_name(args.device)}, torch {torch.__version__}")
+        machine = torch.cuda.get_device_name(args.device)
+    print(f"gpu_check on {machine}, torch {torch.__version__}, Python {platform.python_version()}")
     results: list[tuple[str, str, str]] = []
 
     def record(name: str, ok: bool | None, figure: str) -> None:
@@ -168,20 +186,35 @@ def main(argv: list[str] | None = None) -> int:
         if "payload" not in skip:
             record("payload", *check_payload(args.device))
         if "distributed" not in skip:
-            ok, figure, _ = _train(
-                args.device,
-                out / "distributed",
-                "--sync.transport",
-                "distributed",
-                timeout=args.timeout,
-            )
-            record("distributed", ok, figure)
+            flags, over = ["--sync.transport", "distributed"], ""
+            if args.device.startswith("cuda"):
+                # NCCL refuses two ranks on one GPU ("Duplicate GPU detected") and the engine
+                # is a process of its own: a second GPU takes the engine, else gloo carries it.
+                if torch.cuda.device_count() > 1:
+                    flags, over = [*flags, "--engine.device", "cuda:1"], ", NCCL to cuda:1"
+                else:
+                    flags, over = [*flags, "--sync.backend", "gloo"], ", gloo (one GPU)"
+            ok, figure, _ = _train(args.device, out / "distributed", *flags, timeout=args.timeout)
+            record("distributed", ok, figure + over)
         if "sync_bench" not in skip:
             record("sync_bench", *check_sync_bench(args.device, args.timeout))
 
-    print("\n| check | result | figure |\n|---|---|---|")
-    for name, verdict, figure in results:
-        print(f"| {name} | {verdict} | {figure.replace('|', '/')} |")
+    table = "| check | result | figure |\n|---|---|---|\n" + "".join(
+        f"| {n} | {v} | {f.replace('|', '/')} |\n" for n, v, f in results
+    )
+    print("\n" + table, end="")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu_check.md").write_text(table)
+        summary = {
+            "device": args.device,
+            "machine": machine,
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "commit": _commit(),
+            "results": [{"check": n, "result": v, "figure": f} for n, v, f in results],
+        }
+        (args.out / "gpu_check.json").write_text(json.dumps(summary, indent=1) + "\n")
     return 1 if any(v == "FAIL" for _, v, _ in results) else 0
 
 
