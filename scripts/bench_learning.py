@@ -290,6 +290,12 @@ class SeedRun:
         return cls(path, rows, config, steps, first_eval(path), last)
 
     @property
+    def commit(self) -> str:
+        """The commit the seed trained at (written when it started), else the current one."""
+        stamp = self.path / "commit.txt"
+        return stamp.read_text().strip() if stamp.exists() else commit()
+
+    @property
     def seed(self) -> int:
         return int(self.config.get("seed", 0))
 
@@ -449,7 +455,7 @@ def report(
         "agents": agents,
         "phases_s": {k: round(sum(r.phases()[k] for r in runs), 1) for k in runs[0].phases()},
         "command": command_line,
-        "commit": commit(),
+        "commit": ", ".join(sorted({r.commit for r in runs})),
         "machine": machine(),
     }
 
@@ -493,6 +499,8 @@ def publish(out: Path, runs: list[SeedRun], name: str) -> Path:
         d = dest / f"seed{r.seed}"
         (d / "eval").mkdir(parents=True)
         shutil.copy(r.path / "config.json", d / "config.json")
+        if (r.path / "commit.txt").exists():
+            shutil.copy(r.path / "commit.txt", d / "commit.txt")
         for src, target in (
             (_either(r.path / "metrics.jsonl"), d / "metrics.jsonl.gz"),
             (r.first, d / "eval" / "step_0.jsonl.gz"),
@@ -611,6 +619,8 @@ def train_seed(args: argparse.Namespace, seed: int, out: Path, extra: list[str])
         cmd += ["--preset", args.preset, "--output_dir", str(out), *flags]
         shown = shlex.join(cmd)
     print(f"seed {seed}: $ {shown}", flush=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "commit.txt").write_text(commit() + "\n")  # what trained, whatever changes later
     if subprocess.run(cmd, cwd=ROOT, env=env).returncode != 0:
         sys.exit(f"bench_learning.py: the training run of seed {seed} failed (its logs: {out})")
 

@@ -345,7 +345,8 @@ def canonical_key(row: Mapping[str, Any]) -> str:
     """What makes two problems the same, for keeping held-out sets apart from training sets:
     a bare arithmetic problem's expression in a value-preserving normal form (``_normal_form``:
     brackets, operand order and "a - b" against "a + -b" do not matter), else (word problems)
-    the prompt with its case and white space normalised. tests/recipes/test_data_leaks.py checks every shipped split by it."""
+    the prompt with its case and white space normalised. tests/recipes/test_data_leaks.py
+    checks every shipped split by it."""
     prompt = str(row["prompt"])
     spans = [m.group(0).strip() for m in _ARITHMETIC.finditer(prompt)]
     expr = max(spans, key=len, default="").rstrip(".").strip()

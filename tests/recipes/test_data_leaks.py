@@ -73,7 +73,7 @@ def test_held_out_items_are_not_training_items_by_canonical_key(recipe, train, h
 
 
 def test_the_math_key_sees_through_brackets_order_and_signs():
-    same = ["Calculate ( 2 + -1 ).", "Calculate -1 + 2.", "Calculate 2 - 1.", "Calculate ((2 - 1))."]
+    same = ["Calculate ( 2 + -1 ).", "Calculate -1 + 2.", "Calculate 2 - 1.", "Calculate ((2-1))."]
     assert len({math_key({"prompt": p}) for p in same}) == 1
     assert math_key({"prompt": "Calculate 2 * -1."}) == math_key({"prompt": "Calculate -1 * 2."})
     # ...but not through structure: (2 * 7) + -7 is not 2 * (7 + -7)

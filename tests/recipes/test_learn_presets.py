@@ -178,6 +178,7 @@ def finished_run(out: Path, seeds: dict[int, tuple[list[float], list[float]]], s
             },
         }
         (d / "config.json").write_text(json.dumps(config))
+        (d / "commit.txt").write_text("abc123\n")
         rows = [{"step": -1, "time/startup_s": 3.0}]
         rows += [{"step": k, "doctor/response_length": 10.0, "doctor/samples": 4.0,
                   "time/train_s": 6.0} for k in range(steps)]  # fmt: skip
@@ -207,6 +208,7 @@ def test_report_pools_seeds_and_reports_each(tmp_path, capsys):
     r = json.loads((out / "learning.json").read_text())
     assert r["agent"] == "doctor" and r["score"] == "diagnosis_correct"
     assert r["seeds"] == [0, 1] and r["steps"] == 2 and r["capped"] == []
+    assert r["commit"] == "abc123"  # the commit each seed trained at
     assert r["before"] == 0.0 and r["after"] == pytest.approx(3 / 8) and r["n_eval"] == 4
     assert [s["after"] for s in r["per_seed"]] == [0.5, 0.25]
     assert r["beside"]["reward"]["after"] == pytest.approx(2.0 / 8)
@@ -263,8 +265,8 @@ def test_publish_copies_what_the_report_was_computed_from(tmp_path, monkeypatch)
     assert names == [
         "learning.json",
         *[f"seed{s}/{f}" for s in (3, 4) for f in (
-            "config.json", "curves.png", "eval/step_0.jsonl.gz", "eval/step_2.jsonl.gz",
-            "metrics.jsonl.gz")],
+            "commit.txt", "config.json", "curves.png", "eval/step_0.jsonl.gz",
+            "eval/step_2.jsonl.gz", "metrics.jsonl.gz")],
     ]  # fmt: skip
     # the published copy is a run folder: reported from it, the figures are the same
     again = m.report(

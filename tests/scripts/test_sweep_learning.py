@@ -84,7 +84,7 @@ def test_bad_flags_are_refused_by_name(flags, message, tmp_path):
 
 def test_unknown_recipe_is_refused():
     p = subprocess.run(
-        [sys.executable, "scripts/sweep_learning.py", "--recipe", "nope", "--lr", "1e-5", "--steps", "1"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        [sys.executable, "scripts/sweep_learning.py", "--recipe", "nope", "--lr", "1e-5",
+         "--steps", "1"], cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert p.returncode != 0 and "--recipe must be one of" in p.stderr
