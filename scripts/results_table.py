@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -38,11 +39,16 @@ BLOCK = re.compile(
 )
 
 
-def load(name: str) -> dict:
+def load(name: str) -> dict | None:
+    """A published run's report; None when a table names a run not published yet."""
+    if not re.fullmatch(r"[\w.-]+", name):
+        raise SystemExit(f"results_table.py: {name!r} is not a run name")
     path = RESULTS / name / "learning.json"
-    if not path.exists():
-        raise SystemExit(f"results_table.py: {path} does not exist (a table names run {name!r})")
-    return json.loads(path.read_text())
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def _pending(name: str, columns: int) -> str:
+    return f"| {name} | not published yet |" + " |" * (columns - 2)
 
 
 def published() -> list[str]:
@@ -62,7 +68,12 @@ def _steps(r: dict) -> str:
     return f"{steps}" + (" (capped)" if r.get("capped") else "")
 
 
-def learning_table(names: list[str]) -> str:
+def _link(name: str, where: Path) -> str:
+    """A run's folder as a link relative to the Markdown file ``where`` (repository-relative)."""
+    return f"[{name}]({os.path.relpath(RESULTS / name, (ROOT / where).parent)})"
+
+
+def learning_table(names: list[str], where: Path) -> str:
     """One row per run: the skill headline, before → after, difference and interval over
     seeds and items; the scores beside it (composite reward, format) as before → after."""
     lines = [
@@ -72,9 +83,12 @@ def learning_table(names: list[str]) -> str:
     ]
     for name in names:
         r = load(name)
+        if r is None:
+            lines.append(_pending(name, 11))
+            continue
         beside = "; ".join(f"{k} {_change(v)}" for k, v in r["beside"].items()) or "—"
         cells = [
-            f"[{name}](docs/results/{name})",
+            _link(name, where),
             f"{r['recipe']} ({r['preset']})",
             r["metric"],
             f"{len(r['seeds'])} × {_steps(r)}",
@@ -90,7 +104,7 @@ def learning_table(names: list[str]) -> str:
     return "\n".join(lines)
 
 
-def multi_agent_table(names: list[str]) -> str:
+def multi_agent_table(names: list[str], where: Path) -> str:
     """Each run published with --against: its final headline score against the baseline's, by
     item, with the two-level interval, and both runs' generated tokens per step."""
     lines = [
@@ -100,12 +114,15 @@ def multi_agent_table(names: list[str]) -> str:
     ]
     for name in names:
         r = load(name)
+        if r is None:
+            lines.append(_pending(name, 9))
+            continue
         vs = r.get("against")
         if vs is None:
             continue
         s, base = vs["headline"], vs["base_headline"]
         cells = [
-            f"{r['preset']}: {r['agent']} ([{name}](docs/results/{name}))",
+            f"{r['preset']}: {r['agent']} ({_link(name, where)})",
             f"{Path(vs['run']).name}: {base['agent']}",
             r["metric"],
             f"{len(r['seeds'])}, {len(vs['seeds'])}",
@@ -119,14 +136,18 @@ def multi_agent_table(names: list[str]) -> str:
     return "\n".join(lines)
 
 
-def seeds_table(names: list[str]) -> str:
+def seeds_table(names: list[str], where: Path) -> str:
     """One run's per-seed rows."""
     lines = [
         "| run | seed | steps | before | after | difference [95% item interval] | minutes |",
         "|---|---|---|---|---|---|---|",
     ]
     for name in names:
-        for s in load(name)["per_seed"]:
+        r = load(name)
+        if r is None:
+            lines.append(_pending(name, 7))
+            continue
+        for s in r["per_seed"]:
             cells = [name, str(s["seed"]), str(s["steps"]), f"{s['before']:.3f}"]
             cells += [f"{s['after']:.3f}", _ci(s), f"{s['minutes']:.0f}"]
             lines.append("| " + " | ".join(cells) + " |")
@@ -144,7 +165,7 @@ def render(text: str, where: Path) -> str:
         if kind not in TABLES:
             raise SystemExit(f"results_table.py: {where}: unknown table 'results:{kind}'")
         names = m.group("names").split() or published()
-        return m.group(1) + TABLES[kind](names) + "\n" + m.group(5)
+        return m.group(1) + TABLES[kind](names, where) + "\n" + m.group(5)
 
     return BLOCK.sub(fill, text)
 

@@ -5,12 +5,12 @@
 #      per problem (rejection sampling: collect.min_reward 1)
 #   3. sft    the model on those answers (their exact ids and loss masks)
 #   4. eval   the SFT model
-#   5. rl     GRPO from the SFT model for RL_MINUTES (scripts/bench_learning.py: held-out before
-#             and after, with a paired-bootstrap interval)
+#   5. rl     GRPO from the SFT model for RL_STEPS steps (scripts/bench_learning.py: held-out
+#             before and after, with a bootstrap interval)
 # and prints the held-out accuracy after each stage. Every stage writes under OUT; a stage whose
 # output exists is skipped, so the same command resumes.
 #   bash scripts/sft_to_rl.sh                      # OUT=runs/sft_to_rl
-#   COLLECT_PROMPTS=64 RL_MINUTES=2 bash scripts/sft_to_rl.sh   # a quick pass
+#   COLLECT_PROMPTS=64 RL_STEPS=2 bash scripts/sft_to_rl.sh   # a quick pass
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/sft_to_rl}"
@@ -20,7 +20,7 @@ EVAL_PROMPTS="${EVAL_PROMPTS:-256}"
 COLLECT_PROMPTS="${COLLECT_PROMPTS:-512}"
 N_SAMPLES="${N_SAMPLES:-4}"
 EPOCHS="${EPOCHS:-2}"
-RL_MINUTES="${RL_MINUTES:-15}"
+RL_STEPS="${RL_STEPS:-32}"
 [ -x "$PY" ] || bash scripts/setup.sh dev,math,models
 mkdir -p "$OUT"
 
@@ -48,18 +48,19 @@ stage "3. sft on the kept answers, $EPOCHS epochs"
 stage "4. sft model, held out"
 evaluate sft --model "$OUT/sft/model"
 
-stage "5. rl from the sft model, $RL_MINUTES minutes"
+stage "5. rl from the sft model, $RL_STEPS steps"
 [ -f "$OUT/rl/learning.json" ] || "$PY" scripts/bench_learning.py --recipe math_solver_verifier \
-  --minutes "$RL_MINUTES" --out "$OUT/rl" -- --model "$OUT/sft/model" \
+  --steps "$RL_STEPS" --out "$OUT/rl" -- --model "$OUT/sft/model" \
   --eval.max_prompts "$EVAL_PROMPTS"
 
-stage "summary: held-out accuracy of the solver (greedy, $EVAL_PROMPTS problems)"
+stage "summary: held-out accuracy of the solver (the learn preset's evaluation, $EVAL_PROMPTS problems)"
 "$PY" - "$OUT" <<'EOF'
 import json, sys
 from pathlib import Path
 out = Path(sys.argv[1])
 def acc(path):
-    return json.loads(path.read_text())["eval/solver/pass@1"]
+    row = json.loads(path.read_text())
+    return next(v for k, v in row.items() if k.startswith("eval/solver/avg@"))
 rl = json.loads((out / "rl" / "learning.json").read_text())
 kept = sum(1 for _ in (out / "collect" / "trajectories.jsonl").open())
 print(f"| stage | accuracy |\n|---|---|")

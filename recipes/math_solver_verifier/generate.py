@@ -8,9 +8,10 @@ selected rewrite's answer is the episode's answer: ``metadata["correct"]`` on ev
 says whether it was right, which drives the kernel's asymmetric outcome weighting.
 
 ``solver_verifier`` (Dr.MAS math): the solver proposes; the verifier answers ``Verdict:
-approve`` or ``Verdict: reject``; on reject the solver revises in the same dialogue, until
-approval or ``max_loops``. A verdict the verifier did not state in that form is a format
-failure, never an approval. The final solution's answer is the episode's answer.
+approve`` or ``Verdict: reject`` (its reply may open with a given ``verifier_prefix``); on
+reject the solver revises in the same dialogue, until approval or ``max_loops``. A verdict the
+verifier did not state in that form is a format failure, never an approval. The final
+solution's answer is the episode's answer.
 
 ``solver`` (the single-agent baseline, and what a learning run on a small budget trains):
 ``num_parallel`` solvers answer independently; each is the episode's answer for its own sample
@@ -147,7 +148,7 @@ async def solver_verifier(ctx: RolloutContext, seed: Sample) -> list[Sample]:
             verifier = Dialogue(ctx.agents["verifier"], first=check)
         elif not verifier.say("user", check):
             break
-        await verifier.speak()
+        await verifier.speak(prefix=cfg.verifier_prefix)
         verdicts.append(parse_verdict(verifier.text))
         if verdicts[-1] is True:
             break

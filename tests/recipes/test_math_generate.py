@@ -216,3 +216,21 @@ def test_a_selector_prefix_is_given_not_trained_and_the_pick_follows_it(
     assert sel.metadata["metrics"]["selector_format_ok"] == 1.0
     own = _own_text(sel, tok)  # the prefix is context: the selector trains on its pick only
     assert own.startswith("2, the second one.") and "Judgment" not in own
+
+
+def test_a_verifier_prefix_is_given_not_trained_and_the_verdict_follows_it(
+    scripted_agent, smollm2_tokenizer
+):
+    tok = smollm2_tokenizer
+    agents = {
+        "solver": scripted_agent("solver", tok, ["5 - 3 = 1", "Sorry: 5 - 3 = 2"]),
+        "verifier": scripted_agent("verifier", tok, ["reject, 5 - 3 is not 1.", "approve"]),
+    }
+    config = RecipeConfig(
+        workflow="solver_verifier", max_loops=3, verifier_prefix="Verdict: "
+    ).validate()
+    samples = asyncio.run(generate(RolloutContext(agents=agents, config=config), _seed()))
+    (ver,) = [s for s in samples if s.agent == "verifier"]
+    assert ver.metadata["verdicts"] == [False, True] and ver.metadata["correct"] is True
+    own = _own_text(ver, tok)  # the prefix is context: the verifier trains on its decisions
+    assert "reject" in own and "approve" in own and "Verdict" not in own
