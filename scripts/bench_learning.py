@@ -106,6 +106,9 @@ PRESET_HEADLINES = {
         "correct final answers of solver -> rewriter -> selector",
         beside=("reward", "solver_accuracy", "selector_format_ok"),
     ),
+    ("debate", "learn_single"): Headline(
+        "alice", "passed", "accuracy of one agent answering alone"
+    ),
     ("math_solver_verifier", "learn_verifier"): Headline(
         "solver",
         "passed",

@@ -18,7 +18,8 @@ class RecipeConfig:
     a judge (a rule or a model) decides the debate's answer."""
 
     debaters: list[str] = field(default_factory=lambda: ["alice", "bob"])
-    """the debating agents (run.agents must name them), two or more"""
+    """the debating agents (run.agents must name them), distinct; one alone (with ``rounds: 1``)
+    is the single-agent baseline: its answer is the verdict"""
     rounds: int = 2
     """round 1: each answers alone; each later round: each reads the others' last answers and
     answers again"""
@@ -37,9 +38,9 @@ class RecipeConfig:
     """another debater's answer is cut to this many characters when quoted"""
 
     def validate(self) -> RecipeConfig:
-        if len(self.debaters) < 2 or len(set(self.debaters)) != len(self.debaters):
+        if not self.debaters or len(set(self.debaters)) != len(self.debaters):
             raise ValueError(
-                f"recipe_args.debaters must name two or more distinct agents, got {self.debaters}"
+                f"recipe_args.debaters must name one or more distinct agents, got {self.debaters}"
             )
         if JUDGE in self.debaters:
             raise ValueError(f"recipe_args.debaters: {JUDGE!r} is the judge's agent name")

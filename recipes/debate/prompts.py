@@ -8,6 +8,11 @@ from collections.abc import Mapping
 
 
 def debater_system(name: str, others: list[str], rounds: int) -> str:
+    if not others:  # one agent answering alone: the single-agent baseline of a debate
+        return (
+            f"You are {name}, solving a math question. Answer briefly and end with "
+            "'Answer: <number>'."
+        )
     return (
         f"You are {name}, one of {len(others) + 1} people solving a math question together with "
         f"{', '.join(others)}. Answer briefly and end with 'Answer: <number>'."

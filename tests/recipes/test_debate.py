@@ -90,7 +90,8 @@ def test_model_judge_rewards_itself_on_its_verdict():
 @pytest.mark.parametrize(
     ("args", "field"),
     [
-        ({"debaters": ["alice"]}, "debaters"),
+        ({"debaters": []}, "debaters"),
+        ({"debaters": ["alice", "alice"]}, "debaters"),
         ({"debaters": ["alice", "judge"]}, "debaters"),
         ({"rounds": 0}, "rounds"),
         ({"judge": "vote"}, "judge"),
@@ -148,6 +149,19 @@ def test_a_model_judge_reads_the_final_answers(tiny_engine, scripted_agent):
     assert "alice: Still 2. Answer: 2" in view and "bob: Answer: 8" in view
     assert "bob: Answer: 9" not in view  # the judge reads the final answers only
     assert reward(ctx, samples) == {"alice": 1.5, "bob": 0.0, "judge": 1.0}
+
+
+def test_one_agent_alone_is_the_single_agent_baseline(tiny_engine, scripted_agent):
+    """learn_single: one debater, one round: no partner in its prompt, its answer the verdict."""
+    _, tok = tiny_engine
+    agents = {"alice": scripted_agent("alice", tok, ["5 - 3 = 2. Answer: 2"])}
+    cfg = RecipeConfig(debaters=["alice"], rounds=1).validate()
+    ctx = RolloutContext(agents=agents, config=cfg)
+    (alone,) = asyncio.run(generate(ctx, _seed()))
+    prompt = tok.decode(alone.prompt_ids)
+    assert "together with" not in prompt and "others" not in prompt
+    assert alone.metadata["debate"] == {"alice": ["5 - 3 = 2. Answer: 2"]}
+    assert reward(ctx, [alone]) == {"alice": 1.5} and alone.metadata["correct"] is True
 
 
 @pytest.mark.slow
