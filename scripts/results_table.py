@@ -47,10 +47,6 @@ def load(name: str) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
-def _pending(name: str, columns: int) -> str:
-    return f"| {name} | not published yet |" + " |" * (columns - 2)
-
-
 def published() -> list[str]:
     return sorted(p.parent.name for p in RESULTS.glob("*/learning.json"))
 
@@ -73,85 +69,96 @@ def _link(name: str, where: Path) -> str:
     return f"[{name}]({os.path.relpath(RESULTS / name, (ROOT / where).parent)})"
 
 
+def _table(header: list[str], names: list[str], rows) -> str:
+    """A Markdown table: ``header``, then the rows (lists of cells) ``rows(name, report)``
+    gives for each named run; a run not published yet gets a row saying so."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in names:
+        r = load(name)
+        pending = [[name, "not published yet"] + [""] * (len(header) - 2)]
+        lines += [
+            "| " + " | ".join(cells) + " |" for cells in (pending if r is None else rows(name, r))
+        ]
+    return "\n".join(lines)
+
+
 def learning_table(names: list[str], where: Path) -> str:
     """One row per run: the skill headline, before → after, difference and interval over
     seeds and items; the scores beside it (composite reward, format) as before → after."""
-    lines = [
-        "| run | recipe (preset) | skill metric | seeds × steps | held-out n | before | after "
-        "| difference [95% interval] | beside it (before → after) | tokens / step | commit |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name in names:
-        r = load(name)
-        if r is None:
-            lines.append(_pending(name, 11))
-            continue
+    header = ["run", "recipe (preset)", "skill metric", "seeds × steps", "held-out n", "before"]
+    header += ["after", "difference [95% interval]", "beside it (before → after)"]
+    header += ["tokens / step", "commit"]
+
+    def rows(name: str, r: dict) -> list[list[str]]:
         beside = "; ".join(f"{k} {_change(v)}" for k, v in r["beside"].items()) or "—"
-        cells = [
-            _link(name, where),
-            f"{r['recipe']} ({r['preset']})",
-            r["metric"],
-            f"{len(r['seeds'])} × {_steps(r)}",
-            str(r["n_eval"]),
-            f"{r['before']:.3f}",
-            f"{r['after']:.3f}",
-            f"**{_ci(r)}**",
-            beside,
-            f"{r['tokens_per_step']:.0f}",
-            f"`{r['commit']}`",
+        return [
+            [
+                _link(name, where),
+                f"{r['recipe']} ({r['preset']})",
+                r["metric"],
+                f"{len(r['seeds'])} × {_steps(r)}",
+                str(r["n_eval"]),
+                f"{r['before']:.3f}",
+                f"{r['after']:.3f}",
+                f"**{_ci(r)}**",
+                beside,
+                f"{r['tokens_per_step']:.0f}",
+                f"`{r['commit']}`",
+            ]
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+
+    return _table(header, names, rows)
 
 
 def multi_agent_table(names: list[str], where: Path) -> str:
     """Each run published with --against: its final headline score against the baseline's, by
     item, with the two-level interval, and both runs' generated tokens per step."""
-    lines = [
-        "| workflow (run) | baseline (run) | skill metric | seeds | held-out n | baseline | "
-        "workflow | difference [95% interval] | tokens / step (workflow, baseline) |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name in names:
-        r = load(name)
-        if r is None:
-            lines.append(_pending(name, 9))
-            continue
+    header = ["workflow (run)", "baseline (run)", "skill metric", "seeds", "held-out n"]
+    header += ["baseline", "workflow", "difference [95% interval]"]
+    header += ["tokens / step (workflow, baseline)"]
+
+    def rows(name: str, r: dict) -> list[list[str]]:
         vs = r.get("against")
         if vs is None:
-            continue
+            return []
         s, base = vs["headline"], vs["base_headline"]
-        cells = [
-            f"{r['preset']}: {r['agent']} ({_link(name, where)})",
-            f"{Path(vs['run']).name}: {base['agent']}",
-            r["metric"],
-            f"{len(r['seeds'])}, {len(vs['seeds'])}",
-            str(s["n_eval"]),
-            f"{s['before']:.3f}",
-            f"{s['after']:.3f}",
-            f"**{_ci(s)}**",
-            f"{r['tokens_per_step']:.0f}, {vs['tokens_per_step']:.0f}",
+        return [
+            [
+                f"{r['preset']}: {r['agent']} ({_link(name, where)})",
+                f"{Path(vs['run']).name}: {base['agent']}",
+                r["metric"],
+                f"{len(r['seeds'])}, {len(vs['seeds'])}",
+                str(s["n_eval"]),
+                f"{s['before']:.3f}",
+                f"{s['after']:.3f}",
+                f"**{_ci(s)}**",
+                f"{r['tokens_per_step']:.0f}, {vs['tokens_per_step']:.0f}",
+            ]
         ]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+
+    return _table(header, names, rows)
 
 
 def seeds_table(names: list[str], where: Path) -> str:
     """One run's per-seed rows."""
-    lines = [
-        "| run | seed | steps | before | after | difference [95% item interval] | minutes |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for name in names:
-        r = load(name)
-        if r is None:
-            lines.append(_pending(name, 7))
-            continue
-        for s in r["per_seed"]:
-            cells = [name, str(s["seed"]), str(s["steps"]), f"{s['before']:.3f}"]
-            cells += [f"{s['after']:.3f}", _ci(s), f"{s['minutes']:.0f}"]
-            lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    header = ["run", "seed", "steps", "before", "after", "difference [95% item interval]"]
+    header += ["minutes"]
+
+    def rows(name: str, r: dict) -> list[list[str]]:
+        return [
+            [
+                name,
+                str(s["seed"]),
+                str(s["steps"]),
+                f"{s['before']:.3f}",
+                f"{s['after']:.3f}",
+                _ci(s),
+                f"{s['minutes']:.0f}",
+            ]
+            for s in r["per_seed"]
+        ]
+
+    return _table(header, names, rows)
 
 
 TABLES = {"learning": learning_table, "multi_agent": multi_agent_table, "seeds": seeds_table}

@@ -54,7 +54,7 @@ def test_a_table_is_filled_in_between_its_markers_and_unknown_ones_are_named(tmp
     rt = module("results_table")
     text = "x\n<!-- results:seeds nope -->\nold\n<!-- /results -->\ny\n"
     out = rt.render(text, Path("doc.md"))  # a run named before it is published
-    assert "| nope | not published yet | |" in out and "old" not in out
+    assert "| nope | not published yet |" in out and "old" not in out
     with pytest.raises(SystemExit, match="unknown table 'results:bogus'"):
         rt.render("<!-- results:bogus -->\n<!-- /results -->", Path("doc.md"))
     if PUBLISHED:
