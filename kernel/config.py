@@ -11,11 +11,13 @@ tyro/draccus because it does all three (plus subcommands) from plain dataclasses
 
 from __future__ import annotations
 
+import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import TypeAdapter, ValidationError
 
 from kernel.advantages import TEAM_ESTIMATORS, AdvantageConfig
 from kernel.agents import AgentSpec, agent_specs, model_groups
@@ -273,12 +275,27 @@ class ModelSettings:
 
 
 def _override(section, overrides: dict[str, Any], where: str):
-    """``section`` with ``overrides`` applied and validated; errors name the agent's field."""
+    """``section`` with ``overrides`` applied and validated; errors name the agent's field.
+    Each value is first checked against its field's type (pydantic, lax: the YAML string
+    "1e-5" is a float, "fast" is not), so a wrong type fails here, naming agent, section,
+    field, value and the type expected, not deep inside a trainer as a bare TypeError."""
     names = {f.name for f in fields(section)}
     unknown = sorted(set(overrides) - names)
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(names)}")
-    result = replace(section, **overrides)
+    hints = typing.get_type_hints(type(section))
+    typed = {}
+    for key, value in overrides.items():
+        try:
+            typed[key] = TypeAdapter(hints[key]).validate_python(value)
+        except ValidationError as e:
+            hint = hints[key]
+            expected = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+            reason = e.errors()[0]["msg"]
+            raise ValueError(
+                f"{where}.{key}: {value!r} is not a valid {expected} ({reason})"
+            ) from None
+    result = replace(section, **typed)
     try:
         result.validate()
     except ValueError as e:

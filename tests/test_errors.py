@@ -75,3 +75,8 @@ def test_agents_key_typo_is_named_with_the_valid_keys(tmp_path, via):
         args = ["--config", str(tmp_path / "agents.yaml")]
     out = _cli("config", "--preset=toy", *args)
     _fails_cleanly(out, "agents[0]: unknown key 'modle'", "valid keys: name, model, ")
+
+
+def test_a_per_agent_override_of_the_wrong_type_is_refused_before_start():
+    out = _cli("config", "--preset=toy", '--agents=[{"name": "a", "optim": {"lr": "fast"}}]')
+    _fails_cleanly(out, "agents['a'].optim.lr: 'fast' is not a valid float")

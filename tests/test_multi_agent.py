@@ -87,6 +87,19 @@ def test_bad_agent_specs_fail_naming_the_agent_and_field(agents, message):
     ("agents", "message"),
     [
         ([AgentSpec("a", optim={"learning_rate": 1.0})], r"agents\['a'\].optim: unknown key"),
+        # a value of the wrong type names agent, section, field, value and the type expected
+        (
+            [AgentSpec("a", optim={"lr": "fast"})],
+            r"agents\['a'\].optim.lr: 'fast' is not a valid float",
+        ),
+        (
+            [AgentSpec("a", optim={"weight_decay": [1]})],
+            r"agents\['a'\].optim.weight_decay: \[1\] is not a valid float",
+        ),
+        (
+            [AgentSpec("a", trainer={"max_tokens_per_microbatch": "many"})],
+            r"agents\['a'\].trainer.max_tokens_per_microbatch: 'many' is not a valid int",
+        ),
         ([AgentSpec("a", loss={"clip_eps": -1.0})], r"agents\['a'\].loss"),
         ([AgentSpec("a", engine={"num_engines": 0})], r"agents\['a'\].engine"),
         ([AgentSpec("a", rollout={"top_p": 2.0})], r"agents\['a'\].rollout"),
@@ -103,6 +116,16 @@ def test_bad_overrides_fail_before_anything_starts(agents, message):
     cfg.data.path = "x.jsonl"
     with pytest.raises(ValueError, match=message):
         cfg.validate()
+
+
+def test_override_values_are_read_as_their_fields_type():
+    """A YAML string that is a number is the number ("1e-5" for a float, as the top-level flags
+    read it), so the lax reading accepts what a user writes and refuses what cannot be meant."""
+    cfg = TrainConfig(agents=[AgentSpec("a", optim={"lr": "1e-5"}, rollout={"top_p": 1})])
+    cfg.data.path = "x.jsonl"
+    owner = cfg.validate().agent_specs()[0]
+    assert cfg.model_settings(owner).optim.lr == 1e-5
+    assert cfg.agent_rollout(owner).top_p == 1.0
 
 
 def test_overrides_apply_per_model_and_per_agent():

@@ -108,7 +108,9 @@ def test_sglang_command_adds_the_models_own_flags_after_the_clusters(tmp_path):
     ]  # fmt: skip
     cmd, _ = _engine_command("sglang", cfg, patient, patient.engines[0], ip, out, cluster_args)
     assert cmd[4] == "/ckpt/patient" and cmd[-2:] == cluster_args
-    with pytest.raises(ValueError, match=r"engine\.sglang_args must be strings"):
+    with pytest.raises(
+        ValueError, match=r"engine\.sglang_args: \['--tp', 2\] is not a valid list\[str\]"
+    ):
         bad = json.dumps([{"name": "doctor", "engine": {"sglang_args": ["--tp", 2]}}, "patient"])
         recipe_config("takes_two", "--agents", bad).validate()
 
