@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# From SFT to RL on the CPU default, one worked pipeline (README "From SFT to RL"):
+# From SFT to RL on the CPU default, one worked pipeline (docs/reference.md, "From SFT to RL"):
 #   1. eval   the base model (SmolLM2-135M-Instruct) on the held-out arith2-12d problems
 #   2. collect its answers to training problems, N_SAMPLES each, keeping the best correct one
 #      per problem (rejection sampling: collect.min_reward 1)
