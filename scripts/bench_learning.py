@@ -184,11 +184,9 @@ def item_scores(path: Path) -> Scores:
             for key, v in (metrics[i] if i < len(metrics) else {}).items():
                 if v is not None:
                     values.setdefault(key, []).append(float(v))
-        for key, vs in values.items():
-            if vs:
-                out.setdefault(item["agent"], {}).setdefault(key, {})[item["row"]] = sum(vs) / len(
-                    vs
-                )
+        means = {key: sum(vs) / len(vs) for key, vs in values.items() if vs}
+        for key, mean in means.items():
+            out.setdefault(item["agent"], {}).setdefault(key, {})[item["row"]] = mean
     return out
 
 
@@ -250,12 +248,9 @@ def compare_all(before: list[Scores], after: list[Scores], resamples: int, fn) -
 
 
 def seed_dirs(out: Path) -> list[Path]:
-    """The seed folders of a bench_learning run (``seed<S>``, by seed); a folder holding a
-    single kernel run (``metrics.jsonl`` at its top: a run from before seeds) is its own."""
+    """The seed folders of a bench_learning run (``seed<S>``, by seed), published or not."""
     found = {p.parent for p in out.glob("seed*/metrics.jsonl*")}
-    if found:
-        return sorted(found, key=lambda p: int(p.name[4:]))
-    return [out] if _either(out / "metrics.jsonl").exists() else []
+    return sorted(found, key=lambda p: int(p.name[4:]))
 
 
 def final_eval(out: Path, rows: list[dict]) -> tuple[int, Path]:
