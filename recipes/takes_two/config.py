@@ -78,6 +78,10 @@ class RecipeConfig:
     diagnoses (the system prompt says so); a diagnosis after fewer is not accepted: its
     diagnosis and recommendation terms score 0 and it costs ``early_diagnosis_penalty``.
     0: the doctor may diagnose at once."""
+    show_candidates: bool = False
+    """Tell the doctor, in its opening, the conditions the case is one of (the row's
+    ``candidates``, e.g. the complaint group of a shared-complaint case): a choice the patient's
+    answers decide. Without it SmolLM2-135M named no condition at all in 128 held-out cases."""
     last_turn_notice: bool = True
     """Tell the doctor, with the patient's last answer, that its next turn must be the diagnosis."""
     final_turn_prefix: str = ""

@@ -74,6 +74,9 @@ class Case:
     recommendation: str
     synonyms: tuple[str, ...] = ()
     """The row's own ``label.synonyms`` (empty: the synonym table's entry for the diagnosis)."""
+    candidates: tuple[str, ...] = ()
+    """The conditions the case is one of (the row's ``candidates``: a synthetic case's complaint
+    group, ``SHARED_COMPLAINTS``), shown to the doctor with ``recipe_args.show_candidates``."""
 
     @classmethod
     def from_sample(cls, sample) -> Case:
@@ -103,6 +106,11 @@ class Case:
         facts = meta.get("facts")
         if facts is None and isinstance(meta.get("self_report"), str):
             facts = split_facts(meta["self_report"])
+        candidates = meta.get("candidates") or ()
+        if not isinstance(candidates, list | tuple) or not all(
+            isinstance(c, str) for c in candidates
+        ):
+            raise ValueError(f"{where}: metadata 'candidates' must be a list of strings")
         if not isinstance(facts, list) or not all(isinstance(f, str) for f in facts):
             raise ValueError(
                 f"{where}: metadata needs 'facts' (list of strings) or 'self_report' (string); "
@@ -114,6 +122,7 @@ class Case:
             diagnosis.strip(),
             recommendation.strip(),
             tuple(x.strip() for x in synonyms if x.strip()),
+            tuple(candidates),
         )
 
 
@@ -897,7 +906,8 @@ def generate_synthetic(
     fact set), nor does any case share one with a row of ``exclude`` (e.g. the training file);
     with ``exclude`` given, every row also gets ``unseen_condition`` (``mark_unseen``).
     ``complaints``: "specific" (each condition its own opening complaint) or "shared" (a group's
-    conditions open alike: ``SHARED_COMPLAINTS``)."""
+    conditions open alike: ``SHARED_COMPLAINTS``). Every row names the conditions of its
+    condition's group as ``candidates`` (what a doctor may be told the case is one of)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if not 1 <= facts_per_case <= 7:
@@ -910,6 +920,7 @@ def generate_synthetic(
     if unknown or not names:
         raise ValueError(f"conditions: unknown {unknown} (known: {list(table)})")
     shared = {d: c for c, group in SHARED_COMPLAINTS.items() for d in group}
+    groups = {d: list(group) for group in SHARED_COMPLAINTS.values() for d in group}
     exclude = list(exclude)
     seen = {canonical_key(r) for r in exclude}
     rng = random.Random(seed)
@@ -931,7 +942,13 @@ def generate_synthetic(
             facts = [f.format(d=duration) for f in rng.sample(cond.facts, facts_per_case)]
             chief = f"I am a {age}-year-old {sex}. {complaint}"
             row = make_row(
-                chief, facts, cond.diagnosis, cond.recommendation, source="synthetic", case=i
+                chief,
+                facts,
+                cond.diagnosis,
+                cond.recommendation,
+                source="synthetic",
+                case=i,
+                candidates=groups[cond.diagnosis],
             )
             if canonical_key(row) not in seen:
                 break

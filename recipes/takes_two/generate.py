@@ -54,7 +54,14 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     """The recipe's generate hook: one consultation seeded by ``sample`` (a case row)."""
     cfg = as_config(ctx.config)
     case = Case.from_sample(sample)
-    opening = prompts.doctor_opening(case.chief_complaint)
+    if cfg.show_candidates and not case.candidates:
+        raise ValueError(
+            f"sample {sample.key}: recipe_args.show_candidates needs the row's 'candidates' "
+            "(in data.metadata_keys)"
+        )
+    opening = prompts.doctor_opening(
+        case.chief_complaint, case.candidates if cfg.show_candidates else ()
+    )
     doctor = Dialogue(
         ctx.agents[DOCTOR], prompts.doctor_system(cfg.max_turns, cfg.min_questions), opening
     )

@@ -20,8 +20,10 @@ def doctor_system(max_turns: int, min_questions: int = 0) -> str:
     )
 
 
-def doctor_opening(chief_complaint: str) -> str:
-    return f"The patient says: {chief_complaint}"
+def doctor_opening(chief_complaint: str, candidates: Sequence[str] = ()) -> str:
+    """The doctor's first message; with ``candidates``, the conditions the case is one of."""
+    told = f"\n\n(The condition is one of: {', '.join(candidates)}.)" if candidates else ""
+    return f"The patient says: {chief_complaint}{told}"
 
 
 def to_doctor(answer: str, max_chars: int, last_turn: bool) -> str:

@@ -200,6 +200,30 @@ def test_episode_ends_at_the_diagnosis_and_is_rewarded(engines, scripted_agent, 
     assert p.metadata["correct"] is True
 
 
+def test_the_doctor_is_told_the_candidate_conditions_when_asked(engines, scripted_agent):
+    """show_candidates: the row's candidates are in the doctor's opening (context, not trained
+    on); without the row's candidates the episode fails naming the sample and the setting."""
+    _, p_url, d_tok, p_tok = engines
+    final = "Diagnosis: migraine\nRecommendation: rest"
+    seed = _seed()
+    seed.metadata["candidates"] = ["migraine", "gout", "lumbar muscle strain"]
+
+    def ctx(show: bool) -> RolloutContext:
+        doctor = scripted_agent("doctor", d_tok, ["Which side hurts?", final])
+        return RolloutContext(
+            agents={"doctor": doctor, "patient": _handle("patient", p_url, p_tok)},
+            config=RecipeConfig(max_turns=2, show_candidates=show).validate(),
+        )
+
+    told = "(The condition is one of: migraine, gout, lumbar muscle strain.)"
+    d = _run(ctx(True), seed)[0]
+    assert told in d_tok.decode(d.prompt_ids)
+    d = _run(ctx(False), seed)[0]
+    assert told not in d_tok.decode(d.prompt_ids)
+    with pytest.raises(ValueError, match=r"g5/e1/default/t0: recipe_args.show_candidates needs"):
+        _run(ctx(True))  # a seed without candidates
+
+
 def test_exhausted_context_ends_the_episode_cleanly(engines):
     d_url, p_url, d_tok, p_tok = engines
     system = prompts.patient_system(COMPLAINT, FACTS, RecipeConfig().unknown_reply)
