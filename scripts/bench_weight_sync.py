@@ -1,20 +1,24 @@
 """Benchmark weight sync from a Megatron model into an embedded server, next to a plain copy.
 
 A Megatron GPTModel with Qwen2.5-0.5B shapes (hidden 896, 24 layers, 14 heads, 2 KV heads,
-ffn 4864, vocab 151936, tied embeddings) and random weights is built on CPU. In one run we time:
+ffn 4864, vocab 151936, tied embeddings) and random weights is built on CPU and moved to
+``--device`` (the engine serves there too). In one run we time:
 
 1. copy: a plain copy of the bytes that get pushed (every parameter cast to the push dtype and
    concatenated with ``torch.cat``): the floor any sync has to pay once;
 2. convert: Megatron -> HF names and layouts (``export_hf_weights``: TP gather +
    ``megatron_to_hf``) cast to the push dtype and grouped into buckets;
 3. push: ``WeightSync`` of those buckets into a running embedded server, with the tensor
-   transport (HTTP payload) and then the distributed one (gloo broadcast).
+   transport (HTTP payload), the shared one (SGLang's ``flattened_bucket``: shared memory on
+   CPU, CUDA IPC on a GPU) and the distributed one (a gloo broadcast: NCCL refuses two ranks on
+   one GPU).
 
 and print GB/s of each and the ratio (convert + push) / copy per transport (target: <= 2).
 The full model needs ~2 GB (fp32) per copy and the server ~1 GB more; ``--layers`` shrinks it
 (the 136 M-entry embedding stays, so a 2-layer run still moves most of the bytes).
 
-Run: ``.venv/bin/python scripts/bench_weight_sync.py [--layers 24] [--bucket_mb 64]``.
+Run: ``.venv/bin/python scripts/bench_weight_sync.py [--layers 24] [--bucket_mb 64]
+[--device cuda]``.
 """
 
 from __future__ import annotations
@@ -31,18 +35,17 @@ ANCHORS = (
     "Published anchors (context, other hardware): SGLang's bucketed distributed update moved "
     "Qwen3-30B in 2.5 s; slime's tensor path took ~16 s for a 30B MoE against a ~1 s bound."
 )
-# tensor: base64 safetensors in an HTTP body; distributed: a gloo broadcast per bucket.
-TRANSPORTS = ("tensor", "distributed")
+# tensor: base64 safetensors in an HTTP body; shared: a flattened_bucket buffer shared on this
+# machine; distributed: a gloo broadcast per bucket.
+TRANSPORTS = ("tensor", "shared", "distributed")
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 class _Pushed:
-    """What WeightSync asks of a trainer: the converted tensors, in order, on the CPU."""
+    """What WeightSync asks of a trainer: the converted tensors, in order, on ``device``."""
 
-    device = torch.device("cpu")
-
-    def __init__(self, named: list[tuple[str, torch.Tensor]]):
-        self.named = named
+    def __init__(self, named: list[tuple[str, torch.Tensor]], device: str):
+        self.named, self.device = named, torch.device(device)
 
     def named_parameters_for_sync(self):
         return iter(self.named)
@@ -81,10 +84,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--bucket_mb", type=float, default=64.0, help="sync bucket size, MiB")
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES), help="push dtype")
     parser.add_argument("--num_threads", type=int, default=None, help="server torch threads")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N (model and engine)")
     args = parser.parse_args(argv)
     if args.layers < 1:
         raise ValueError(f"--layers must be >= 1, got {args.layers}")
     dtype = DTYPES[args.dtype]
+
+    def sync_device() -> None:  # CUDA work is asynchronous: wait for it before reading a clock
+        if args.device.startswith("cuda"):
+            torch.cuda.synchronize(args.device)
 
     from kernel.engine.client import EngineClient
     from kernel.engine.launch import free_port, launch_server
@@ -104,6 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     with megatron_parallel(), tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         model, arch = build_gpt_model(hf_config, MegatronModelConfig())
+        model.to(args.device)
         params = [p.detach() for p in model.parameters()]
         n = sum(p.numel() for p in params)
         print(f"built Megatron model: {n / 1e6:.1f} M params in {time.perf_counter() - t0:.1f} s")
@@ -119,7 +128,11 @@ def main(argv: list[str] | None = None) -> None:
         hf_config.save_pretrained(ckpt)
         char_tokenizer().save_pretrained(ckpt)
         server = ServerConfig(
-            model=str(ckpt), port=free_port(), dtype=args.dtype, num_threads=args.num_threads
+            model=str(ckpt),
+            port=free_port(),
+            dtype=args.dtype,
+            device=args.device,
+            num_threads=args.num_threads,
         )
         proc = launch_server(server, Path(tmp) / "engine.log")
         try:
@@ -127,6 +140,7 @@ def main(argv: list[str] | None = None) -> None:
 
             t0 = time.perf_counter()
             flat = torch.cat([p.flatten().to(dtype) for p in params]).clone()  # (n,)
+            sync_device()
             t_copy = time.perf_counter() - t0
             nbytes = flat.numel() * flat.element_size()
             del flat
@@ -134,16 +148,16 @@ def main(argv: list[str] | None = None) -> None:
             t0 = time.perf_counter()
             named = [(k, v.to(dtype)) for k, v in export_hf_weights(model, arch).items()]
             buckets = list(iter_buckets(named, int(args.bucket_mb * 2**20)))
+            sync_device()
             t_convert = time.perf_counter() - t0
 
             async def push(transport: str) -> float:
                 client = EngineClient(proc.url)
-                sync = WeightSync(
-                    SyncConfig(transport=transport, bucket_mb=args.bucket_mb), [client], Path(tmp)
-                )
+                cfg = SyncConfig(transport=transport, bucket_mb=args.bucket_mb, backend="gloo")
+                sync = WeightSync(cfg, [client], Path(tmp))
                 try:
                     t = time.perf_counter()
-                    await sync.push(_Pushed(named), version=1)
+                    await sync.push(_Pushed(named, args.device), version=1)
                     return time.perf_counter() - t
                 finally:
                     await sync.aclose()
@@ -155,7 +169,7 @@ def main(argv: list[str] | None = None) -> None:
 
     pushed = sum(t.numel() * t.element_size() for _, t in named)  # tied: no lm_head copy
     print(
-        f"layers={args.layers} dtype={args.dtype} buckets={len(buckets)} "
+        f"layers={args.layers} dtype={args.dtype} device={args.device} buckets={len(buckets)} "
         f"({args.bucket_mb} MiB) bytes={pushed / 1e9:.3f} GB (copy {nbytes / 1e9:.3f} GB)"
     )
     print(f"copy               {_gbps(nbytes, t_copy)}")

@@ -204,7 +204,8 @@ class Scheduler:
     def shutdown(self, timeout: float = 10.0) -> None:
         self._stopping = True
         self._wake.set()
-        self._thread.join(timeout)
+        if self._thread.ident is not None:  # a scheduler never started has nothing to join
+            self._thread.join(timeout)
 
     def submit(self, requests: Iterable[Request]) -> None:
         requests = list(requests)

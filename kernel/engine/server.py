@@ -228,6 +228,8 @@ class ServerState:
             for name, p in self.model.named_parameters():  # tied weights are listed once
                 self._released_shapes[name] = p.shape
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+            if torch.cuda.is_initialized():  # the caching allocator keeps freed blocks: give
+                torch.cuda.empty_cache()  # them back, for the trainer beside us to use
         self.released |= set(tags)
         self.memory_stats["num_memory_releases"] += 1
         return sorted(self.released)
