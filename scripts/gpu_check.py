@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -73,7 +74,10 @@ def _train(device: str, out: Path, *flags: str, timeout: float) -> tuple[bool, s
 
 
 def _commit() -> str | None:
-    """The checked-out commit, or None where this tree is a copy without git (a lent machine)."""
+    """$GPU_CHECK_COMMIT, else the checked-out commit (None without git). A lent machine's copy
+    of the working tree can carry a stale .git: name the commit there."""
+    if os.environ.get("GPU_CHECK_COMMIT"):
+        return os.environ["GPU_CHECK_COMMIT"]
     try:
         p = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
     except OSError:
@@ -183,6 +187,7 @@ def check_sync_bench(device: str, timeout: float) -> tuple[bool, str]:
         print(tail, flush=True)
         return False, f"exit {rc}: {tail[-400:]}"
     lines = tail.splitlines()
+    print("\n".join(line for line in lines if "GB/s" in line or line.startswith("layers=")))
     pushes = [line.split()[1] for line in lines if line.startswith("push (")]
     ratios = [line.split("=")[-1].split("copy")[0].strip() for line in lines if "x copy" in line]
     figure = ", ".join(f"{t} {r} copy" for t, r in zip(pushes, ratios, strict=False))

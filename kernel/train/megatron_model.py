@@ -236,8 +236,10 @@ def megatron_parallel(
     apply_cpu_patches()
     own_group = not dist.is_initialized()
     if own_group:
-        # A HashStore needs no port: a one-process group cannot collide with anything.
-        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        # A HashStore needs no port: a one-process group cannot collide with anything. Gloo
+        # cannot reduce CUDA tensors (Megatron's grad all-reduce): NCCL takes those on a GPU.
+        backend = "cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo"
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     try:
         parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel)
         model_parallel_cuda_manual_seed(seed)
