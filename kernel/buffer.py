@@ -109,10 +109,66 @@ def load_rows(config: DataConfig) -> datasets.Dataset:
             if ext == ".jsonl":
                 _raise_bad_json_line(path)  # a precise line number beats arrow's byte offsets
             raise DataError(f"{path}: cannot be read as {ext[1:]}: {e}") from e
+    return _load_hub(path, None, config.split)
+
+
+def _load_hub(name: str, config: str | None, split: str, offline: str = "") -> datasets.Dataset:
+    """``datasets.load_dataset`` with an error that says what to do without network."""
+    import datasets
+
     try:
-        return datasets.load_dataset(path, split=config.split)
+        return datasets.load_dataset(name, config, split=split)
     except Exception as e:
-        raise DataError(f"{path} (split {config.split!r}): cannot be loaded: {e}") from e
+        raise DataError(
+            f"cannot load {name!r} (config {config!r}, split {split!r}) from the Hugging Face "
+            f"Hub: {type(e).__name__}: {e}. Without network, download it elsewhere and pass the "
+            f"local .parquet/.jsonl file as the path{offline}."
+        ) from e
+
+
+# ---- for recipes' data scripts: one copy of what each would otherwise write -----------------
+
+
+class RowError(ValueError):
+    """One row cannot be mapped; the loop over rows adds the file and the row number."""
+
+
+def is_data_file(path: str) -> bool:
+    """Whether ``path`` names a local data file (by its extension: .jsonl, .json, .parquet)."""
+    return os.path.splitext(path)[1].lower() in _FILE_BUILDERS
+
+
+def open_dataset(
+    path: str, split: str = "train", config: str | None = None, offline: str = ""
+) -> datasets.Dataset:
+    """A local .jsonl/.json/.parquet file (checked as ``load_rows`` checks it) or a hub dataset
+    with its ``config``; a hub that cannot be reached says how to go on offline (``offline``:
+    an alternative to add, e.g. ", or use the offline source 'reasoning_gym'")."""
+    if is_data_file(path) or is_benchmark(path):
+        return load_rows(DataConfig(path=path, split=split, label_key=None))
+    return _load_hub(path, config, split, offline)
+
+
+def dedup(rows: Iterable[dict[str, Any]], key: str = "prompt") -> list[dict[str, Any]]:
+    """The first row of every distinct ``row[key]``, in order."""
+    out: dict[Any, dict[str, Any]] = {}
+    for r in rows:
+        out.setdefault(r[key], r)
+    return list(out.values())
+
+
+def write_jsonl(rows: Iterable[dict[str, Any]], out: str | os.PathLike) -> None:
+    """Write ``rows`` to ``out`` atomically (a crash leaves no half-written file), with a
+    progress bar; the folder is made if missing."""
+    from tqdm import tqdm
+
+    out = os.fspath(out)
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    tmp = out + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as f:
+        for row in tqdm(rows, desc=f"writing {os.path.basename(out)}", unit="row", leave=False):
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, out)
 
 
 def _raise_bad_json_line(path: str) -> None:

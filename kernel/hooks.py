@@ -44,7 +44,10 @@ class RolloutContext:
 
 @runtime_checkable
 class GenerateFn(Protocol):
-    def __call__(self, ctx: RolloutContext, sample: Sample) -> Awaitable[list[Sample]]: ...
+    """One episode from a seed sample: its samples, one per agent turn trained on. A None
+    entry (an agent that never spoke, ``Dialogue.sample``) is dropped by the rollout."""
+
+    def __call__(self, ctx: RolloutContext, sample: Sample) -> Awaitable[list[Sample | None]]: ...
 
 
 RewardResult = float | dict[str, float | None] | list[float | None] | None

@@ -123,6 +123,8 @@ class RolloutManager:
             stats.episodes += 1
             try:
                 samples = await asyncio.wait_for(self.generate(ctx, seed), self.timeout_s)
+                # None: an agent that never spoke (Dialogue.sample()), nothing to train on
+                samples = [s for s in samples if s is not None]
                 if not samples:
                     raise ValueError("generate returned no samples")
                 for s in samples:

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from kernel import buffer as kb
 from kernel.buffer import DataBuffer, DataConfig, DataError
 from kernel.sample import Sample, Status
 
@@ -330,3 +331,41 @@ def test_resume_neither_repeats_nor_skips(dataset_of_size, size, group, seed, op
         epoch = rows[start : start + size]
         assert len(set(epoch)) == len(epoch)
         assert len(epoch) < size or sorted(epoch) == list(range(size))
+
+
+# ---- the helpers recipes' data scripts share ------------------------------------------------
+
+
+def test_write_jsonl_is_atomic_and_reads_back(tmp_path, monkeypatch):
+    out = tmp_path / "new" / "rows.jsonl"
+    rows = [{"prompt": "é 1", "label": 1}, {"prompt": "2", "label": [2]}]
+    kb.write_jsonl(rows, out)  # the folder is made
+    assert [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()] == rows
+    assert "é" in out.read_text(encoding="utf-8")  # not escaped
+    assert not (tmp_path / "new" / "rows.jsonl.tmp").exists()
+
+    def broken():  # a crash halfway through: the old file stays whole
+        yield {"prompt": "3"}
+        raise RuntimeError("killed")
+
+    with pytest.raises(RuntimeError):
+        kb.write_jsonl(broken(), out)
+    assert [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()] == rows
+
+
+def test_dedup_keeps_the_first_row_of_each_key():
+    rows = [{"prompt": "a", "i": 0}, {"prompt": "b", "i": 1}, {"prompt": "a", "i": 2}]
+    assert [r["i"] for r in kb.dedup(rows)] == [0, 1]
+    assert [r["i"] for r in kb.dedup(rows, key="i")] == [0, 1, 2]
+
+
+def test_open_dataset_reads_files_and_names_what_is_missing(tmp_path):
+    path = write_jsonl(tmp_path / "d.jsonl", [{"q": "x"}])
+    assert kb.is_data_file(str(path)) and not kb.is_data_file("org/name")
+    assert kb.open_dataset(str(path))["q"] == ["x"]
+    with pytest.raises(DataError, match=r"nope.parquet: no such file"):
+        kb.open_dataset(str(tmp_path / "nope.parquet"))
+    # tests/conftest.py sets HF_HUB_OFFLINE=1: the hub refuses at once, and the error says
+    # what to do instead, with the caller's own alternative
+    with pytest.raises(DataError, match=r"cannot load 'org/name'.*local .parquet.*or use X"):
+        kb.open_dataset("org/name", config="c", offline=", or use X")

@@ -86,6 +86,24 @@ def test_timeout_and_exception_become_failed_samples_and_the_step_goes_on():
     assert by_index[2].status is Status.COMPLETED and by_index[2].reward == 1.0
 
 
+def test_an_agent_that_never_spoke_is_dropped_and_an_empty_episode_fails():
+    async def one_spoke(ctx, seed):  # Dialogue.sample() of a silent agent is None
+        return [None] if seed.index == 0 else [None, finished(seed, "b", 1)]
+
+    seen = []
+
+    def reward(ctx, samples):
+        seen.append([s.agent for s in samples])
+        return 1.0
+
+    m = RolloutManager(one_spoke, reward, RewardConfig(), concurrency=2, timeout_s=5)
+    kept, _, stats = run(m, [seeds(0, 2)])
+    assert seen == [["b"]] and stats.failed == 1
+    by_index = {s.index: s for s in kept[0].samples}
+    assert "generate returned no samples" in by_index[0].metadata["error"]
+    assert by_index[1].agent == "b" and by_index[1].reward == 1.0
+
+
 def test_invalid_sample_from_hook_is_a_failed_episode():
     async def broken(ctx, seed):
         s = finished(seed, "a", 1)

@@ -34,7 +34,7 @@ def _opened(ctx: RolloutContext, name: str, text: str, sample: Sample) -> Dialog
     return dialogue
 
 
-async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
+async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
     """The recipe's generate hook: one episode seeded by ``sample`` (a problem row)."""
     cfg = as_config(ctx.config)
     problem, tests, entry = problem_of(sample)
@@ -46,7 +46,7 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
         helper.speak(cfg.sampling, prefix=cfg.prefix(cfg.helper_name)),
         main.speak(cfg.sampling, prefix=cfg.prefix(entry)),
     )
-    return [s for s in (helper.sample(sample), main.sample(sample)) if s is not None]
+    return [helper.sample(sample), main.sample(sample)]
 
 
 async def _single(

@@ -21,7 +21,7 @@ from recipes.debate import prompts
 from recipes.debate.config import JUDGE, as_config
 
 
-async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
+async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
     """The recipe's generate hook: one debate about ``sample``'s question."""
     cfg = as_config(ctx.config)
     question = str(sample.prompt)
@@ -65,4 +65,4 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
         judge_sample = judge.sample(sample, **record)
     samples = [dialogues[name].sample(sample, **record) for name in cfg.debaters]
     samples.append(judge_sample)
-    return [s for s in samples if s is not None]
+    return samples

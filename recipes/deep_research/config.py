@@ -124,6 +124,6 @@ class RecipeConfig:
         return self
 
 
-def resolve(config: object) -> RecipeConfig:
+def as_config(config: object) -> RecipeConfig:
     """``ctx.config`` as a RecipeConfig (kernel.hooks.recipe_config)."""
     return recipe_config(config, RecipeConfig)

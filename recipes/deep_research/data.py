@@ -28,12 +28,11 @@ each other, whatever their wording.
 
 from __future__ import annotations
 
-import os
 import string
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from kernel.buffer import DataConfig, DataError, load_rows
+from kernel.buffer import DataError, is_data_file, open_dataset
 
 Row = dict[str, Any]
 
@@ -43,27 +42,6 @@ KNOWN_QA = {
     "search_r1": ("PeterJinGo/nq_hotpotqa_train", None, "question", "golden_answers"),
 }
 """source name -> (hub name, config, question key, answer key)"""
-
-
-def _is_file(path: str) -> bool:
-    return os.path.splitext(path)[1].lower() in (".jsonl", ".json", ".parquet")
-
-
-def open_rows(path: str, split: str = "train", config: str | None = None):
-    """A local .jsonl/.json/.parquet file or a hub set, as a ``datasets.Dataset``."""
-    if _is_file(path):
-        if not os.path.isfile(path):
-            raise DataError(f"{path}: no such file")
-        return load_rows(DataConfig(path=path, split=split, label_key=None))
-    import datasets
-
-    try:
-        return datasets.load_dataset(path, config, split=split)
-    except Exception as e:
-        raise DataError(
-            f"cannot load {path!r} (config {config!r}, split {split!r}): {type(e).__name__}: "
-            f"{e}. Without network, pass a local .parquet/.jsonl copy as the path."
-        ) from e
 
 
 def _get(row: Mapping[str, Any], key: str, where: str) -> Any:
@@ -104,9 +82,9 @@ def load_qa(
     source: str = "file",
 ) -> list[Row]:
     """QA rows of a file or hub set (see the module docstring)."""
-    name = path if _is_file(path) else f"{path} [{split}]"
+    name = path if is_data_file(path) else f"{path} [{split}]"
     rows = []
-    for i, row in enumerate(open_rows(path, split, config), start=1):
+    for i, row in enumerate(open_dataset(path, split, config), start=1):
         rows.append({**map_qa(row, question_key, answer_key, f"{name}: row {i}"), "source": source})
     if not rows:
         raise DataError(f"{name}: no rows")
@@ -163,10 +141,10 @@ def load_corpus(
     split: str = "train",
 ) -> list[Row]:
     """Corpus rows of a file or hub set; duplicate ids are an error naming both rows."""
-    name = path if _is_file(path) else f"{path} [{split}]"
+    name = path if is_data_file(path) else f"{path} [{split}]"
     docs: list[Row] = []
     first: dict[str, int] = {}
-    for i, row in enumerate(open_rows(path, split), start=1):
+    for i, row in enumerate(open_dataset(path, split), start=1):
         doc = map_document(row, f"{name}: row {i}", id_key, title_key, text_key, contents_key)
         if doc["id"] in first:
             earlier = first[doc["id"]]
@@ -194,11 +172,3 @@ def canonical_key(row: Mapping[str, Any]) -> str:
         return "support:" + "+".join(ids)
     prompt = str(row.get("prompt") or "").lower().translate(_PUNCTUATION)
     return "prompt:" + " ".join(prompt.split())
-
-
-def dedup(rows: Iterable[Row]) -> list[Row]:
-    """The first row of every distinct prompt, in order."""
-    out: dict[str, Row] = {}
-    for r in rows:
-        out.setdefault(r["prompt"], r)
-    return list(out.values())

@@ -47,7 +47,7 @@ from recipes.deep_research.config import (
     SEARCHER,
     VERIFIER,
     RecipeConfig,
-    resolve,
+    as_config,
 )
 from recipes.deep_research.reward import answer_metrics, evidence
 from recipes.deep_research.tools import (
@@ -129,7 +129,7 @@ async def run_searcher(
     ctx: RolloutContext, retriever: RetrieverClient, sub_question: str, counts: Counts
 ) -> tuple[str, Dialogue, dict]:
     """One searcher call: (the text handed back to the main agent, its dialogue, metadata)."""
-    cfg = resolve(ctx.config)
+    cfg = as_config(ctx.config)
     d = Dialogue(ctx.agents[SEARCHER], prompts.SEARCHER_SYSTEM, prompts.research(sub_question))
     summary, queries, errors = None, [], 0
     seen: dict[str, str] = {}  # id -> title of every document retrieved
@@ -188,9 +188,9 @@ async def read_document(
     return prompts.passage(doc, cfg.max_read_chars)
 
 
-async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
+async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
     """The recipe's generate hook: one research episode (see the module docstring)."""
-    cfg = resolve(ctx.config)
+    cfg = as_config(ctx.config)
     if cfg.workflow == "routed":
         return await routed(ctx, sample)
     main = Dialogue(ctx.agents[AGENT], prompts.AGENT_SYSTEM, prompts.question(str(sample.prompt)))
@@ -244,10 +244,10 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     if samples[0] is not None and sample.metadata.get("support"):
         metrics["evidence"] = evidence(samples[0])  # logged when the data names support ids
     samples += [d.sample(sample, i, **outcome, **meta) for i, (d, meta) in enumerate(searchers)]
-    return [s for s in samples if s is not None]
+    return samples
 
 
-async def routed(ctx: RolloutContext, sample: Sample) -> list[Sample]:
+async def routed(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
     """Dr.MAS's search hierarchy (``workflow: routed``): the verifier reads the question and
     the evidence so far and routes each loop to the searcher (``<search>sub-question
     </search>``: a searcher call, its summary back to the verifier as a tool response and into
@@ -256,7 +256,7 @@ async def routed(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     writes ``<answer>...</answer>``. Samples: the verifier's (turn 0), the answerer's (turn
     0), one per searcher call (turn = its number); the verifier's carries the metrics
     (``loops``, ``routed_to_answer``: the verifier said enough, ``searches``, ...)."""
-    cfg = resolve(ctx.config)
+    cfg = as_config(ctx.config)
     question = str(sample.prompt)
     verifier = Dialogue(ctx.agents[VERIFIER], prompts.VERIFIER_SYSTEM, prompts.question(question))
     counts, evidence_found, enough = Counts(), [], False
@@ -315,4 +315,4 @@ async def routed(ctx: RolloutContext, sample: Sample) -> list[Sample]:
         answerer.sample(sample, 0, **outcome, format_ok=answer is not None, retrieved=retrieved),
     ]
     samples += [d.sample(sample, i, **outcome, **meta) for i, (d, meta) in enumerate(searchers)]
-    return [s for s in samples if s is not None]
+    return samples

@@ -15,11 +15,11 @@ none (``data.canonical_key``), so no held-out answer is in a training question's
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import sys
 from pathlib import Path
 
+from kernel.buffer import write_jsonl
 from recipes.deep_research.data import canonical_key
 
 # fmt: off
@@ -208,10 +208,6 @@ def _take(groups: list[list[dict]], n: int, what: str) -> list[dict]:
         fits = next((i for i, g in enumerate(groups) if len(g) <= n - len(out)), 0)
         out += groups.pop(fits)[: n - len(out)]
     return out
-
-
-def write_jsonl(rows: list[dict], path: Path) -> None:
-    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
 
 
 def main(argv: list[str] | None = None) -> int:

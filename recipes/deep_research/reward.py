@@ -50,7 +50,7 @@ from recipes.deep_research.config import (
     SEARCHER,
     VERIFIER,
     RecipeConfig,
-    resolve,
+    as_config,
 )
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -149,5 +149,5 @@ def score_sample(sample: Sample, cfg: RecipeConfig) -> float | None:
 
 def reward(ctx: RolloutContext, samples: list[Sample]) -> RewardResult:
     """One reward per sample, in order (the main agent's, then one per searcher call)."""
-    cfg = resolve(ctx.config)
+    cfg = as_config(ctx.config)
     return [score_sample(s, cfg) for s in samples]

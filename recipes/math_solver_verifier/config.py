@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kernel.hooks import recipe_config
 from recipes.math_solver_verifier.reward import MathRewardConfig
 
 WORKFLOWS = ("solver_rewriter_selector", "solver_verifier", "solver")
@@ -55,3 +56,8 @@ class RecipeConfig:
         if self.workflow == "solver":
             return ("solver",)
         return ("solver", "rewriter", "selector")
+
+
+def as_config(value: object) -> RecipeConfig:
+    """``ctx.config`` as a RecipeConfig (kernel.hooks.recipe_config)."""
+    return recipe_config(value, RecipeConfig)

@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import ast
 import logging
-import os
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
-from kernel.buffer import DataConfig, DataError, load_rows
+from kernel.buffer import DataError, RowError, dedup, is_data_file, open_dataset
 from recipes.math_solver_verifier.reward import extract_answer, score
+
+OFFLINE = ", or use the offline source 'reasoning_gym'"
+"""What a hub load that failed suggests besides a local file."""
 
 logger = logging.getLogger(__name__)
 
@@ -113,10 +115,6 @@ arith3-1d and sum3-2d; ``python -m recipes.math_solver_verifier.tiers`` measures
 
 
 # ---- row mappers: one real row -> one buffer row ---------------------------------------------
-
-
-class RowError(ValueError):
-    """One row cannot be mapped; ``map_rows`` adds where it is."""
 
 
 def map_dapo(row: Mapping[str, Any]) -> Row:
@@ -209,42 +207,10 @@ def map_rows(
 # ---- loaders ---------------------------------------------------------------------------------
 
 
-def _is_file(path: str) -> bool:
-    return os.path.splitext(path)[1].lower() in (".jsonl", ".json", ".parquet")
-
-
-def _load_hub(name: str, config: str | None, split: str):
-    """``datasets.load_dataset`` with an error that says what to do when offline."""
-    import datasets
-
-    try:
-        return datasets.load_dataset(name, config, split=split)
-    except Exception as e:
-        raise DataError(
-            f"cannot load {name!r} (config {config!r}, split {split!r}) from the Hugging Face "
-            f"Hub: {type(e).__name__}: {e}. Without network, download it elsewhere and pass the "
-            "local .parquet/.jsonl file as the path, or use the offline source 'reasoning_gym'."
-        ) from e
-
-
-def _load(path: str, config: str | None, split: str):
-    if _is_file(path):
-        return load_rows(DataConfig(path=path, split=split, label_key=None))
-    return _load_hub(path, config, split)
-
-
-def dedup(rows: Iterable[Row]) -> list[Row]:
-    """The first row of every distinct prompt, in order."""
-    out: dict[str, Row] = {}
-    for r in rows:
-        out.setdefault(r["prompt"], r)
-    return list(out.values())
-
-
 def load_dapo(path: str = DAPO_NAME, split: str = "train") -> list[Row]:
     """DAPO-Math-17k rows (only a train split exists), de-duplicated: the hub copy repeats each
     of its ~17k problems many times (1.79M rows)."""
-    rows = map_rows(_load(path, None, split), map_dapo, f"{path} [{split}]")
+    rows = map_rows(open_dataset(path, split, None, OFFLINE), map_dapo, f"{path} [{split}]")
     unique = dedup(rows)
     logger.info("%s: %d rows, %d distinct problems", path, len(rows), len(unique))
     return unique
@@ -252,7 +218,7 @@ def load_dapo(path: str = DAPO_NAME, split: str = "train") -> list[Row]:
 
 def load_gsm8k(path: str = GSM8K_NAME, split: str = "train") -> list[Row]:
     """GSM8K rows (splits train and test)."""
-    return map_rows(_load(path, "main", split), map_gsm8k, f"{path} [{split}]")
+    return map_rows(open_dataset(path, split, "main", OFFLINE), map_gsm8k, f"{path} [{split}]")
 
 
 def load_math(
@@ -260,20 +226,21 @@ def load_math(
 ) -> list[Row]:
     """MATH rows of ``subjects`` (splits train and test). The rare solution without a boxed
     answer is skipped, with a warning."""
-    if _is_file(path):
-        return map_rows(_load(path, None, split), map_math, path, skip_bad=True)
+    if is_data_file(path):
+        return map_rows(open_dataset(path, split, None, OFFLINE), map_math, path, skip_bad=True)
     rows = []
     for subject in subjects:
         where = f"{path}/{subject} [{split}]"
-        rows += map_rows(_load(path, subject, split), map_math, where, skip_bad=True)
+        dataset = open_dataset(path, split, subject, OFFLINE)
+        rows += map_rows(dataset, map_math, where, skip_bad=True)
     return rows
 
 
 def load_file(path: str, input_key: str = "prompt", label_key: str = "label") -> list[Row]:
     """Rows of a local .jsonl/.json/.parquet file with a prompt and a label column."""
-    if not _is_file(path):
+    if not is_data_file(path):
         raise DataError(f"{path}: expected a .jsonl, .json or .parquet file")
-    dataset = _load(path, None, "train")
+    dataset = open_dataset(path, "train", None, OFFLINE)
     for key in (input_key, label_key):
         if key not in dataset.column_names:
             raise DataError(f"{path}: no column {key!r} (columns: {dataset.column_names})")

@@ -32,6 +32,7 @@ from kernel.agents import Dialogue
 from kernel.hooks import RolloutContext
 from kernel.sample import Sample
 from recipes.math_solver_verifier import prompts
+from recipes.math_solver_verifier.config import as_config
 from recipes.math_solver_verifier.reward import final_answer, is_equivalent
 
 JUDGMENT = re.compile(r"judgment\s*:\s*\**\s*(\d+)", re.IGNORECASE)
@@ -106,8 +107,9 @@ def _correct(answer: str | None, label, cfg) -> bool:
     return is_equivalent(answer, str(label), timeout_s=a.timeout_s, max_chars=a.max_answer_chars)
 
 
-async def solver_rewriter_selector(ctx: RolloutContext, seed: Sample) -> list[Sample]:
-    cfg, problem, n = ctx.config, str(seed.prompt), ctx.config.num_parallel
+async def solver_rewriter_selector(ctx: RolloutContext, seed: Sample) -> list[Sample | None]:
+    cfg = as_config(ctx.config)
+    problem, n = str(seed.prompt), cfg.num_parallel
 
     solvers = [_solver(ctx, problem) for _ in range(n)]
     solutions = await _speak_all(solvers)
@@ -130,11 +132,11 @@ async def solver_rewriter_selector(ctx: RolloutContext, seed: Sample) -> list[Sa
         for i, (t, a) in enumerate(zip(solvers + rewriters, answers, strict=True))
     ]
     samples.append(selector.sample(seed, 0, picked=pick, correct=correct, metrics=metrics))
-    return [s for s in samples if s is not None]
+    return samples
 
 
-async def solver_verifier(ctx: RolloutContext, seed: Sample) -> list[Sample]:
-    cfg, problem = ctx.config, str(seed.prompt)
+async def solver_verifier(ctx: RolloutContext, seed: Sample) -> list[Sample | None]:
+    cfg, problem = as_config(ctx.config), str(seed.prompt)
     solver = _solver(ctx, problem)
     verifier: Dialogue | None = None
     verdicts: list[bool | None] = []
@@ -158,11 +160,12 @@ async def solver_verifier(ctx: RolloutContext, seed: Sample) -> list[Sample]:
     samples = [solver.sample(seed, 0, answer=answer, correct=correct, metrics=metrics)]
     if verifier is not None:
         samples.append(verifier.sample(seed, 0, verdicts=verdicts, correct=correct))
-    return [s for s in samples if s is not None]
+    return samples
 
 
-async def solver_only(ctx: RolloutContext, seed: Sample) -> list[Sample]:
-    cfg, problem, n = ctx.config, str(seed.prompt), ctx.config.num_parallel
+async def solver_only(ctx: RolloutContext, seed: Sample) -> list[Sample | None]:
+    cfg = as_config(ctx.config)
+    problem, n = str(seed.prompt), cfg.num_parallel
     solvers = [_solver(ctx, problem) for _ in range(n)]
     await _speak_all(solvers)
     answers = [_answer(t.text, seed.label, cfg) for t in solvers]
@@ -177,7 +180,7 @@ async def solver_only(ctx: RolloutContext, seed: Sample) -> list[Sample]:
         t.sample(seed, i, answer=a, correct=ok, **({"metrics": metrics} if i == 0 else {}))
         for i, (t, a, ok) in enumerate(zip(solvers, answers, graded, strict=True))
     ]
-    return [s for s in samples if s is not None]
+    return samples
 
 
 WORKFLOW_FNS = {
@@ -187,6 +190,6 @@ WORKFLOW_FNS = {
 }
 
 
-async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
+async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
     """The recipe's generate hook: one episode of the configured workflow."""
-    return await WORKFLOW_FNS[ctx.config.workflow](ctx, sample)
+    return await WORKFLOW_FNS[as_config(ctx.config).workflow](ctx, sample)

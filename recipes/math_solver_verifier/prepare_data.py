@@ -16,12 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
 
-from tqdm import tqdm
-
+from kernel.buffer import write_jsonl
 from recipes.math_solver_verifier import data
 
 SOURCES = ("reasoning_gym", "gsm8k", "math", "dapo", "file")
@@ -139,16 +137,6 @@ def collect(args: argparse.Namespace) -> list[data.Row]:
     if args.n is not None and args.n < len(rows):
         rows = random.Random(args.seed).sample(rows, args.n)
     return rows
-
-
-def write_jsonl(rows: list[data.Row], out: str) -> None:
-    """Write ``rows`` to ``out`` atomically (a crash leaves no half-written file)."""
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    tmp = out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        for row in tqdm(rows, desc=f"writing {os.path.basename(out)}", unit="row"):
-            f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, out)
 
 
 def main(argv: list[str] | None = None) -> int:

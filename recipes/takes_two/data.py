@@ -48,7 +48,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from kernel.buffer import DataError
+from kernel.buffer import DataError, RowError
 
 Row = dict[str, Any]
 
@@ -148,10 +148,6 @@ def make_row(
 
 
 # ---- MTMedDialog -----------------------------------------------------------------------------
-
-
-class RowError(ValueError):
-    """One row cannot be converted; the loader adds the file and row number."""
 
 
 def _field(obj: Any, path: str) -> Any:

@@ -50,7 +50,7 @@ def episode_metrics(
     }
 
 
-async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
+async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
     """The recipe's generate hook: one consultation seeded by ``sample`` (a case row)."""
     cfg = as_config(ctx.config)
     case = Case.from_sample(sample)
@@ -111,4 +111,4 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
         doctor.sample(sample, metrics=metrics, **dialogue),
         patient.sample(sample, **dialogue),
     ]
-    return [s for s in samples if s is not None]
+    return samples
