@@ -44,7 +44,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from kernel.agents import AgentHandle, AgentSpec, model_groups
-from kernel.buffer import DataBuffer
+from kernel.buffer import DataBuffer, DataConfig
 from kernel.config import ModelSettings, TrainConfig
 from kernel.engine.batcher import RequestBatcher
 from kernel.engine.pool import EnginePool
@@ -176,11 +176,14 @@ class Runtime:
                 import ray  # optional: only runs on Ray need it
 
                 stack.callback(ray.shutdown)
+            # the data first: a missing file or a bad row fails before any engine starts
+            buffer = DataBuffer(replace(cfg.data, path=package_file(cfg.data.path)))
+            if cfg.eval.path:
+                DataBuffer(eval_data(cfg))
             models = plan_models(cfg, out, placement)
             for m in models:
                 stack.push(m.pool)  # stopped on the way out (entering it would wait for them)
                 m.pool.launch()
-            buffer = DataBuffer(replace(cfg.data, path=package_file(cfg.data.path)))
             for m in models:
                 m.tokenizer = load_tokenizer(m.agents[0].tokenizer or m.path)
                 stack.callback(m.thread.close)
@@ -305,14 +308,7 @@ class Runtime:
         evaluations can be compared item by item and read."""
         cfg, ctx = self.cfg, self.ctx
         t0 = time.perf_counter()
-        data = replace(
-            cfg.data,
-            path=package_file(cfg.eval.path),
-            n_samples_per_prompt=cfg.eval.n_samples,
-            shuffle=False,
-            max_prompts=cfg.eval.max_prompts,
-        )
-        buffer = DataBuffer(data)
+        buffer = DataBuffer(eval_data(cfg))
         if cfg.eval.temperature is not None:
             agents = {
                 name: replace(h, sampling={**h.sampling, "temperature": cfg.eval.temperature})
@@ -418,6 +414,17 @@ def plan_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> list[
     return models
 
 
+def eval_data(cfg: TrainConfig) -> DataConfig:
+    """The held-out prompts' data settings: the run's, on eval.path, in order."""
+    return replace(
+        cfg.data,
+        path=package_file(cfg.eval.path),
+        n_samples_per_prompt=cfg.eval.n_samples,
+        shuffle=False,
+        max_prompts=cfg.eval.max_prompts,
+    )
+
+
 def place_trainer(cfg: TrainConfig, model: Model, where) -> Trainer | None:
     """The trainer of ``model`` (None when none of its agents trains): in this process, or a
     Ray actor group on the ranks ``where`` (a kernel launch placement) or cfg.ray says."""
@@ -434,13 +441,7 @@ def place_trainer(cfg: TrainConfig, model: Model, where) -> Trainer | None:
         options = where.trainer_options
     else:
         ranks = model.agents[0].resources.get("train_gpus") or cfg.ray.ranks
-        tp, pp = (getattr(settings.trainer, f"{k}_parallel", 1) for k in ("tensor", "pipeline"))
-        if ranks % (tp * pp):
-            raise ValueError(
-                f"agents[{model.owner!r}]: {ranks} trainer ranks (resources.train_gpus or "
-                f"ray.ranks) are not divisible by trainer.tensor_parallel x "
-                f"trainer.pipeline_parallel = {tp} x {pp}"
-            )
+        # TrainConfig.validate checked that tensor x pipeline parallel divides ranks
         options = {
             "world_size": ranks,
             "num_cpus": cfg.ray.num_cpus_per_rank,

@@ -80,3 +80,17 @@ def test_agents_key_typo_is_named_with_the_valid_keys(tmp_path, via):
 def test_a_per_agent_override_of_the_wrong_type_is_refused_before_start():
     out = _cli("config", "--preset=toy", '--agents=[{"name": "a", "optim": {"lr": "fast"}}]')
     _fails_cleanly(out, "agents['a'].optim.lr: 'fast' is not a valid float")
+
+
+def test_trainer_ranks_that_tensor_x_pipeline_parallel_does_not_divide_fail_in_config():
+    agents = '[{"name": "a", "backend": "megatron", "trainer": {"tensor_parallel": 2}}]'
+    flags = ("--ray.enabled=true", "--ray.ranks=3", f"--agents={agents}")
+    out = _cli("config", "--preset=toy", *flags)
+    _fails_cleanly(out, "agents['a']: 3 trainer ranks", "not divisible", "2 x 1")
+
+
+def test_a_missing_eval_file_fails_before_any_engine_starts(tmp_path):
+    run = tmp_path / "run"
+    out = _cli("train", "--preset=toy", f"--output_dir={run}", "--eval.path=nowhere.jsonl")
+    _fails_cleanly(out, "nowhere.jsonl: no such file")
+    assert not list(run.rglob("*.log")), "an engine was started"
