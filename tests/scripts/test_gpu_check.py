@@ -25,6 +25,7 @@ def test_gpu_check_on_cpu_passes_every_check_and_prints_the_table():
         "logprob": "PASS",
         "payload": "PASS",
         "distributed": "PASS",
+        "release": "PASS",
     }
 
 
