@@ -110,6 +110,7 @@ def read(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_collect_end_to_end_resumes_and_pairs(tmp_path):
     out = tmp_path / "all"
     flags = ["collect", "--preset", "toy", "--collect.max_prompts=3", "--collect.n_samples=4"]

@@ -132,6 +132,7 @@ def test_dpo_raises_the_held_out_margin(tmp_path):
     assert (out / "model" / "config.json").exists()
 
 
+@pytest.mark.slow
 def test_dpo_on_collected_pairs(tmp_path):
     col = tmp_path / "col"
     r = kernel(

@@ -22,6 +22,7 @@ def _ids(tok) -> list[int]:
     return tok.encode(text, add_special_tokens=False)
 
 
+@pytest.mark.slow
 def test_the_copy_is_made_once_and_is_the_gguf_model(tmp_path, monkeypatch):
     monkeypatch.setenv("TANDEM_CACHE", str(tmp_path))
     model = load_causal_lm(SMOLLM2)

@@ -112,6 +112,7 @@ def kernel(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.slow
 def test_sft_lowers_held_out_nll_and_its_model_serves(tmp_path):
     rows = [{"prompt": f"Say the word number {i}.", "response": "ok, done"} for i in range(40)]
     (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:32]))
@@ -134,6 +135,7 @@ def test_sft_lowers_held_out_nll_and_its_model_serves(tmp_path):
     assert ev.returncode == 0, ev.stderr[-3000:]
 
 
+@pytest.mark.slow
 def test_collect_then_sft_on_its_trajectories(tmp_path):
     col = tmp_path / "col"
     r = kernel(

@@ -22,6 +22,8 @@ from kernel.cluster.run import _engine_command, run_plan
 from kernel.config import load_train_config
 from kernel.engine.launch import free_port
 
+pytestmark = pytest.mark.slow  # the slow tier: scripts/test.sh --slow
+
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "kernel" / "presets" / "toy.yaml"
 STEPS = 3

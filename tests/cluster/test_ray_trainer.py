@@ -29,6 +29,8 @@ from kernel.train.optim import OptimConfig
 from kernel.train.ray_trainer import RayTrainer, TrainerDied
 from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
 
+pytestmark = pytest.mark.slow  # the slow tier: scripts/test.sh --slow
+
 OPTIM = OptimConfig(lr=0.02)
 LOSS = LossConfig()
 CFG = TorchTrainerConfig(max_tokens_per_microbatch=64, device="cpu")

@@ -34,6 +34,7 @@ def server(tiny_model_dir, tmp_path):
         proc.stop()
 
 
+@pytest.mark.slow
 def test_64_clients_with_aborts_pauses_and_reloads(server, tiny_model_dir):
     url = server.url
     weights = {}

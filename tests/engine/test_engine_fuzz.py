@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 from kernel.engine.launch import free_port, launch_server
 from kernel.engine.server import ServerConfig
 
+pytestmark = pytest.mark.slow  # the slow tier: scripts/test.sh --slow
+
 EXAMPLES = int(os.environ.get("TANDEM_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(
     max_examples=EXAMPLES,

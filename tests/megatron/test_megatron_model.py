@@ -186,6 +186,7 @@ def run_tp_rank(rank: int, world: int, port: int, out: Path) -> None:
     dist.destroy_process_group()
 
 
+@pytest.mark.slow
 def test_tensor_and_pipeline_parallel_two_ranks_match_hf(tmp_path):
     world = 2
     run_ranks(__file__, lambda r, port: [str(r), str(world), str(port), str(tmp_path)], world)

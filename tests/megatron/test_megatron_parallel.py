@@ -35,6 +35,8 @@ from kernel.train.megatron_backend import MegatronTrainer, MegatronTrainerConfig
 from kernel.train.optim import OptimConfig
 from tests.megatron.conftest import run_ranks
 
+pytestmark = pytest.mark.slow  # the slow tier: scripts/test.sh --slow
+
 # linear decay over 2 steps: lr 1e-3 at step 1, 1e-3 * (2 - 1) / 2 = 5e-4 at step 2, so a
 # resumed run that lost the schedule would take a different step 2
 OPTIM = OptimConfig(lr=1e-3, grad_clip=1.0, warmup_steps=0, decay="linear")

@@ -103,6 +103,7 @@ def test_one_step_matches_the_torch_backend(reference):
     check_same_step(ref, before, megatron_step(model, tensor_parallel=1))
 
 
+@pytest.mark.slow
 def test_tensor_parallel_two_ranks_match_the_torch_backend(reference, tmp_path):
     model, before, ref = reference
     run_ranks(__file__, lambda r, port: [str(r), str(port), model, str(tmp_path)])

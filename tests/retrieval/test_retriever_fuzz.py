@@ -8,8 +8,11 @@ import json
 import os
 
 import httpx
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+pytestmark = pytest.mark.slow  # the slow tier: scripts/test.sh --slow
 
 EXAMPLES = int(os.environ.get("TANDEM_FUZZ_EXAMPLES", "150"))
 FUZZ = settings(

@@ -18,6 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from kernel.loss import LossConfig
@@ -56,6 +57,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_world_size_two_equals_world_size_one(char_model_dir, make_samples, tmp_path):
     batches = [make_samples(BATCH, seed=step) for step in range(STEPS + 1)]
     counts = [
