@@ -215,14 +215,6 @@ class TrainConfig:
             trained = any(s.trainable for s in specs)
             if self.advantage.estimator == "gae" and settings.backend == "megatron" and trained:
                 raise ValueError(f"agents[{specs[0].name!r}]: {CRITIC_BACKEND_ERROR}")
-            ranks = specs[0].resources.get("train_gpus") or self.ray.ranks
-            tp, pp = (getattr(settings.trainer, f"{k}_parallel", 1) for k in ("tensor", "pipeline"))
-            if self.ray.enabled and trained and ranks % (tp * pp):
-                raise ValueError(
-                    f"agents[{specs[0].name!r}]: {ranks} trainer ranks (resources.train_gpus or "
-                    f"ray.ranks) are not divisible by trainer.tensor_parallel x "
-                    f"trainer.pipeline_parallel = {tp} x {pp}"
-                )
             if settings.backend == "megatron" and len(groups) > 1 and not self.ray.enabled:
                 raise ValueError(
                     "agents: the megatron backend trains one model per process; give the other "

@@ -171,6 +171,7 @@ class Runtime:
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
 
+        check_ray_ranks(cfg, placement)
         with contextlib.ExitStack() as stack:  # Ray, if this run starts it, stops last
             if cfg.ray.enabled and cfg.ray.start():
                 import ray  # optional: only runs on Ray need it
@@ -414,6 +415,26 @@ def plan_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> list[
     return models
 
 
+def check_ray_ranks(cfg: TrainConfig, placement: dict[str, Any]) -> None:
+    """Training on Ray without a plan (kernel launch places its own, checked there): each
+    trained model's ranks (resources.train_gpus or ray.ranks) must divide by its trainer's
+    tensor x pipeline parallel sizes. Before anything starts."""
+    if not cfg.ray.enabled:
+        return
+    for owner, specs in model_groups(cfg.agent_specs()).items():
+        if owner in placement or not any(s.trainable for s in specs):
+            continue
+        trainer = cfg.model_settings(specs[0]).trainer
+        tp, pp = (getattr(trainer, f"{k}_parallel", 1) for k in ("tensor", "pipeline"))
+        ranks = specs[0].resources.get("train_gpus") or cfg.ray.ranks
+        if ranks % (tp * pp):
+            raise ValueError(
+                f"agents[{owner!r}]: {ranks} trainer ranks (resources.train_gpus or ray.ranks) "
+                f"are not divisible by trainer.tensor_parallel x trainer.pipeline_parallel = "
+                f"{tp} x {pp}"
+            )
+
+
 def eval_data(cfg: TrainConfig) -> DataConfig:
     """The held-out prompts' data settings: the run's, on eval.path, in order."""
     return replace(
@@ -441,7 +462,7 @@ def place_trainer(cfg: TrainConfig, model: Model, where) -> Trainer | None:
         options = where.trainer_options
     else:
         ranks = model.agents[0].resources.get("train_gpus") or cfg.ray.ranks
-        # TrainConfig.validate checked that tensor x pipeline parallel divides ranks
+        # check_ray_ranks checked that tensor x pipeline parallel divides ranks
         options = {
             "world_size": ranks,
             "num_cpus": cfg.ray.num_cpus_per_rank,

@@ -92,7 +92,7 @@ def test_cli_help_info_and_config_errors():
 def test_ray_trainer_ranks_must_split_over_the_trainers_parallel_sizes(tmp_path):
     """Training on Ray without a plan: the ranks (ray.ranks) must divide by TP x PP of the
     agent's trainer section, refused before any actor starts."""
-    from kernel.runtime import place_trainer, plan_models
+    from kernel.runtime import check_ray_ranks
 
     agents = json.dumps(
         [{"name": "default", "backend": "megatron", "trainer": {"tensor_parallel": 2}}]
@@ -104,9 +104,9 @@ def test_ray_trainer_ranks_must_split_over_the_trainers_parallel_sizes(tmp_path)
         "--ray.ranks=3",
     ]
     cfg = load_train_config(flags, yaml_path=ROOT / "kernel" / "presets" / "toy.yaml")
-    (model,) = plan_models(cfg, tmp_path, {})
     with pytest.raises(ValueError, match=r"agents\['default'\]: 3 trainer ranks .* = 2 x 1"):
-        place_trainer(cfg, model, None)
+        check_ray_ranks(cfg, {})
+    check_ray_ranks(cfg, {"default": object()})  # kernel launch's plan places it: its check
 
 
 @pytest.mark.parametrize(

@@ -82,11 +82,13 @@ def test_a_per_agent_override_of_the_wrong_type_is_refused_before_start():
     _fails_cleanly(out, "agents['a'].optim.lr: 'fast' is not a valid float")
 
 
-def test_trainer_ranks_that_tensor_x_pipeline_parallel_does_not_divide_fail_in_config():
+def test_trainer_ranks_that_tensor_x_pipeline_parallel_does_not_divide_fail_before_start(tmp_path):
+    run = tmp_path / "run"
     agents = '[{"name": "a", "backend": "megatron", "trainer": {"tensor_parallel": 2}}]'
-    flags = ("--ray.enabled=true", "--ray.ranks=3", f"--agents={agents}")
-    out = _cli("config", "--preset=toy", *flags)
+    flags = ("--ray.enabled=true", "--ray.ranks=3", f"--agents={agents}", f"--output_dir={run}")
+    out = _cli("train", "--preset=toy", *flags)
     _fails_cleanly(out, "agents['a']: 3 trainer ranks", "not divisible", "2 x 1")
+    assert not list(run.rglob("*.log")), "an engine was started"
 
 
 def test_a_missing_eval_file_fails_before_any_engine_starts(tmp_path):

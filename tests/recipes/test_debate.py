@@ -110,6 +110,12 @@ def _seed() -> Sample:
     return Sample(prompt="Calculate 5 - 3.", label="2", group_id=1, index=0)
 
 
+def _episode(ctx: RolloutContext) -> list:
+    """One debate's samples as the rollout keeps them: None (an agent that never spoke, here
+    the judge of a run without one) dropped."""
+    return [s for s in asyncio.run(generate(ctx, _seed())) if s is not None]
+
+
 def test_a_debate_on_a_real_engine_each_debater_hears_the_others_masked(tiny_engine, loss_spans):
     url, tok = tiny_engine
     agents = {
@@ -117,7 +123,7 @@ def test_a_debate_on_a_real_engine_each_debater_hears_the_others_masked(tiny_eng
         for n in ("alice", "bob")
     }
     cfg = RecipeConfig(rounds=3).validate()
-    samples = asyncio.run(generate(RolloutContext(agents=agents, config=cfg), _seed()))
+    samples = _episode(RolloutContext(agents=agents, config=cfg))
     assert [s.agent for s in samples] == ["alice", "bob"]
     turns = samples[0].metadata["debate"]
     for s in samples:
@@ -143,7 +149,7 @@ def test_a_model_judge_reads_the_final_answers(tiny_engine, scripted_agent):
     }
     cfg = RecipeConfig(judge="model").validate()
     ctx = RolloutContext(agents=agents, config=cfg)
-    samples = asyncio.run(generate(ctx, _seed()))
+    samples = _episode(ctx)
     assert [s.agent for s in samples] == ["alice", "bob", "judge"]
     view = tok.decode(samples[2].prompt_ids)
     assert "alice: Still 2. Answer: 2" in view and "bob: Answer: 8" in view
@@ -157,7 +163,7 @@ def test_one_agent_alone_is_the_single_agent_baseline(tiny_engine, scripted_agen
     agents = {"alice": scripted_agent("alice", tok, ["5 - 3 = 2. Answer: 2"])}
     cfg = RecipeConfig(debaters=["alice"], rounds=1).validate()
     ctx = RolloutContext(agents=agents, config=cfg)
-    (alone,) = asyncio.run(generate(ctx, _seed()))
+    (alone,) = _episode(ctx)
     prompt = tok.decode(alone.prompt_ids)
     assert "together with" not in prompt and "others" not in prompt
     assert alone.metadata["debate"] == {"alice": ["5 - 3 = 2. Answer: 2"]}
