@@ -129,6 +129,12 @@ class RolloutManager:
                     raise ValueError("generate returned no samples")
                 for s in samples:
                     s.validate()
+                if len({s.key for s in samples}) < len(samples):
+                    raise ValueError(
+                        f"two samples share agent and turn ({[s.key for s in samples]}): give "
+                        "each of an agent's samples in an episode its own turn "
+                        "(Dialogue.sample(seed, turn))"
+                    )
             except EpisodeAborted as e:
                 return [
                     dataclasses.replace(

@@ -104,6 +104,16 @@ def test_an_agent_that_never_spoke_is_dropped_and_an_empty_episode_fails():
     assert by_index[1].agent == "b" and by_index[1].reward == 1.0
 
 
+def test_two_samples_of_one_agent_and_turn_are_a_failed_episode():
+    async def twice(ctx, seed):  # the second would overwrite the first wherever keyed
+        return [finished(seed, "a", 1), finished(seed, "a", 2)]
+
+    m = RolloutManager(twice, lambda c, s: 1.0, RewardConfig(), concurrency=2, timeout_s=5)
+    kept, _, stats = run(m, [seeds(0, 1)])
+    assert stats.failed == 1
+    assert "share agent and turn" in kept[0].samples[0].metadata["error"]
+
+
 def test_invalid_sample_from_hook_is_a_failed_episode():
     async def broken(ctx, seed):
         s = finished(seed, "a", 1)
