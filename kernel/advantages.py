@@ -47,7 +47,9 @@ Estimators (``AdvantageConfig.estimator``):
 
 Groups (``AdvantageConfig.group_by``): the samples sharing ``group_id`` (``"prompt"``),
 plus ``agent`` (``"prompt_agent"``, the default: Dr.MAS, no role is normalised against another
-role's samples), plus ``turn`` (``"prompt_agent_turn"``).
+role's samples), plus ``turn`` (``"prompt_agent_turn"``). A recipe splits a prompt's group
+further with ``metadata["advantage_group"]`` (any hashable): e.g. K attempts at an item the
+episode generated itself (a proposer's problem), compared only with each other.
 
 Degenerate cases, all defined and tested:
 
@@ -273,11 +275,13 @@ def team_rewards(
 
 
 def _group_key(s: Sample, group_by: str) -> tuple:
+    sub = s.metadata.get("advantage_group")
+    prompt = (s.group_id,) if sub is None else (s.group_id, sub)
     if group_by == "prompt":
-        return (s.group_id,)
+        return prompt
     if group_by == "prompt_agent":
-        return (s.group_id, s.agent)
-    return (s.group_id, s.agent, s.turn)
+        return (*prompt, s.agent)
+    return (*prompt, s.agent, s.turn)
 
 
 def _indices(keys: list) -> Tensor:

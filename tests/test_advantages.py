@@ -185,6 +185,22 @@ def test_grpo_per_turn():
     assert advs(s) == pytest.approx([a0, -a0, a1, -a1, 0.0, 0.0])
 
 
+def test_an_advantage_group_splits_a_prompts_group():
+    # two episodes of one prompt, each a generated problem attempted twice (turns 0 and 1);
+    # problem 0 is easy (1, 1), problem 1 hard (0, 0): together they would look like skill
+    s = [
+        sample(r, index=i, turn=t)
+        for i, t, r in [(0, 0, 1.0), (0, 1, 1.0), (1, 0, 0.0), (1, 1, 0.0)]
+    ]
+    run(s, estimator="dr_grpo")
+    assert advs(s) == [0.5, 0.5, -0.5, -0.5]
+    for x in s:
+        x.metadata["advantage_group"] = x.index  # each problem's attempts against each other
+    metrics = run(s, estimator="dr_grpo")
+    assert advs(s) == [0.0, 0.0, 0.0, 0.0]
+    assert metrics["adv/n_groups"] == 2 and metrics["adv/n_degenerate_groups"] == 2
+
+
 def test_rloo_per_agent():
     s = mixed_group()
     run(s, estimator="rloo")
