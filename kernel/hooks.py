@@ -2,8 +2,9 @@
 
 A recipe provides two hooks, each with exactly one signature:
 
-- ``async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]`` rolls out one
-  episode seeded by ``sample`` (prompt, label, group) and returns every agent's samples.
+- ``async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]`` rolls out
+  one episode seeded by ``sample`` (prompt, label, group) and returns every agent's samples
+  (None for an agent that never spoke: the rollout drops it).
 - ``def reward(ctx: RolloutContext, samples: list[Sample]) -> float | dict[str, float | None]
   | list[float | None] | None`` scores one episode: a float applies to every sample of it, a
   dict gives one reward per agent (bilateral rewards), a list one per sample (in order), None
@@ -161,7 +162,7 @@ def default_recipe_config(recipe: str) -> str | None:
 
 
 def load_generate(path: str) -> GenerateFn:
-    """The recipe's ``async def generate(ctx, sample) -> list[Sample]``."""
+    """The recipe's ``async def generate(ctx, sample) -> list[Sample | None]``."""
     return load_function(path, n_args=2, must_be_async=True)
 
 
