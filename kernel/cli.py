@@ -189,6 +189,11 @@ def cmd_collect(cfg, ccfg: CollectConfig, checkpoint: str | None) -> None:
         f"{summary['rows']} rows done ({summary['samples']} samples rolled out this time), "
         f"{summary['kept']} lines kept this time: {summary['file']}"
     )
+    if summary["episodes"]:
+        console.print(
+            f"{summary['episodes']} episodes in {summary['rollout_s']:.1f} s of rollout "
+            f"({summary['episodes'] / summary['rollout_s']:.2f} episodes/s)"
+        )
 
 
 def cmd_sft(cfg, scfg: SFTConfig) -> None:

@@ -11,7 +11,10 @@ checkpoint saved (``--checkpoint RUN/checkpoints/step_N``) -- and what it makes 
   response decoded, tool messages included) and ``metadata``;
 - with ``collect.keep=pairs``, ``<output_dir>/pairs.jsonl`` instead: per row, agent and turn,
   the best sample as ``chosen`` and the worst as ``rejected`` (each a trajectory line as
-  above), when their rewards differ by at least ``collect.min_margin``.
+  above), when their rewards differ by at least ``collect.min_margin``;
+- ``<output_dir>/collect.json``: this invocation's summary (rows, samples, kept, episodes, the
+  seconds spent rolling out, and the prompt tokens the engines prefilled and served from their
+  prefix caches).
 
 Filters: ``collect.min_reward`` keeps samples scored at least that (rejection sampling);
 ``collect.keep=best`` keeps one sample per row, agent and turn, the best (best-of-n);
@@ -30,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -204,7 +208,7 @@ async def _collect(cfg: TrainConfig, ccfg: CollectConfig, out: Output) -> dict:
     buffer = DataBuffer(replace(cfg.data, path=package_file(cfg.data.path)))
     todo = [g for g in buffer.next_groups(len(buffer)) if g[0].metadata["row"] not in out.done]
     tries: dict[int, int] = {}
-    summary = {"rows": len(out.done), "samples": 0, "kept": 0}
+    summary = {"rows": len(out.done), "samples": 0, "kept": 0, "episodes": 0, "rollout_s": 0.0}
     async with Runtime.open(cfg, {}) as rt:
         tokenizers = {name: handle.tokenizer for name, handle in rt.ctx.agents.items()}
 
@@ -215,8 +219,11 @@ async def _collect(cfg: TrainConfig, ccfg: CollectConfig, out: Output) -> dict:
             task = progress.add_task("collect (rows)", total=len(todo))
             while todo:
                 chunk, todo = todo[: ccfg.chunk], todo[ccfg.chunk :]
+                t0 = time.perf_counter()
                 kept, aborted, _ = await rt.manager.run(rt.ctx, chunk)
+                summary["rollout_s"] += time.perf_counter() - t0
                 for r in kept:
+                    summary["episodes"] += len(r.group)
                     chosen = select(r.samples, ccfg)
                     if ccfg.keep == "pairs":
                         lines = [{"chosen": line(a), "rejected": line(b)} for a, b in chosen]
@@ -237,4 +244,20 @@ async def _collect(cfg: TrainConfig, ccfg: CollectConfig, out: Output) -> dict:
                         )
                     buffer.requeue(r.group)
                     todo += buffer.next_groups(1)
-    return summary | {"file": str(out.data), "done": str(out.done_path)}
+        summary["engines"] = await _engine_stats(rt)
+    summary |= {"file": str(out.data), "done": str(out.done_path)}
+    (Path(cfg.output_dir) / "collect.json").write_text(json.dumps(summary, indent=1) + "\n")
+    return summary
+
+
+async def _engine_stats(rt: Runtime) -> dict[str, float]:
+    """Prompt tokens the engines prefilled and served from their prefix caches, summed over
+    every engine of the run (embedded engines report them; others count 0)."""
+    keys = ("num_prefill_tokens", "num_cached_tokens")
+    totals = dict.fromkeys(keys, 0)
+    for m in rt.models:
+        for client in m.clients:
+            state = (await client.server_info()).get("internal_states", [{}])[0]
+            for k in keys:
+                totals[k] += state.get(k, 0)
+    return totals

@@ -240,10 +240,12 @@ def build_tiny_model(
     intermediate_size: int = 128,
     tie_word_embeddings: bool = True,
     seed: int = 0,
+    vocab_size: int | None = None,
 ) -> Path:
     """Build a randomly initialised model of ``family`` from a config and save it with its
     tokenizer to ``out_dir``; returns the folder. ``tokenizer`` is a tokenizer object, "char"
-    (``char_tokenizer()``) or None for SmolLM2's."""
+    (``char_tokenizer()``) or None for SmolLM2's; ``vocab_size`` (default: the tokenizer's) may
+    be larger, for a model of a real one's shape (the tokenizer then names only the first ids)."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -257,7 +259,7 @@ def build_tiny_model(
     extra = {"head_dim": hidden_size // num_heads} if family == "qwen3" else {}
     config = AutoConfig.for_model(
         families[family],
-        vocab_size=len(tok),
+        vocab_size=max(len(tok), vocab_size or 0),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,

@@ -58,6 +58,9 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from scripts.provenance import commit  # noqa: E402
+
 RESULTS = ROOT / "docs" / "results"
 
 
@@ -351,23 +354,6 @@ def held_out_field(config: dict, field: str) -> dict[int, object]:
 
 
 # ---- the report -----------------------------------------------------------------------------
-
-
-def commit() -> str:
-    """The repository's commit, with "+dirty" when tracked files differ from it."""
-    try:
-        head = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
-    except OSError:
-        return "unknown"
-    return (head or "unknown") + ("+dirty" if dirty else "")
 
 
 def machine() -> str:

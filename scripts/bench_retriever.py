@@ -14,6 +14,10 @@ model. The output says which was used.
 
     .venv/bin/python scripts/bench_retriever.py                  # 100k docs, C = 1, 16, 64
     .venv/bin/python scripts/bench_retriever.py --docs 10000 --requests 128
+    .venv/bin/python scripts/bench_retriever.py --concurrency [64] --requests 1280 --rounds 6
+
+``--rounds N`` sends each concurrency's requests N times and prints the server's resident memory
+(VmRSS) after each round: under sustained load it must level off, not grow with the requests.
 """
 
 from __future__ import annotations
@@ -62,12 +66,16 @@ class BenchConfig:
     """Load generator: aiohttp, or httpx (whose client, not the server, saturates past C ~ 16)."""
     seed: int = 0
     """Seed of the corpus and queries."""
+    rounds: int = 1
+    """Load rounds per concurrency; the server's resident memory is printed after each."""
 
     def validate(self) -> BenchConfig:
         if self.docs < 1:
             raise ValueError(f"docs must be >= 1, got {self.docs}")
         if not self.concurrency or min(self.concurrency) < 1:
             raise ValueError(f"concurrency must be ints >= 1, got {self.concurrency}")
+        if self.rounds < 1:
+            raise ValueError(f"rounds must be >= 1, got {self.rounds}")
         if self.requests < 1:
             raise ValueError(f"requests must be >= 1, got {self.requests}")
         if self.client not in ("aiohttp", "httpx"):
@@ -155,6 +163,14 @@ async def load_server(url: str, queries: list[str], concurrency: int, topk: int,
     return summary(latencies, wall, len(queries))
 
 
+def rss_mb(pid: int) -> float:
+    """A process's resident memory in MiB (Linux /proc)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmRSS for process {pid}")
+
+
 def in_process(model, index, queries: list[str], batch: int, topk: int) -> dict:
     """Embed + search with no HTTP, ``batch`` queries at a time; latency is per batch."""
     from retriever.index import embed
@@ -227,11 +243,14 @@ def main(argv: list[str] | None = None) -> None:
         url = f"http://127.0.0.1:{settings.port}"
         command, env = serve_command(settings)
         proc = LaunchedProcess.start("retriever", url, command, Path(tmp) / "s.log", env)
-        rows = []
+        rows, memory = [], []
         try:
             proc.wait_healthy(deadline_s=300)
+            memory.append(("start", rss_mb(proc.pid)))
             for c in cfg.concurrency:
-                server = asyncio.run(load_server(url, queries, c, cfg.topk, cfg.client))
+                for r in range(cfg.rounds):
+                    server = asyncio.run(load_server(url, queries, c, cfg.topk, cfg.client))
+                    memory.append((f"C={c} round {r + 1}", rss_mb(proc.pid)))
                 batched = in_process(model, index, queries, c, cfg.topk)
                 rows.append((c, server, batched))
         finally:
@@ -250,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{c:>4} | {s['qps']:>10.1f} {s['p50']:>8.1f} {s['p99']:>8.1f} | {b['qps']:>19.1f} | "
             f"{s['qps'] / base['qps']:>19.2f} | {s['qps'] / b['qps']:>19.2f}"
         )
+    print("server resident memory (MiB): " + ", ".join(f"{k} {v:.0f}" for k, v in memory))
     print(
         f"load generator: {cfg.client}, sharing this machine's cores with the server; server "
         "latency includes HTTP and JSON; in-process latency is per batch."

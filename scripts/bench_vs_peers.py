@@ -9,22 +9,31 @@ temperature, and one optimizer update per step:
   the team reward (doctor's share of letters and patient's share of digits, averaged).
 
 Each system runs in its own process (``scripts/bench_peers/run_*.py``), one at a time, so none
-competes with another for the cores; with several seeds the order alternates. Printed per
-system: median step time split into rollout / reward / train / sync, start-up (from launching
-the process to its first rollout), the reward at the first step and over the last fifth of the
-steps (mean over seeds), and the ratio peer ÷ Tandem of the median step time (> 1: Tandem is
-faster). ``--json`` keeps the figures for run-to-run comparison, ``--plot`` the reward curves.
+competes with another for the cores; with several seeds the order alternates. Tandem runs as a
+user runs it: ``python -m kernel train --preset toy`` (or ``toy_duo``) with the benchmark's
+settings as flags, everything else the preset's. ``--threads 1,2`` runs every system at each
+thread count; ``--ablations no_share,no_onednn`` adds Tandem runs with prompt sharing or the
+engine's oneDNN linears off. Printed per run: median step time split into rollout (with the
+reward) / train / sync, start-up (from launching the process to its first rollout), the tokens
+its updates ran per step, the reward at the first step and over the last fifth of the steps
+(mean over seeds, with a 95% interval over seeds), and the ratio of its median step to Tandem's
+at the same threads (a peer's > 1: Tandem is faster; an ablation's > 1: the feature helps).
+Rewards whose intervals overlap are called comparable. The commit, the machine and the
+package versions head the output; ``--json`` keeps all of it, ``--plot`` the reward curves.
 
 The peers are the optional extra ``peers``: ``pip install -e '.[peers]'``. Nothing is
 installed at run time.
 
     python scripts/bench_vs_peers.py --size tiny --steps 20
     python scripts/bench_vs_peers.py --size smollm2 --steps 10 --json bench.json --seeds 3
+    python scripts/bench_vs_peers.py --size smollm2 --max-new-tokens 128 --threads 1,2 \\
+        --ablations no_share,no_onednn --seeds 3 --json docs/results/bench/vs_peers_128.json
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import statistics
@@ -40,7 +49,6 @@ ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
 PEERS = {"trl": 1, "comlrl": 2}  # peer (its python package) -> agents in the comparison
-PHASES = ("rollout_s", "reward_s", "train_s", "sync_s")
 LR = {"tiny": 2e-3, "smollm2": 2e-5}  # per size: a random tiny model takes far larger steps
 
 
@@ -85,13 +93,15 @@ def run_system(system: str, agents: int, common: list[str], work: Path, tag: str
 
 
 def summarize(runs: list[dict]) -> dict:
-    """Figures of one system over its seeds: medians of the step and its phases (all steps
-    of all seeds), mean start-up, mean reward curve, its first value and the mean of its
-    last fifth."""
+    """Figures of one system over its seeds: medians of the step and its phases (all steps of
+    all seeds; the rollout includes the reward, as Tandem's does), mean start-up, tokens its
+    updates ran per step, mean reward curve, its first value, and the last fifth's mean per
+    seed with their mean and a 95% interval over seeds."""
     steps = [s for r in runs for s in r["steps"]]
     n = min(len(r["steps"]) for r in runs)
     curve = [statistics.fmean(r["steps"][i]["reward"] for r in runs) for i in range(n)]
     tail = max(1, n // 5)
+    last = [statistics.fmean(s["reward"] for s in r["steps"][:n][-tail:]) for r in runs]
     driver = {}
     if all("requests" in s for s in steps):  # Tandem: its client side, per request
         requests = sum(s["requests"] for s in steps)
@@ -99,48 +109,67 @@ def summarize(runs: list[dict]) -> dict:
         driver["driver_cpu_ms_per_request"] = 1e3 * sum(s["driver_cpu_s"] for s in steps) / requests
     return driver | {
         "step_s": statistics.median(s["step_s"] for s in steps),
-        "phases": {p: statistics.median(s[p] for s in steps) for p in PHASES},
+        "phases": {
+            "rollout_s": statistics.median(s["rollout_s"] + s["reward_s"] for s in steps),
+            "train_s": statistics.median(s["train_s"] for s in steps),
+            "sync_s": statistics.median(s["sync_s"] for s in steps),
+        },
         "startup_s": statistics.fmean(
             r["steps"][0]["first_rollout_t"] - r["launched"] for r in runs
         ),
+        "tokens_run": statistics.median(s.get("tokens_run", 0) for s in steps),
         "reward_first": curve[0],
-        "reward_last": statistics.fmean(curve[-tail:]),
+        "reward_last": statistics.fmean(last),
+        "reward_last_seeds": last,
+        "reward_last_ci": interval(last),
         "curve": curve,
     }
 
 
-def compare(peer: dict, ours: dict) -> dict:
-    """The JSON record of one comparison: the peer's figures, Tandem's with a ``tandem_``
-    prefix, and the ratio peer ÷ Tandem of the median step time."""
-    record = dict(peer)
-    record |= {f"tandem_{k}": v for k, v in ours.items()}
-    record["ratio"] = peer["step_s"] / ours["step_s"]
-    return record
+T95 = {2: 12.71, 3: 4.30, 4: 3.18, 5: 2.78, 6: 2.57, 7: 2.45, 8: 2.36, 9: 2.31, 10: 2.26}
 
 
-def table(results: dict) -> str:
-    """A markdown table of every system measured, with the ratio on each peer's row."""
-    cols = ["system", "step s", *(p[:-2] for p in PHASES), "start-up s"]
-    cols += ["reward first → last", "peer ÷ Tandem"]
+def interval(values: list[float]) -> list[float] | None:
+    """The 95% t-interval of the mean of ``values`` (None for one value)."""
+    if len(values) < 2:
+        return None
+    mean, sd = statistics.fmean(values), statistics.stdev(values)
+    half = T95.get(len(values), 1.96) * sd / len(values) ** 0.5
+    return [mean - half, mean + half]
+
+
+def comparable(a: dict, b: dict) -> str:
+    """'comparable' when two systems' reward intervals overlap, else which is higher."""
+    ia, ib = a["reward_last_ci"], b["reward_last_ci"]
+    if ia is None or ib is None:
+        return "one seed"
+    if ia[0] <= ib[1] and ib[0] <= ia[1]:
+        return "comparable"
+    return "higher" if a["reward_last"] > b["reward_last"] else "lower"
+
+
+def table(record: dict) -> str:
+    """A markdown table of every run of one comparison: the peer and Tandem at each thread
+    count, Tandem's ablations; the ratio of each row's step to Tandem's at the same threads."""
+    cols = ["system", "threads", "step s", "rollout", "train", "sync", "start-up s"]
+    cols += ["tokens run / step", "reward first → last (95% CI)", "÷ Tandem"]
     lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-
-    def row(name: str, fig: dict, ratio: str) -> str:
+    for label, fig in record["runs"].items():
+        system, threads = label.rsplit("@", 1)
         ph = fig["phases"]
-        phases = " | ".join(f"{ph[p]:.4f}" for p in PHASES)
-        rew = f"{fig['reward_first']:.3f} → {fig['reward_last']:.3f}"
-        start = f"{fig['startup_s']:.1f}"
-        return f"| {name} | {fig['step_s']:.4f} | {phases} | {start} | {rew} | {ratio} |"
-
-    for peer, rec in results.items():
-        ours = {k[len("tandem_") :]: v for k, v in rec.items() if k.startswith("tandem_")}
-        agents = PEERS[peer]
-        lines.append(row(peer, rec, f"**{rec['ratio']:.2f}**"))
-        lines.append(row(f"tandem ({agents} agent{'s' * (agents > 1)})", ours, ""))
+        ci = fig["reward_last_ci"]
+        band = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else ""
+        rew = f"{fig['reward_first']:.3f} → {fig['reward_last']:.3f}{band}"
+        ratio = record["ratios"].get(label)
+        cells = [system, threads, f"{fig['step_s']:.4f}", f"{ph['rollout_s']:.4f}"]
+        cells += [f"{ph['train_s']:.4f}", f"{ph['sync_s']:.4f}", f"{fig['startup_s']:.1f}"]
+        cells += [f"{fig['tokens_run']:.0f}", rew, "" if ratio is None else f"**{ratio:.2f}**"]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
 def plot(results: dict, path: Path, title: str) -> None:
-    """Mean reward curves, one panel per comparison."""
+    """Mean reward curves, one panel per comparison (every run of it)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -148,13 +177,44 @@ def plot(results: dict, path: Path, title: str) -> None:
 
     fig, axes = plt.subplots(1, len(results), figsize=(5 * len(results), 3.6), squeeze=False)
     for ax, (peer, rec) in zip(axes[0], results.items(), strict=True):
-        ax.plot(rec["curve"], label=peer)
-        ax.plot(rec["tandem_curve"], label="tandem")
+        for label, fig_ in rec["runs"].items():
+            ax.plot(fig_["curve"], label=label)
         ax.set(xlabel="step", ylabel="mean reward", title=f"{peer} vs tandem")
-        ax.legend()
+        ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+ABLATIONS = {
+    "no_share": "--trainer.share_prompts false",  # every sample runs its prompt again
+    "no_onednn": "--engine.onednn_linear false",  # the engine's Linear layers on MKL
+}
+
+
+def headline(results: dict, threads: list[int]) -> dict[str, float]:
+    """The figures the results page tracks (higher is better): each peer's step and start-up
+    over Tandem's, at each thread count."""
+    out = {}
+    for peer, rec in results.items():
+        for t in threads:
+            ours, theirs = rec["runs"][f"tandem@{t}"], rec["runs"][f"{peer}@{t}"]
+            out[f"{peer} step ÷ Tandem step, {t} threads"] = rec["ratios"][f"{peer}@{t}"]
+            out[f"{peer} start-up ÷ Tandem start-up, {t} threads"] = (
+                theirs["startup_s"] / ours["startup_s"]
+            )
+    return out
+
+
+def versions() -> dict[str, str]:
+    """Installed versions of the packages every system runs on."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {}
+    for name in ("torch", "transformers", "trl", "comlrl"):
+        with contextlib.suppress(PackageNotFoundError):
+            out[name] = version(name)
+    return out
 
 
 def main() -> None:
@@ -178,11 +238,27 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=8)
     p.add_argument("--lr", type=float, default=None, help="default: 2e-3 (tiny), 2e-5 (smollm2)")
     p.add_argument("--temperature", type=float, default=1.0)
-    p.add_argument("--threads", type=int, default=2, help="torch threads of every system")
+    p.add_argument(
+        "--threads",
+        default="2",
+        help="torch threads of every system, comma-separated to compare (e.g. 1,2); Tandem's "
+        "trainer (OMP_NUM_THREADS) and engines (--engine.num_threads) each get this many",
+    )
+    p.add_argument(
+        "--ablations",
+        default="",
+        help=f"Tandem-only runs at the largest thread count, comma-separated: {sorted(ABLATIONS)}",
+    )
     p.add_argument(
         "--work-dir", default=None, help="model, prompts, per-run logs (default: a temp dir)"
     )
     p.add_argument("--json", default=None, help="write the figures here")
+    p.add_argument(
+        "--publish",
+        default=None,
+        metavar="NAME",
+        help="also keep them as docs/results/bench/NAME/DATE-COMMIT.json (the results page)",
+    )
     p.add_argument("--plot", default=None, help="write the mean reward curves here (PNG)")
     args = p.parse_args()
 
@@ -190,6 +266,13 @@ def main() -> None:
     unknown = [x for x in peers if x not in PEERS]
     if unknown or not peers:
         p.error(f"--peers: unknown {unknown or 'empty'}; choose from {sorted(PEERS)}")
+    ablations = [x.strip() for x in args.ablations.split(",") if x.strip()]
+    if set(ablations) - set(ABLATIONS):
+        p.error(f"--ablations: unknown {sorted(set(ablations) - set(ABLATIONS))}")
+    try:
+        threads = [int(x) for x in args.threads.split(",")]
+    except ValueError:
+        p.error(f"--threads: comma-separated integers, got {args.threads!r}")
     missing = [x for x in peers if importlib.util.find_spec(x) is None]
     if missing:
         sys.exit(
@@ -197,10 +280,11 @@ def main() -> None:
             "`.venv/bin/pip install -e '.[peers]'` from the repository root (after "
             "scripts/setup.sh), or pass --peers with the installed ones."
         )
-    if args.steps < 1 or args.seeds < 1:
-        p.error("--steps and --seeds must be >= 1")
+    if args.steps < 1 or args.seeds < 1 or min(threads) < 1:
+        p.error("--steps, --seeds and --threads must be >= 1")
 
     from kernel.toy import write_toy_prompts
+    from scripts.provenance import publish, stamp
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_vs_peers_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -210,39 +294,60 @@ def main() -> None:
     common = ["--model", str(model), "--prompts", str(prompts), "--steps", str(args.steps)]
     common += ["--lr", str(lr), "--temperature", str(args.temperature)]
     common += ["--group", str(args.group), "--prompts-per-step", str(args.prompts_per_step)]
-    common += ["--max-new-tokens", str(args.max_new_tokens), "--threads", str(args.threads)]
+    common += ["--max-new-tokens", str(args.max_new_tokens)]
+    head = stamp() | {"versions": versions()}
+    print(f"[bench] commit {head['commit']}; {head['machine']}; {head['versions']}", flush=True)
     print(f"[bench] {args.size} model at {model}; logs in {work}", flush=True)
 
     results = {}
     for peer in peers:
-        agents = PEERS[peer]
-        runs = {peer: [], "tandem": []}
+        systems = [(f"{s}@{t}", s, t, "") for t in threads for s in (peer, "tandem")]
+        systems += [
+            (f"tandem-{a}@{max(threads)}", "tandem", max(threads), ABLATIONS[a]) for a in ablations
+        ]
+        runs: dict[str, list] = {label: [] for label, *_ in systems}
         for seed in range(args.seeds):
-            order = [peer, "tandem"] if seed % 2 == 0 else ["tandem", peer]
-            for system in order:
-                tag = f"{peer}-{system}-seed{seed}"
+            for label, system, t, extra in systems if seed % 2 == 0 else systems[::-1]:
+                tag = f"{peer}-{label.replace('@', '-t')}-seed{seed}"
                 print(f"[bench] {tag}: {args.steps} steps ...", flush=True)
-                run = run_system(system, agents, [*common, "--seed", str(seed)], work, tag)
-                runs[system].append(run)
-        results[peer] = compare(summarize(runs[peer]), summarize(runs["tandem"]))
+                flags = [*common, "--seed", str(seed), "--threads", str(t)]
+                flags += ["--extra", extra] if extra else []
+                runs[label].append(run_system(system, PEERS[peer], flags, work, tag))
+        figures = {label: summarize(r) for label, r in runs.items()}
+        ratios = {}
+        for label, _, t, _ in systems:
+            if label != f"tandem@{t}":  # the peer: peer ÷ Tandem; an ablation: it ÷ Tandem
+                ratios[label] = figures[label]["step_s"] / figures[f"tandem@{t}"]["step_s"]
+        rewards = {
+            f"{peer}@{t}": comparable(figures[f"{peer}@{t}"], figures[f"tandem@{t}"])
+            for t in threads
+        }
+        results[peer] = {"runs": figures, "ratios": ratios, "reward_vs_tandem": rewards}
 
     title = (
         f"size {args.size}, {args.steps} steps x {args.seeds} seed(s), {args.prompts_per_step} "
         f"prompts x {args.group} samples, {args.max_new_tokens} new tokens, lr {lr:g}"
     )
-    print(f"\n{title}; times are medians in seconds; reward: mean of seeds (last: last fifth)\n")
-    print(table(results))
+    print(f"\n{title}; times are medians in seconds; reward: mean of seeds (last: last fifth)")
+    print(f"commit {head['commit']}; {head['machine']}; {head['versions']}")
     for peer, rec in results.items():
-        print(
-            f"tandem ({peer} comparison): {rec['tandem_requests_per_step']:.1f} /generate "
-            f"requests per step, {rec['tandem_driver_cpu_ms_per_request']:.1f} ms of driver CPU "
-            "(client, hooks, advantages, logging) per request"
-        )
+        print(f"\n{peer} vs tandem ({PEERS[peer]} agent{'s' * (PEERS[peer] > 1)})\n")
+        print(table(rec))
+    print()
     for peer, rec in results.items():
-        print(f"ratio {peer} ÷ tandem: {rec['ratio']:.2f}")
+        for label, ratio in rec["ratios"].items():
+            what = "÷ tandem" if label.startswith(peer) else "÷ tandem (ablation)"
+            print(f"ratio {label} {what}: {ratio:.2f}")
+        for label, verdict in rec["reward_vs_tandem"].items():
+            print(f"reward {label} vs tandem: {verdict}")
+    record = head | {"size": args.size, "steps": args.steps, "seeds": args.seeds, "lr": lr}
+    record |= {"max_new_tokens": args.max_new_tokens, "threads": threads}
+    record["headline"] = headline(results, threads)
+    record["results"] = results
     if args.json:
-        record = {"size": args.size, "steps": args.steps, "seeds": args.seeds, "lr": lr}
-        Path(args.json).write_text(json.dumps(record | results, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+    if args.publish:
+        print(f"published {publish(args.publish, record)}")
     if args.plot:
         plot(results, Path(args.plot), title)
 

@@ -18,7 +18,13 @@ Checks (tiny models built from configs: no model hub, no internet):
    weights' bytes go back to the device (``torch.cuda.mem_get_info``) and are taken again,
    generation is refused meanwhile;
 7. ``sync_bench``: ``scripts/bench_weight_sync.py --device`` on a 2-layer Qwen2.5-0.5B-shaped
-   model: conversion and push time over a copy of the same bytes on the device, per transport.
+   model: conversion and push time over a copy of the same bytes on the device, per transport;
+8. ``prefix_cache``: the engine's scheduler on the device (a tiny model in fp32) plays three
+   3-turn conversations with its prefix cache on and off: greedy replies must be the same,
+   logprobs within 1e-4, and the later turns served from the cache;
+9. ``limit``: ``scripts/bench_limit.py`` on a SmolLM2-135M-shaped model (bf16 on CUDA): the
+   trainer's FLOP/s as a share of the device's measured matmul peak, and decode's bytes/s at
+   batch 1 as a share of its copy bandwidth (measured, not judged: PASS when it ran).
 
 Each check prints PASS, FAIL or SKIP (megatron-core not installed) and its figure; the exit
 status is 1 when any failed; a failed check also prints the end of its output. ``--out DIR``
@@ -32,7 +38,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import platform
 import subprocess
 import sys
@@ -42,6 +47,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # scripts.* (the weight-sync bench's model) as from the root
+from scripts.provenance import commit  # noqa: E402
+
 STEPS = 3
 
 
@@ -71,18 +78,6 @@ def _train(device: str, out: Path, *flags: str, timeout: float) -> tuple[bool, s
         print(tail, flush=True)
         return False, f"exit {rc}, {len(rows)} of {STEPS} steps: {tail[-400:]}", rows
     return True, f"{STEPS} steps in {seconds:.0f} s, reward {rows[-1]['reward']:.3f}", rows
-
-
-def _commit() -> str | None:
-    """$GPU_CHECK_COMMIT, else the checked-out commit (None without git). A lent machine's copy
-    of the working tree can carry a stale .git: name the commit there."""
-    if os.environ.get("GPU_CHECK_COMMIT"):
-        return os.environ["GPU_CHECK_COMMIT"]
-    try:
-        p = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    except OSError:
-        return None
-    return p.stdout.strip() if p.returncode == 0 else None
 
 
 def _digest(t) -> str:
@@ -194,6 +189,86 @@ def check_sync_bench(device: str, timeout: float) -> tuple[bool, str]:
     return True, f"convert + push over a copy of the same bytes on {device}: {figure}"
 
 
+def check_prefix_cache(device: str) -> tuple[bool, str]:
+    """Greedy conversations on the engine's scheduler with the prefix cache on and off."""
+    import torch
+
+    from kernel.engine.protocol import SamplingParams
+    from kernel.engine.scheduler import Request, Scheduler
+    from kernel.models import build_tiny_model, load_causal_lm, load_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = str(build_tiny_model(tmp, "qwen2", "char", hidden_size=128, num_layers=4))
+        model = load_causal_lm(path, "float32", device).eval()
+        tokenizer = load_tokenizer(path)
+    params = SamplingParams(temperature=0, max_new_tokens=12, ignore_eos=True)
+    gen = torch.Generator().manual_seed(0)
+    replies = {}
+    for cache_mb in (64, 0):
+        s = Scheduler(model, tokenizer, max_batch_size=8, context_length=512,
+                      prefix_cache_bytes=cache_mb * 2**20)  # fmt: skip
+        s.start()
+        gen.manual_seed(0)
+        prompts = [torch.randint(3, 100, (n,), generator=gen).tolist() for n in (7, 19, 30)]
+        got = []
+        try:
+            for _ in range(3):
+                reqs = [Request(rid=str(i), input_ids=p, params=params, return_logprob=True)
+                        for i, p in enumerate(prompts)]  # fmt: skip
+                s.submit(reqs)
+                turn = [r.future.result(timeout=120) for r in reqs]
+                got.append(turn)
+                user = torch.randint(3, 100, (5,), generator=gen).tolist()
+                prompts = [p + t["output_ids"] + user for p, t in zip(prompts, turn, strict=True)]
+        finally:
+            s.shutdown()
+        replies[cache_mb] = (got, dict(s.stats))
+    (on, stats_on), (off, _) = replies[64], replies[0]
+    gap = 0.0
+    for turn_on, turn_off in zip(on, off, strict=True):
+        for a, b in zip(turn_on, turn_off, strict=True):
+            if a["output_ids"] != b["output_ids"]:
+                return False, "a greedy reply differs with the prefix cache on"
+            la = [x[0] for x in a["meta_info"]["output_token_logprobs"]]
+            lb = [x[0] for x in b["meta_info"]["output_token_logprobs"]]
+            gap = max(gap, *(abs(x - y) for x, y in zip(la, lb, strict=True)))
+    cached, prefilled = stats_on["num_cached_tokens"], stats_on["num_prefill_tokens"]
+    figure = (
+        f"{cached} of {cached + prefilled} prompt tokens from the cache; largest logprob gap "
+        f"on vs off {gap:.1e}"
+    )
+    return gap < 1e-4 and cached > 0, figure
+
+
+def check_limit(device: str, timeout: float, out: Path | None) -> tuple[bool, str]:
+    """scripts/bench_limit.py on a SmolLM2-shaped model (small sizes on CPU, for CI)."""
+    cmd = [sys.executable, "scripts/bench_limit.py", "--model", "smollm2-shape", "--device", device]
+    if device.startswith("cuda"):
+        cmd += ["--dtype", "bfloat16", "--samples", "16", "--seq-len", "1024", "--steps", "5"]
+        cmd += ["--budget", "8192", "--profile"]
+    else:
+        cmd += ["--samples", "2", "--seq-len", "64", "--prompt-len", "16", "--steps", "1"]
+        cmd += ["--gemm", "512", "--copy-mib", "32", "--decode-prompt", "16"]
+        cmd += ["--decode-tokens", "4"]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = (out or Path(tmp)) / "limit.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        rc, tail, _ = _run([*cmd, "--json", str(path)], timeout)
+        print(tail, flush=True)
+        if rc != 0:
+            return False, f"exit {rc}: {tail[-400:]}"
+        r = json.loads(path.read_text())
+    peak, train, decode = max(r["matmul_flop_s"].values()), r["train"], r["decode"]
+    figure = (
+        f"trainer {train['flop_s'] / 1e9:.0f} GFLOP/s = {r['train_fraction_of_peak']:.0%} of "
+        f"the measured matmul peak {peak / 1e9:.0f} GFLOP/s; decode at batch 1 "
+        f"{decode['bytes_s'] / 1e9:.1f} GB/s = {r['decode_fraction_of_bandwidth']:.0%} of the "
+        f"copy bandwidth {r['copy_bytes_s'] / 1e9:.0f} GB/s "
+        f"({1e3 * decode['step_s']:.1f} ms a token)"
+    )
+    return True, figure
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="cuda", help="cuda, cuda:N or cpu")
@@ -255,6 +330,10 @@ def main(argv: list[str] | None = None) -> int:
             record("release", *check_release(args.device))
         if "sync_bench" not in skip:
             record("sync_bench", *check_sync_bench(args.device, args.timeout))
+        if "prefix_cache" not in skip:
+            record("prefix_cache", *check_prefix_cache(args.device))
+        if "limit" not in skip:
+            record("limit", *check_limit(args.device, args.timeout, args.out))
 
     table = "| check | result | figure |\n|---|---|---|\n" + "".join(
         f"| {n} | {v} | {f.replace('|', '/')} |\n" for n, v, f in results
@@ -268,7 +347,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": machine,
             "torch": torch.__version__,
             "python": platform.python_version(),
-            "commit": _commit(),
+            "commit": commit(),
             "results": [{"check": n, "result": v, "figure": f} for n, v, f in results],
         }
         (args.out / "gpu_check.json").write_text(json.dumps(summary, indent=1) + "\n")

@@ -10,11 +10,19 @@ a table with a pair of markers, and this script fills in what lies between them:
     <!-- results:multi_agent -->         each run published with --against: workflow against
                                          its single-agent baseline, final scores by item
     <!-- results:seeds NAME -->          one run's per-seed rows
+    <!-- results:bench -->               every benchmark's headline figures (below)
     ...                                  (generated: do not edit)
     <!-- /results -->
 
     python scripts/results_table.py           # rewrite the tables in README.md, docs/, recipes/
     python scripts/results_table.py --check   # exit 1 naming each file whose table is stale
+
+A benchmark keeps each measurement as a file ``docs/results/bench/NAME/DATE-COMMIT.json``
+(written by its ``--json``; it names the commit, the machine, the date and a ``headline`` of
+figures where higher is better: ratios against a baseline, fractions of a limit). The bench
+table shows each benchmark's newest file beside the one before it and flags every headline
+figure that dropped by more than 10%, so a regression is seen in the commit that lands it (the
+script prints the flags too).
 
 tests/scripts/test_results_table.py runs ``--check``, so a table in the docs that differs from
 its files fails CI.
@@ -161,7 +169,56 @@ def seeds_table(names: list[str], where: Path) -> str:
     return _table(header, names, rows)
 
 
+BENCH = RESULTS / "bench"
+DROP = 0.10  # a headline figure this much below the previous measurement is flagged
+
+
+def bench_files(name: str) -> list[dict]:
+    """A benchmark's measurements (docs/results/bench/NAME/*.json), oldest first."""
+    files = [json.loads(f.read_text()) | {"file": f} for f in (BENCH / name).glob("*.json")]
+    return sorted(files, key=lambda r: (r["date"], r["file"].name))
+
+
+def benchmarks() -> list[str]:
+    return sorted(p.name for p in BENCH.glob("*") if p.is_dir() and any(p.glob("*.json")))
+
+
+def drops(name: str) -> list[str]:
+    """The headline figures of a benchmark's newest file more than DROP below the file before."""
+    files = bench_files(name)
+    if len(files) < 2:
+        return []
+    new, old = files[-1]["headline"], files[-2]["headline"]
+    return [k for k, v in new.items() if k in old and v < (1 - DROP) * old[k]]
+
+
+def bench_table(names: list[str], where: Path) -> str:
+    """Each benchmark's newest headline figures, the previous measurement and the change; a
+    drop of more than 10% is flagged."""
+    header = ["benchmark", "figure (higher is better)", "value", "previous", "change"]
+    header += ["commit", "machine", "date"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in names:
+        files = bench_files(name)
+        if not files:
+            lines.append(f"| {name} | not measured yet |" + " |" * (len(header) - 2))
+            continue
+        new, old = files[-1], (files[-2] if len(files) > 1 else None)
+        link = f"[{name}]({os.path.relpath(new['file'], (ROOT / where).parent)})"
+        flagged = set(drops(name))
+        for key, value in new["headline"].items():
+            prev = None if old is None else old["headline"].get(key)
+            change = "—" if prev is None else f"{value / prev - 1:+.0%}"
+            if key in flagged:
+                change = f"**{change} ⚠ dropped**"
+            cells = [link, key, f"{value:.3g}", "—" if prev is None else f"{prev:.3g}", change]
+            cells += [f"`{new['commit']}`", new["machine"], new["date"]]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 TABLES = {"learning": learning_table, "multi_agent": multi_agent_table, "seeds": seeds_table}
+TABLES["bench"] = bench_table
 
 
 def render(text: str, where: Path) -> str:
@@ -171,7 +228,7 @@ def render(text: str, where: Path) -> str:
         kind = m.group("kind")
         if kind not in TABLES:
             raise SystemExit(f"results_table.py: {where}: unknown table 'results:{kind}'")
-        names = m.group("names").split() or published()
+        names = m.group("names").split() or (benchmarks() if kind == "bench" else published())
         return m.group(1) + TABLES[kind](names, where) + "\n" + m.group(5)
 
     return BLOCK.sub(fill, text)
@@ -193,6 +250,9 @@ def main(argv: list[str] | None = None) -> int:
             stale.append(str(path.relative_to(ROOT)))
             if not args.check:
                 path.write_text(new)
+    for name in benchmarks():
+        for key in drops(name):
+            print(f"WARNING: benchmark {name}: {key} dropped more than {DROP:.0%}", file=sys.stderr)
     if args.check and stale:
         print("stale results tables (run python scripts/results_table.py): " + ", ".join(stale))
         return 1

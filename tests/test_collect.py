@@ -123,6 +123,11 @@ def test_collect_end_to_end_resumes_and_pairs(tmp_path):
         assert x["prompt_ids"] and isinstance(x["reward"], float) and x["text"]
         assert x["status"] in ("completed", "truncated") and x["weight_versions"]
     assert [x["row"] for x in read(out / "done.jsonl")] == [0, 1, 2]
+    summary = json.loads((out / "collect.json").read_text())  # what a benchmark reads
+    assert summary["episodes"] == 12 and summary["rows"] == 3 and summary["rollout_s"] > 0
+    engines = summary["engines"]
+    assert engines["num_prefill_tokens"] > 0 and engines["num_cached_tokens"] >= 0
+    assert "12 episodes in" in r.stdout and "episodes/s" in r.stdout
 
     again = kernel(*flags, f"--output_dir={out}")  # resumed: every row is done
     assert again.returncode == 0, again.stderr[-3000:]

@@ -37,7 +37,6 @@ from typing import Any
 
 from kernel.engine.launch import LaunchedProcess, server_command, server_env
 from kernel.engine.router import RouterConfig, wait_for_workers
-from kernel.engine.server import ServerConfig
 from kernel.loop import train
 from kernel.models import materialize_model
 from kernel.train.ray_trainer import RayConfig
@@ -216,18 +215,7 @@ def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args):
             cmd += ["--api-key", settings.engine.api_key]
         return cmd + list(sglang_args) + list(settings.engine.sglang_args), {}
 
-    eng = settings.engine
-    config = ServerConfig(
-        model=model,
-        host=ip,
-        port=e.port,
-        device=eng.device,
-        max_batch_size=eng.max_batch_size,
-        gather_window_ms=eng.gather_window_ms,
-        num_threads=eng.num_threads,
-        seed=cfg.seed + e.index,
-        api_key=eng.api_key,
-    )
+    config = settings.engine.server_config(model, host=ip, port=e.port, seed=cfg.seed + e.index)
     return server_command(config.validate()), server_env(config)
 
 

@@ -10,9 +10,16 @@ whose worker thread runs this loop, one step at a time:
    DISTINCT prompts, left padded (the n samples of a prompt -- ``sampling_params.n``, or equal
    prompts sent apart -- are one prefill row whose KV cache is then copied to each of them, as
    SGLang shares a prompt's cache), samples each one's first token, and their KV cache joins the
-   running batch (both caches are left padded to the same length and concatenated);
+   running batch (both caches are left padded to the same length and concatenated). A prompt
+   that starts with a sequence of the prefix cache (``kernel.engine.prefix_cache``: earlier
+   prompts and finished replies, e.g. the previous turn of a conversation) prefills only the
+   rest: the row's cache opens with the stored KV, left padded to the batch's longest hit;
 4. one decode forward for the whole running batch; sample; finish rows that hit a stop token,
-   stop string, ``max_new_tokens`` or the context length, and drop them from the cache.
+   stop string, ``max_new_tokens`` or the context length, store their KV in the prefix cache
+   and drop them from the batch.
+
+The KV tensors of a batch may hold padding in the middle of a row (after a cached prefix shorter
+than the longest); the attention mask marks it, and positions count real tokens only.
 
 So a new request joins at the next step rather than waiting for the batch to drain. When the
 engine is idle, a request that came alone waits up to ``gather_window_s`` for others (until
@@ -29,6 +36,7 @@ position ids count only real tokens and the attention mask hides the left paddin
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import types
@@ -42,6 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from kernel.engine.prefix_cache import PrefixCache
 from kernel.engine.protocol import SamplingParams
 from kernel.models import cache_kwargs
 
@@ -65,12 +74,19 @@ class Request:
     """Submitted on its own (a request of one sequence): an idle engine waits for company."""
     future: Future = field(default_factory=Future)
     """Resolves to the SGLang-shaped reply dict."""
+    cached_tokens: int = 0
+    """Prompt tokens served from the prefix cache (``meta_info.cached_tokens``)."""
+    finish_reason: dict | None = None
+    """Set when the request finishes (``meta_info.finish_reason``)."""
 
 
 def next_version(current: str) -> str:
     """The weight version after an update that names none: an integer counts up."""
     return str(int(current) + 1) if current.isdigit() else f"{current}+1"
 
+
+NON_FINITE = "the model gave non-finite logits (are its weights finite?)"
+"""Abort message of a row whose sampled logprob is NaN or infinite: no reply carries one."""
 
 GREEDY_BELOW = 1e-5
 """Temperatures below this sample greedily (SGLang's rule): dividing by them overflows."""
@@ -166,6 +182,7 @@ class Scheduler:
         weight_version: str = "0",
         seed: int = 0,
         gather_window_s: float = 0.0,
+        prefix_cache_bytes: int = 0,
     ) -> None:
         _check_cache_layers(model)
         self.model = model
@@ -181,6 +198,8 @@ class Scheduler:
         self.paused = False
         self.stats = {"num_finished_reqs": 0, "num_aborted_reqs": 0, "peak_running_reqs": 0}
         self.stats |= {"num_prefills": 0, "num_prefill_rows": 0, "num_decode_steps": 0}
+        self.stats |= {"num_prefill_tokens": 0, "num_cached_tokens": 0}
+        self.prefix_cache = PrefixCache(prefix_cache_bytes)
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._waiting: deque[Request] = deque()
@@ -350,15 +369,15 @@ class Scheduler:
         new = [r for r in new if r.params.max_new_tokens > 0]
         if not new:
             return bool(done)
-        from transformers import DynamicCache
-
         # One prefill row per distinct sequence; a retracted request resumes from its prompt and
         # the output it already has.
         distinct: dict[tuple[int, ...], int] = {}
         rows = [distinct.setdefault(tuple(r.input_ids + r.output_ids), len(distinct)) for r in new]
-        ids, mask = left_pad([list(seq) for seq in distinct], self.pad_id, self.device)  # (U, T)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)  # (U, T) count real tokens only
-        cache = DynamicCache(config=self.model.config)
+        seqs = [list(seq) for seq in distinct]
+        hits = [self.prefix_cache.match(seq) for seq in seqs]  # (cached length, its KV) per row
+        for r, u in zip(new, rows, strict=True):
+            r.cached_tokens = max(r.cached_tokens, min(hits[u][0], len(r.input_ids)))
+        cache, ids, mask, positions = self._prefill_inputs(seqs, hits)
         out = self.model(
             input_ids=ids,
             attention_mask=mask,
@@ -368,7 +387,11 @@ class Scheduler:
             logits_to_keep=1,
         )
         self.stats["num_prefills"] += 1
-        self.stats["num_prefill_rows"] += len(distinct)
+        self.stats["num_prefill_rows"] += len(seqs)
+        self.stats["num_cached_tokens"] += sum(c for c, _ in hits)
+        self.stats["num_prefill_tokens"] += sum(len(seq) for seq in seqs) - sum(c for c, _ in hits)
+        for u, seq in enumerate(seqs):  # before rows are copied per request below
+            self._store(seq, cache, mask, u)
         expand = torch.tensor(rows, device=self.device)  # (n,) the prefill row of each request
         tokens, logprobs = sample_tokens(
             out.logits[expand, -1], *_params(new, self.device), self.generator
@@ -379,6 +402,51 @@ class Scheduler:
             cache.batch_select_indices(expand[idx])  # copies a shared prompt's cache per row
             self._merge([new[i] for i in keep], cache, mask[expand[idx]], tokens[idx])
         return True
+
+    def _prefill_inputs(
+        self, seqs: list[list[int]], hits: list[tuple[int, Tensor | None]]
+    ) -> tuple[Any, Tensor, Tensor, Tensor]:
+        """The prefill forward's inputs for rows ``seqs`` with cached prefixes ``hits``: a KV
+        cache holding each row's cached prefix (left padded to the longest, P columns), the
+        rest of each row's tokens (left padded, S columns), the attention mask over both
+        (U, P + S), and the positions of the new tokens (U, S)."""
+        from transformers import DynamicCache
+
+        cache = DynamicCache(config=self.model.config)
+        cached = [c for c, _ in hits]
+        ids, new_mask = left_pad(
+            [seq[c:] for seq, c in zip(seqs, cached, strict=True)], self.pad_id, self.device
+        )  # (U, S)
+        width = max(cached)
+        if width == 0:
+            return cache, ids, new_mask, (new_mask.cumsum(-1) - 1).clamp(min=0)
+        first = next(kv for _, kv in hits if kv is not None)  # (L, 2, H, c, D)
+        layers, _, heads, _, dim = first.shape
+        past = first.new_zeros((layers, 2, len(seqs), heads, width, dim))
+        past_mask = torch.zeros((len(seqs), width), dtype=torch.long, device=self.device)
+        for u, (c, kv) in enumerate(hits):
+            if c:
+                past[:, :, u, :, width - c :] = kv
+                past_mask[u, width - c :] = 1
+        for layer in range(layers):
+            cache.update(past[layer, 0], past[layer, 1], layer)
+        offset = torch.tensor(cached, device=self.device)[:, None]  # (U, 1)
+        positions = (offset + new_mask.cumsum(-1) - 1).clamp(min=0)  # (U, S)
+        return cache, ids, torch.cat([past_mask, new_mask], dim=1), positions
+
+    def _store(self, tokens: list[int], cache, mask: Tensor, row: int) -> None:
+        """Put row ``row`` of a batch's KV ``cache`` (its columns where ``mask`` is 1, which
+        hold ``tokens``) in the prefix cache."""
+        if self.prefix_cache.max_bytes <= 0:
+            return
+        cols = mask[row].bool()  # (T,)
+        kv = torch.stack(
+            [
+                torch.stack([layer.keys[row][:, cols], layer.values[row][:, cols]])
+                for layer in cache.layers
+            ]
+        )  # (L, 2, H, len(tokens), D)
+        self.prefix_cache.insert(tokens, kv)
 
     def _decode_step(self) -> None:
         mask = F.pad(self._mask, (0, 1), value=1)  # (B, T + 1): the pending token joins
@@ -396,12 +464,20 @@ class Scheduler:
         self._last = tokens
         keep = self._append_and_check(self._running, tokens, logprobs)
         if len(keep) < len(self._running):
+            kept = set(keep)
+            for i, r in enumerate(self._running):
+                if i not in kept and r.finish_reason["type"] != "abort":
+                    # The KV holds the prompt and every output token but the last (not fed).
+                    self._store(r.input_ids + r.output_ids[:-1], self._cache, self._mask, i)
             self._select(keep)
 
     def _append_and_check(self, reqs: list[Request], tokens: Tensor, logprobs: Tensor) -> list[int]:
         """Record each row's new token; finish the rows that are done; return the others."""
         keep = []
         for i, (r, t, lp) in enumerate(zip(reqs, tokens.tolist(), logprobs.tolist(), strict=True)):
+            if not math.isfinite(lp):  # never a NaN in a reply: the row fails, its token unsaid
+                self._finish(r, {"type": "abort", "message": NON_FINITE})
+                continue
             r.output_ids.append(t)
             r.logprobs.append(lp)
             reason = self._finish_reason(r)
@@ -433,6 +509,7 @@ class Scheduler:
         return None
 
     def _finish(self, r: Request, reason: dict) -> None:
+        r.finish_reason = reason
         p, ids = r.params, r.output_ids
         trim = reason["type"] == "stop" and not p.no_stop_trim
         text_ids = ids[:-1] if trim and isinstance(reason["matched"], int) else ids
@@ -444,7 +521,7 @@ class Scheduler:
             "finish_reason": reason,
             "prompt_tokens": len(r.input_ids),
             "completion_tokens": len(ids),
-            "cached_tokens": 0,
+            "cached_tokens": r.cached_tokens,
             "weight_version": self.weight_version,
             "e2e_latency": time.perf_counter() - r.created,
         }

@@ -20,15 +20,21 @@ Where it differs from SGLang, on purpose:
   back in the queue, to be prefilled again (under the weights of that time) after
   ``/continue_generation``; ``in_place`` keeps them with their KV cache. New requests wait
   until ``/continue_generation`` in every mode;
-- ``/flush_cache`` has no prefix cache to drop: it answers 200 and changes nothing;
+- the prefix cache (``kernel.engine.prefix_cache``) stores whole sequences, not a radix tree,
+  under a byte cap (``prefix_cache_mb``; 0 turns it off, as SGLang's --disable-radix-cache);
+  every weight update and memory release flushes it, and ``/flush_cache`` does at any time;
 - ``/v1/loads`` also reports ``num_finished_reqs`` and ``num_aborted_reqs`` (served so far);
 - weight versions are strings as in SGLang; an update that names none counts an integer
   version up ("0" -> "1");
 - ``/release_memory_occupation`` (tags ``weights``, ``kv_cache``; none: both) needs an idle
-  engine: ``weights`` frees every parameter's storage, ``kv_cache`` has nothing to free (KV
-  caches live per running request here). While anything is released, generation answers 503.
+  engine: ``weights`` frees every parameter's storage, ``kv_cache`` the prefix cache (other KV
+  lives per running request here); either flushes the prefix cache. While anything is
+  released, generation answers 503.
   ``/resume_memory_occupation`` re-allocates the weights as zeros -- SGLang without
-  ``--enable-weights-cpu-backup`` leaves them undefined too -- so a weight update must follow.
+  ``--enable-weights-cpu-backup`` leaves them undefined too -- so a weight update must follow;
+- a weight update carrying a NaN or infinite value is refused (400 naming the tensor) before
+  anything is copied, and a row whose logits still turn non-finite (fp16 overflow) ends as an
+  abort: no reply carries a non-finite number.
 """
 
 from __future__ import annotations
@@ -105,6 +111,10 @@ class ServerConfig:
     onednn_linear: bool = True
     """On CPU, run the Linear layers through oneDNN rather than MKL: 1.3-2x faster matmuls at
     decode batch sizes, the same math up to float rounding (``use_onednn_linears``)."""
+    prefix_cache_mb: float = 1024.0
+    """Most MiB of KV the prefix cache keeps (earlier prompts and replies, reused by requests
+    that start with them: a conversation's next turn prefills only its new tokens); 0 turns it
+    off. Flushed by every weight update."""
     max_n: int = 1024
     """Most samples one prompt may ask for (sampling_params.n)."""
     max_request_mb: float = 512.0
@@ -139,6 +149,8 @@ class ServerConfig:
             raise ValueError(f"num_threads must be >= 1, got {self.num_threads}")
         if self.log_level not in LOG_LEVELS:
             raise ValueError(f"log_level must be one of {LOG_LEVELS}, got {self.log_level!r}")
+        if not 0 <= self.prefix_cache_mb < float("inf"):
+            raise ValueError(f"prefix_cache_mb must be >= 0, got {self.prefix_cache_mb}")
         if self.max_n < 1:
             raise ValueError(f"max_n must be >= 1, got {self.max_n}")
         if not 0 < self.max_request_mb < float("inf"):
@@ -181,6 +193,7 @@ class ServerState:
             weight_version=settings.weight_version,
             seed=settings.seed,
             gather_window_s=settings.gather_window_ms / 1000,
+            prefix_cache_bytes=int(settings.prefix_cache_mb * 2**20),
         )
         self.groups: dict[str, Any] = {}
         self.joining = asyncio.Lock()  # one weight-group rendezvous at a time
@@ -224,6 +237,7 @@ class ServerState:
                 f"{busy} requests are in flight: release memory only when the engine is idle "
                 "(after the rollout, or /pause_generation with mode abort)"
             )
+        self.scheduler.prefix_cache.clear()  # KV memory; and stale once weights come back
         if "weights" in tags and "weights" not in self.released:
             for name, p in self.model.named_parameters():  # tied weights are listed once
                 self._released_shapes[name] = p.shape
@@ -541,7 +555,9 @@ def model_info(e: State) -> dict:
 
 
 def server_info(e: State) -> dict:
+    cache = e.scheduler.prefix_cache
     state = e.scheduler.stats | e.scheduler.load() | {"paused": e.scheduler.paused}
+    state |= cache.stats | {"cache_entries": len(cache), "cache_mb": cache.bytes / 2**20}
     state |= e.memory_stats | {"memory_released": sorted(e.released)}
     return {
         **redact(dataclasses.asdict(e.settings)),
@@ -595,7 +611,8 @@ async def loads(e: State):
 
 
 @control_routes.post("/flush_cache")
-async def flush_cache():
+async def flush_cache(e: State):
+    await asyncio.wrap_future(e.scheduler.call(e.scheduler.prefix_cache.clear))
     return PlainTextResponse("Cache flushed.\n")
 
 
@@ -647,7 +664,10 @@ async def _update(
         s.abort(abort_all=True, message=f"aborted by {what}")
 
     def run() -> int:
-        n = apply()
+        try:
+            n = apply()
+        finally:  # even a failed update may have written some weights: no stale KV survives
+            s.prefix_cache.clear()
         s.weight_version = version if version is not None else next_version(s.weight_version)
         return n
 

@@ -16,8 +16,8 @@
     class), so a request body cannot name any other callable;
 - from distributed: tensors broadcast by rank 0 of a custom process group (kernel/sync).
 
-All three end in ``apply_named_tensors``, which checks every name and shape before it copies
-anything, so a bad payload leaves the model as it was.
+All three end in ``apply_named_tensors``, which checks every name, shape and value (no NaN or
+infinity) before it copies anything, so a bad payload leaves the model as it was.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def apply_named_tensors(model, named: NamedTensors) -> int:
     """Copy tensors into the model's parameters and buffers by name; returns how many.
 
     Names are the model's ``state_dict()`` keys (tied weights answer to both names). Values are
-    cast to the parameter's dtype and device.
+    cast to the parameter's dtype and device. Unknown names, wrong shapes and NaN or infinite
+    values are refused (ValueError naming the tensors) before anything is copied.
     """
     items = _items(named)
     targets = model.state_dict(keep_vars=True)
@@ -73,6 +74,8 @@ def apply_named_tensors(model, named: NamedTensors) -> int:
             errors.append(
                 f"{name}: shape {list(tensor.shape)} != the model's {list(targets[name].shape)}"
             )
+        elif not _finite(tensor):
+            errors.append(f"{name}: holds NaN or infinite values")
     if errors:
         more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
         raise ValueError("; ".join(errors[:3]) + more)
@@ -80,6 +83,14 @@ def apply_named_tensors(model, named: NamedTensors) -> int:
         for name, tensor in items:
             targets[name].copy_(tensor)
     return len(items)
+
+
+def _finite(tensor: Tensor) -> bool:
+    """Whether a tensor holds no NaN or infinity: one fp64 sum (NaN and inf survive it, and no
+    float32 values overflow it), cheaper than a full ``isfinite`` mask."""
+    if not tensor.is_floating_point():
+        return True
+    return bool(torch.isfinite(tensor.sum(dtype=torch.float64)))
 
 
 def encode_named_tensors(named: NamedTensors) -> str:

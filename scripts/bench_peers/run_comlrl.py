@@ -26,7 +26,7 @@ import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from task import AGENTS, Emitter, load_prompts, peer_args, team_reward  # noqa: E402
+from task import AGENTS, Emitter, TrainTokens, load_prompts, peer_args, team_reward  # noqa: E402
 
 
 def main() -> None:
@@ -95,6 +95,7 @@ def main() -> None:
             row |= {"rollout_s": clock["rollout"], "reward_s": clock["reward"]}
             row |= {"train_s": clock["train"], "sync_s": 0.0}
             row["reward"] = sum(clock["rewards"]) / max(len(clock["rewards"]), 1)
+            row["tokens_run"] = tokens.take()
             if step == 0:
                 row["first_rollout_t"] = clock["first_rollout_t"]
             emit(row)
@@ -129,6 +130,7 @@ def main() -> None:
         formatters=chat,
         args=config,
     )
+    tokens = TrainTokens(*trainer.agents)
     trainer.train()
     emit({"event": "end", "wall_s": time.time() - T0})
 

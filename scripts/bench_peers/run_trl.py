@@ -25,7 +25,7 @@ import tempfile  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from task import Emitter, digit_share, load_prompts, peer_args  # noqa: E402
+from task import Emitter, TrainTokens, digit_share, load_prompts, peer_args  # noqa: E402
 
 
 def main() -> None:
@@ -74,6 +74,7 @@ def main() -> None:
             row |= {"rollout_s": clock["rollout"], "reward_s": clock["reward"], "sync_s": 0.0}
             row["train_s"] = step_s - clock["rollout"] - clock["reward"]
             row["reward"] = sum(clock["rewards"]) / max(len(clock["rewards"]), 1)
+            row["tokens_run"] = tokens.take()
             if state.global_step == 1:
                 row["first_rollout_t"] = clock["first_rollout_t"]
             emit(row)
@@ -106,8 +107,10 @@ def main() -> None:
         disable_tqdm=True,
         dataloader_num_workers=0,
     )
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    tokens = TrainTokens(model)
     trainer = Timed(
-        model=AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32),
+        model=model,
         reward_funcs=reward,
         args=config,
         train_dataset=Dataset.from_list(rows),

@@ -48,9 +48,9 @@ def team_reward(doctor_text: str, patient_text: str) -> float:
     return (alpha_share(doctor_text) + digit_share(patient_text)) / 2
 
 
-def parse_args(system: str, doc: str) -> argparse.Namespace:
+def parse_args(system: str, doc: str, extra: bool = False) -> argparse.Namespace:
     """The command line every runner takes (``bench_vs_peers.py`` passes the same values to
-    all of them)."""
+    all of them); ``extra``: also ``--extra`` (more flags for Tandem's command)."""
     p = argparse.ArgumentParser(prog=f"run_{system}.py", description=doc.splitlines()[0])
     p.add_argument("--model", required=True, help="HF model folder (with its tokenizer)")
     p.add_argument("--prompts", required=True, help="JSONL file with a 'prompt' per row")
@@ -66,6 +66,8 @@ def parse_args(system: str, doc: str) -> argparse.Namespace:
         "--agents", type=int, choices=(1, 2), default=1, help="1: the digit task; 2: the duo"
     )
     p.add_argument("--out", required=True, help="JSON lines written here")
+    if extra:
+        p.add_argument("--extra", default="", help="more flags for `kernel train` (one string)")
     return p.parse_args()
 
 
@@ -96,3 +98,30 @@ class Emitter:
     def __call__(self, row: dict) -> None:
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+class TrainTokens:
+    """Counts the tokens of every forward pass ``model`` runs with gradients on (the training
+    forwards; generation runs without): the attention mask's ones, else every position. A
+    step's count is what its update ran, comparable with Tandem's ``tokens_run``."""
+
+    def __init__(self, *models) -> None:
+        self.count = 0
+        for m in models:
+            m.register_forward_pre_hook(self._hook, with_kwargs=True)
+
+    def _hook(self, _module, args, kwargs) -> None:
+        import torch
+
+        if not torch.is_grad_enabled():
+            return
+        mask, ids = kwargs.get("attention_mask"), kwargs.get("input_ids", args[0] if args else None)
+        if mask is not None:
+            self.count += int(mask.sum())
+        elif ids is not None:
+            self.count += ids.numel()
+
+    def take(self) -> int:
+        """The count since the last take."""
+        n, self.count = self.count, 0
+        return n

@@ -87,6 +87,11 @@ def test_update_from_tensor_sets_version_and_new_logprobs(
     [
         ({"model.nope.weight": torch.zeros(2)}, ["model.nope.weight", "unknown"]),
         ({"model.norm.weight": torch.zeros(3)}, ["model.norm.weight", "[3]", "[64]"]),
+        (
+            {"model.norm.weight": torch.ones(64).index_fill(0, torch.tensor([5]), float("nan"))},
+            ["model.norm.weight", "NaN or infinite"],
+        ),
+        ({"lm_head.weight": torch.full((49152, 64), float("-inf"))}, ["lm_head.weight", "NaN"]),
     ],
 )
 def test_bad_tensor_updates_change_nothing(
@@ -106,6 +111,30 @@ def test_bad_tensor_updates_change_nothing(
     for w in words:
         assert w in message
     _check_serves(server_b, tiny_model, reference_logprobs)
+
+
+def test_a_weight_update_flushes_the_prefix_cache(
+    server_b, tiny_model, perturbed, reference_logprobs, restore_b
+):
+    prompt = [21, 22, 23, 24, 25, 26]
+
+    async def main():
+        async with EngineClient(server_b) as c:
+
+            async def cached() -> int:
+                return (await c.generate(prompt, GREEDY)).meta_info["cached_tokens"]
+
+            seen = [await cached(), await cached()]
+            await c.update_weights_from_tensor(dict(perturbed.state_dict()))
+            seen += [await cached(), await cached()]
+            async with httpx.AsyncClient() as h:
+                assert (await h.post(f"{server_b}/flush_cache")).status_code == 200
+            return [*seen, await cached()]
+
+    # Cached up to the last prompt token (one is always prefilled); none after an update or
+    # /flush_cache; and what is served after the update is the new weights' forward.
+    assert _run(main()) == [0, 5, 0, 5, 0]
+    _check_serves(server_b, perturbed, reference_logprobs)
 
 
 def test_update_from_flattened_bucket_over_shared_memory(

@@ -22,21 +22,34 @@ def test_bench_vs_peers_two_steps(tmp_path):
     out = tmp_path / "bench.json"
     cmd = [sys.executable, str(ROOT / "scripts" / "bench_vs_peers.py"), "--size", "tiny"]
     cmd += ["--steps", "2", "--work-dir", str(tmp_path / "work"), "--json", str(out)]
-    cmd += ["--plot", str(tmp_path / "curves.png")]
+    cmd += ["--plot", str(tmp_path / "curves.png"), "--ablations", "no_share"]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    assert "ratio trl ÷ tandem:" in proc.stdout and "ratio comlrl ÷ tandem:" in proc.stdout
+    assert "ratio trl@2 ÷ tandem: " in proc.stdout and "ratio comlrl@2 ÷ tandem: " in proc.stdout
+    assert (
+        "python -m kernel train --preset toy --model"
+        in (tmp_path / "work").joinpath("trl-tandem-t2-seed0.log").read_text()
+    )
 
     record = json.loads(out.read_text())
-    assert record["size"] == "tiny" and record["steps"] == 2
+    assert record["size"] == "tiny" and record["steps"] == 2 and record["commit"]
+    assert {"torch", "transformers", "trl", "comlrl"} <= set(record["versions"])
     for peer in ("trl", "comlrl"):
-        fig = record[peer]
-        for key in ("step_s", "tandem_step_s", "ratio", "reward_first", "reward_last"):
-            assert isinstance(fig[key], float), (peer, key)
-        assert fig["ratio"] == pytest.approx(fig["step_s"] / fig["tandem_step_s"])
-        assert len(fig["curve"]) == len(fig["tandem_curve"]) == 2
-        assert 0.0 <= fig["tandem_reward_first"] <= 1.0
-        assert fig["tandem_phases"]["sync_s"] > 0  # Tandem syncs weights every step
+        rec = record["results"][peer]
+        labels = {f"{peer}@2", "tandem@2"} | ({"tandem-no_share@2"} if peer == "trl" else set())
+        assert set(rec["runs"]) == labels
+        for fig in rec["runs"].values():
+            assert isinstance(fig["step_s"], float) and len(fig["curve"]) == 2
+            assert 0.0 <= fig["reward_first"] <= 1.0 and fig["tokens_run"] > 0
+        tandem = rec["runs"]["tandem@2"]
+        assert rec["ratios"][f"{peer}@2"] == pytest.approx(
+            rec["runs"][f"{peer}@2"]["step_s"] / tandem["step_s"]
+        )
+        assert tandem["phases"]["sync_s"] > 0  # Tandem syncs weights every step
+        assert rec["reward_vs_tandem"][f"{peer}@2"] == "one seed"
+    # Prompt sharing runs each prompt once per group: without it the update runs more tokens.
+    trl = record["results"]["trl"]["runs"]
+    assert trl["tandem-no_share@2"]["tokens_run"] > trl["tandem@2"]["tokens_run"]
     assert (tmp_path / "curves.png").stat().st_size > 0
     # one model folder, built once, loaded by every system
     assert [p.name for p in (tmp_path / "work").glob("model-*")] == ["model-tiny"]

@@ -26,6 +26,8 @@ def test_gpu_check_on_cpu_passes_every_check_and_prints_the_table():
         "payload": "PASS",
         "distributed": "PASS",
         "release": "PASS",
+        "prefix_cache": "PASS",
+        "limit": "PASS",
     }
 
 

@@ -62,3 +62,32 @@ def test_a_table_is_filled_in_between_its_markers_and_unknown_ones_are_named(tmp
         out = rt.render(f"a\n<!-- results:seeds {name} -->\nold\n<!-- /results -->\nb\n", Path("d"))
         assert out.startswith("a\n<!-- results:seeds") and out.endswith("<!-- /results -->\nb\n")
         assert "old" not in out and f"| {name} | " in out
+
+
+def test_the_bench_table_shows_the_newest_measurement_and_flags_a_drop(tmp_path, monkeypatch):
+    rt = module("results_table")
+    prov = module("provenance")
+    monkeypatch.setattr(rt, "BENCH", tmp_path / "bench")
+    monkeypatch.setattr(prov, "ROOT", tmp_path / "root")
+    head = {"machine": "test box", "headline": {"peer ÷ tandem": 2.0, "cache on ÷ off": 1.5}}
+    old = head | {"commit": "aaaa", "date": "2026-11-01T00:00:00Z"}
+    new = head | {"commit": "bbbb", "date": "2026-11-02T00:00:00Z"}
+    new["headline"] = {"peer ÷ tandem": 1.7, "cache on ÷ off": 1.6}  # -15% and +7%
+    for record in (new, old):
+        path = prov.publish("vs_peers", record)
+        assert (
+            path
+            == tmp_path
+            / "root/docs/results/bench/vs_peers"
+            / f"{record['date'][:10]}-{record['commit']}.json"
+        )
+        (tmp_path / "bench/vs_peers").mkdir(parents=True, exist_ok=True)
+        path.rename(tmp_path / "bench/vs_peers" / path.name)
+    assert rt.drops("vs_peers") == ["peer ÷ tandem"]
+    out = rt.render("<!-- results:bench -->\n<!-- /results -->\n", Path("docs/x.md"))
+    rows = [line for line in out.splitlines() if line.startswith("| [vs_peers]")]
+    assert len(rows) == 2 and "`bbbb`" in rows[0] and "test box" in rows[0]
+    assert "| 1.7 | 2 | **-15% ⚠ dropped** |" in rows[0]
+    assert "| 1.6 | 1.5 | +7% |" in rows[1]
+    with pytest.raises(ValueError, match="lacks"):
+        prov.publish("x", {"commit": "c"})
