@@ -27,15 +27,17 @@ import os
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from kernel.benchmarks import is_benchmark, load_benchmark
 from kernel.sample import Sample, Status
 
-if TYPE_CHECKING:
-    import datasets
+Dataset = Any
+"""A ``datasets.Dataset``. Not imported for the annotation, even under TYPE_CHECKING: the CLI's
+parser (jsonargparse) runs TYPE_CHECKING blocks to read annotations, and ``datasets`` takes
+over a second to import; it is imported where rows are read."""
 
 _FILE_BUILDERS = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}
 
@@ -89,7 +91,7 @@ class DataConfig:
         return self
 
 
-def load_rows(config: DataConfig) -> datasets.Dataset:
+def load_rows(config: DataConfig) -> Dataset:
     """Read ``config.path`` with ``datasets``: a local file by its extension, else a hub name."""
     import datasets
 
@@ -112,7 +114,7 @@ def load_rows(config: DataConfig) -> datasets.Dataset:
     return _load_hub(path, None, config.split)
 
 
-def _load_hub(name: str, config: str | None, split: str, offline: str = "") -> datasets.Dataset:
+def _load_hub(name: str, config: str | None, split: str, offline: str = "") -> Dataset:
     """``datasets.load_dataset`` with an error that says what to do without network."""
     import datasets
 
@@ -140,7 +142,7 @@ def is_data_file(path: str) -> bool:
 
 def open_dataset(
     path: str, split: str = "train", config: str | None = None, offline: str = ""
-) -> datasets.Dataset:
+) -> Dataset:
     """A local .jsonl/.json/.parquet file (checked as ``load_rows`` checks it) or a hub dataset
     with its ``config``; a hub that cannot be reached says how to go on offline (``offline``:
     an alternative to add, e.g. ", or use the offline source 'reasoning_gym'")."""
@@ -198,7 +200,7 @@ class DataBuffer:
     of its prompt in the data (after ``max_prompts``).
     """
 
-    def __init__(self, config: DataConfig, dataset: datasets.Dataset | None = None):
+    def __init__(self, config: DataConfig, dataset: Dataset | None = None):
         """``dataset``: rows already in memory (e.g. generated offline); None reads config.path."""
         self.config = config.validate()
         from_jsonl = dataset is None and config.path.lower().endswith(".jsonl")
@@ -221,7 +223,7 @@ class DataBuffer:
 
     # ---- loading -------------------------------------------------------------------------
 
-    def _validated_rows(self, dataset: datasets.Dataset, from_jsonl: bool) -> list[dict[str, Any]]:
+    def _validated_rows(self, dataset: Dataset, from_jsonl: bool) -> list[dict[str, Any]]:
         cfg = self.config
         keys = [cfg.input_key, *([cfg.label_key] if cfg.label_key else []), *cfg.metadata_keys]
         n = len(dataset)

@@ -35,7 +35,7 @@ from kernel.advantages import ESTIMATORS
 from kernel.cluster.plan import ClusterConfig, make_plan
 from kernel.cluster.run import run_plan
 from kernel.collect import CollectConfig, collect
-from kernel.config import TrainConfig, check_yaml_file, config_files, make_parser
+from kernel.config import TrainConfig, check_yaml_file, config_files, read_help_text
 from kernel.dpo import DPOConfig, dpo
 from kernel.hooks import recipes_root
 from kernel.loop import evaluate, train
@@ -234,7 +234,7 @@ def cmd_config(cfg) -> None:
 
 def _dataclass_parser(cls, description: str) -> ArgumentParser:
     """A subcommand parser with ``--config FILE.yaml`` and one flag per field of ``cls``."""
-    parser = make_parser(ArgumentParser, description=description)
+    parser = ArgumentParser(description=description)
     parser.add_argument("--config", action="config", help="YAML file of values.")
     parser.add_class_arguments(cls, None)
     return parser
@@ -282,8 +282,7 @@ def expand_preset(argv: list[str]) -> list[str]:
 
 def build_parser() -> ArgumentParser:
 
-    parser = make_parser(
-        ArgumentParser,
+    parser = ArgumentParser(
         prog="python -m kernel",
         description="Tandem: train several LLM agents together with reinforcement learning.",
     )
@@ -430,8 +429,9 @@ def cmd_launch(cfg, cluster, dry_run: bool, as_json: bool) -> None:
 def main(argv: list[str] | None = None) -> None:
     # `kill -USR1 PID` prints every thread's stack to stderr: where a run that hangs is stuck
     faulthandler.register(signal.SIGUSR1, all_threads=True)
-    parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
+    read_help_text(argv)
+    parser = build_parser()
     try:
         argv = expand_preset(argv)
         for path in config_files(argv):  # a preset is a --config file by now

@@ -319,7 +319,7 @@ def load_train_config(args: list[str] | None = None, yaml_path: str | Path | Non
     """Parse flags (and an optional YAML file) into a validated TrainConfig."""
     from jsonargparse import ArgumentParser
 
-    parser = make_parser(ArgumentParser)
+    parser = ArgumentParser()
     add_train_arguments(parser)
     argv = ([f"--config={yaml_path}"] if yaml_path else []) + list(args or [])
     for path in config_files(argv):
@@ -353,9 +353,15 @@ def check_yaml_file(path: str | Path) -> None:
         raise ValueError(f"{path}{where}: invalid YAML: {problem}") from None
 
 
-def make_parser(cls, **kwargs):
-    """A jsonargparse parser that reads attribute docstrings as help text."""
+def read_help_text(argv: list[str]) -> None:
+    """Have jsonargparse read the fields' attribute docstrings as their help text when ``argv``
+    prints help: reading them parses the source of every config module, about a second that a
+    command printing no help would wait for."""
     from jsonargparse import set_parsing_settings
 
-    set_parsing_settings(docstring_parse_attribute_docstrings=True)
-    return cls(**kwargs)
+    set_parsing_settings(docstring_parse_attribute_docstrings=asks_for_help(argv))
+
+
+def asks_for_help(argv: list[str]) -> bool:
+    """Whether a command line prints help (``-h``, ``--help``, ``--print_config``)."""
+    return any(a in ("-h", "--help") or a.startswith("--print_config") for a in argv)

@@ -15,6 +15,7 @@ Anything else is an ordinary HF checkpoint directory or hub name, loaded as usua
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.util
 import inspect
 import logging
@@ -66,6 +67,32 @@ def _complete(folder: Path) -> bool:
     return all((folder / f).exists() for f in _COPY_FILES)
 
 
+def _cached(name: str, build) -> Path | None:
+    """The folder ``cache_dir() / name``, made by ``build(folder)`` on first use; None where the
+    cache cannot be written. Writers race safely: each builds into its own temporary folder and
+    renames it into place; a loser keeps the winner's copy."""
+    out = cache_dir() / name
+    if _complete(out):
+        return out
+    tmp = None
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+        build(tmp)
+        if not _complete(out):  # else another process renamed its copy first: keep that one
+            shutil.rmtree(out, ignore_errors=True)  # an incomplete copy (a file deleted by hand)
+            tmp.rename(out)
+    except OSError as e:
+        if _complete(out):
+            return out  # another process renamed its copy first
+        log.warning("cannot write %s under %s (%s)", name, out.parent, e)
+        return None
+    finally:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return out
+
+
 def smollm2_copy() -> Path | None:
     """SmolLM2 as an ordinary HF checkpoint folder under ``cache_dir()``, converted from the GGUF
     on first use; None (with a warning) where the cache cannot be written.
@@ -73,40 +100,25 @@ def smollm2_copy() -> Path | None:
     Reading the GGUF costs ~18 s per load on 2 cores (the tokenizer is rebuilt from its vocab,
     the weights dequantized); the copy loads in ~0.2 s with bit-identical weights and the same
     tokenizer. It is ~520 MB (fp32, so exact). The folder's name carries the GGUF's size and
-    mtime and the transformers version, so a new file or converter makes a new copy. Writers
-    race safely: each converts into its own temporary folder and renames it into place; a
-    loser keeps the winner's copy."""
+    mtime and the transformers version, so a new file or converter makes a new copy."""
     import transformers
 
     gguf = smollm2_dir() / SMOLLM2_GGUF
     st = gguf.stat()
-    key = f"{st.st_size}-{st.st_mtime_ns}-tf{transformers.__version__}"
-    out = cache_dir() / f"smollm2-{key}"
-    if _complete(out):
-        return out
-    tmp = None
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
-        log.warning("SmolLM2: converting its GGUF file once, into %s (~20 s)", out)
+
+    def convert(tmp: Path) -> None:
+        log.warning("SmolLM2: converting its GGUF file once, into %s (~20 s)", cache_dir())
         kwargs = {"gguf_file": SMOLLM2_GGUF}
         _load_causal_lm(str(gguf.parent), "float32", kwargs).save_pretrained(tmp)
         transformers.AutoTokenizer.from_pretrained(gguf.parent, **kwargs).save_pretrained(tmp)
-        if not _complete(out):  # else another process renamed its copy first: keep that one
-            shutil.rmtree(out, ignore_errors=True)  # an incomplete copy (a file deleted by hand)
-            tmp.rename(out)
-    except OSError as e:
-        if _complete(out):
-            return out  # another process renamed its copy first
+
+    out = _cached(f"smollm2-{st.st_size}-{st.st_mtime_ns}-tf{transformers.__version__}", convert)
+    if out is None:
         warnings.warn(
-            f"SmolLM2: cannot write its converted copy under {out.parent} ({e}); loading the "
-            "GGUF file instead, ~18 s per load (set TANDEM_CACHE to a writable folder)",
+            f"SmolLM2: cannot write its converted copy under {cache_dir()}; loading the GGUF "
+            "file instead, ~18 s per load (set TANDEM_CACHE to a writable folder)",
             stacklevel=3,
         )
-        return None
-    finally:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
@@ -140,8 +152,9 @@ def check_model(name_or_path: str) -> str:
 def materialize_model(name_or_path: str, work_dir: str | Path) -> str:
     """Model names a run can use without a hub: ``tiny-char`` / ``tiny-smollm2`` (optionally
     ``tiny-char-llama``, ``tiny-smollm2-qwen3``) are built from a config once, deterministically,
-    under ``work_dir``; anything else (a folder, ``smollm2``, a hub name) is returned as is
-    (a launch names folders of the cluster's nodes: ``check_model`` checks one here)."""
+    under ``cache_dir()`` (``work_dir`` where it cannot be written); anything else (a folder,
+    ``smollm2``, a hub name) is returned as is (a launch names folders of the cluster's nodes:
+    ``check_model`` checks one here)."""
     if not name_or_path.startswith(TINY_PREFIX):
         return name_or_path
     parts = name_or_path[len(TINY_PREFIX) :].split("-")
@@ -150,9 +163,18 @@ def materialize_model(name_or_path: str, work_dir: str | Path) -> str:
         raise ValueError(
             f"model {name_or_path!r}: expected tiny-<char|smollm2>[-<qwen2|qwen3|llama>]"
         )
-    out = Path(work_dir) / name_or_path
-    if not (out / "config.json").exists():
-        build_tiny_model(out, family, tokenizer=tokenizer)
+    # Built once into the cache (a run starts its engines sooner), under a key of everything
+    # the build depends on: this file's code and the transformers and torch versions.
+    import torch
+    import transformers
+
+    code = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    key = f"{name_or_path}-{code}-tf{transformers.__version__}-torch{torch.__version__}"
+    out = _cached(f"tiny/{key}", lambda tmp: build_tiny_model(tmp, family, tokenizer=tokenizer))
+    if out is None:  # no writable cache: build beside the run
+        out = Path(work_dir) / name_or_path
+        if not (out / "config.json").exists():
+            build_tiny_model(out, family, tokenizer=tokenizer)
     return str(out)
 
 

@@ -287,7 +287,8 @@ class Runtime:
                 m.version += 1
                 # checked on the first prompt it trained on (SyncConfig.check_tokens)
                 probe = next((s.prompt_ids for s in m.own(samples)), None)
-                metrics.append(await m.sync.push(m.trainer, m.version, probe))
+                idle = not self.cfg.async_mode  # no rollout runs beside a synchronous sync
+                metrics.append(await m.sync.push(m.trainer, m.version, probe, idle=idle))
             elif restarted[m.owner] and m.trainer is not None:
                 await m.sync.push(m.trainer, m.version)
             await m.pool.readmit(restarted[m.owner])

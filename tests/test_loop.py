@@ -188,7 +188,8 @@ def test_post_sync_check_catches_a_wrong_conversion(tmp_path, transport):
                 params[name], params[up] = params[up], params[name]
             yield from params.items()
 
-    cfg = toy_config(tmp_path, f"--sync.transport={transport}", "--sync.check_tolerance=1e-3")
+    flags = ("--sync.check_tolerance=1e-3", "--sync.check_every=1")  # the toy checks every 10th
+    cfg = toy_config(tmp_path, f"--sync.transport={transport}", *flags)
     model = materialize_model(cfg.model, tmp_path / "models")
     prompt = [1, 90, 88, 74, 87, 3, 45, 78, 5, 2, 3, 1, 70, 88]
 
@@ -343,6 +344,7 @@ def test_training_through_the_real_sglang_router(tmp_path):
             toy_config(
                 tmp_path / "run",
                 "--num_steps=12",
+                "--sync.check_every=1",  # the toy checks every 10th push; here each is counted
                 f"--engine.urls={urls}",
                 f"--engine.router_url={rcfg.url}",
             )

@@ -8,9 +8,6 @@
 - ``router``: starting the real sglang-router in front of engines;
 - ``protocol``: the pydantic request and response models.
 
-Only the client is imported here; the server's heavy imports wait until it is used.
+Nothing is imported here: the server (``python -m kernel.engine``) starts without the client's
+aiohttp, and the client without the server's fastapi and transformers.
 """
-
-from kernel.engine.client import ClientConfig, EngineClient, EngineError, GenerateResult
-
-__all__ = ["ClientConfig", "EngineClient", "EngineError", "GenerateResult"]

@@ -8,10 +8,14 @@ prompt) and of every request it finishes (prompt + output); a new request takes 
 stored sequence that is a prefix of its tokens and prefills only the rest. Its reply reports
 how many prompt tokens came from here in ``meta_info.cached_tokens``, as SGLang's does.
 
-Entries are whole sequences, not a tree: storing a sequence that extends an entry replaces the
-entry, storing one that an entry already extends only marks that entry used. When the stored
-KV passes ``max_bytes`` the least recently used entries go first. The engine clears the cache
-on every weight update, so no KV computed under old weights survives a sync.
+Entries are whole sequences, found through a hash of each of their full blocks of ``BLOCK``
+tokens chained with the blocks before it (vLLM's prefix hashing): a request walks its own blocks
+while an entry shares them, takes the most recent such entry and compares tokens from there, so a
+lookup or an insert costs its own length, not the number of entries. Storing a sequence that
+extends the entry it was found through replaces that entry; storing one an entry already holds
+only marks the entry used. When the stored KV passes ``max_bytes`` the least recently used
+entries go first. The engine clears the cache on every weight update, so no KV computed under
+old weights survives a sync.
 """
 
 from __future__ import annotations
@@ -22,11 +26,16 @@ from dataclasses import dataclass
 import numpy as np
 from torch import Tensor
 
+BLOCK = 16
+"""Tokens per hashed block. A prefix is found through its full blocks; the match then extends
+token by token within the entry found."""
+
 
 @dataclass
 class _Entry:
     tokens: np.ndarray  # (T,) int64
     kv: Tensor  # (L, 2, H, T, D): keys and values of every layer
+    blocks: list[int]  # the chained hash of each full block
 
 
 def _common(a: np.ndarray, b: np.ndarray) -> int:
@@ -36,6 +45,15 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if len(differ) else n
 
 
+def _chain(ids: list[int]) -> list[int]:
+    """The hash of each full block of ``ids``, each chained with the ones before it."""
+    out, h = [], 0
+    for i in range(0, len(ids) - BLOCK + 1, BLOCK):
+        h = hash((h, tuple(ids[i : i + BLOCK])))
+        out.append(h)
+    return out
+
+
 class PrefixCache:
     """KV of whole token sequences, found by longest common prefix, evicted LRU over a byte cap
     (``max_bytes`` <= 0 turns the cache off: it stores nothing and matches nothing)."""
@@ -43,29 +61,38 @@ class PrefixCache:
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
         self.bytes = 0
-        self._entries: OrderedDict[tuple[int, ...], _Entry] = OrderedDict()
+        self._entries: OrderedDict[int, _Entry] = OrderedDict()  # id -> entry, LRU first
+        self._blocks: dict[int, dict[int, None]] = {}  # block hash -> ids of entries holding it
+        self._next_id = 0
         self.stats = {"cache_hits": 0, "cache_lookups": 0, "cache_evictions": 0}
 
     def __len__(self) -> int:
         return len(self._entries)
 
-    def match(self, ids: list[int]) -> tuple[int, Tensor | None]:
-        """The longest stored prefix of ``ids``, leaving at least one token to prefill (its
-        logits sample the first new token): (length c, KV (L, 2, H, c, D)), or (0, None)."""
-        self.stats["cache_lookups"] += 1
-        query = np.asarray(ids, dtype=np.int64)
-        best, hit = 0, None
-        for key, entry in self._entries.items():
-            if min(len(key), len(ids) - 1) <= best:
-                continue
-            n = min(_common(entry.tokens, query), len(ids) - 1)
-            if n > best:
-                best, hit = n, key
+    def _found(self, ids: list[int]) -> tuple[int | None, int]:
+        """The most recent entry sharing the most full blocks with ``ids`` and the length of
+        their common prefix (None, 0 when no entry shares the first block)."""
+        hit = None
+        for h in _chain(ids):
+            holders = self._blocks.get(h)
+            if not holders:
+                break
+            hit = next(reversed(holders))
         if hit is None:
+            return None, 0
+        return hit, _common(self._entries[hit].tokens, np.asarray(ids, dtype=np.int64))
+
+    def match(self, ids: list[int]) -> tuple[int, Tensor | None]:
+        """The longest stored prefix of ``ids`` found, leaving at least one token to prefill
+        (its logits sample the first new token): (length c, KV (L, 2, H, c, D)), or (0, None)."""
+        self.stats["cache_lookups"] += 1
+        hit, n = self._found(ids)
+        n = min(n, len(ids) - 1)
+        if hit is None or n <= 0:
             return 0, None
         self._entries.move_to_end(hit)
         self.stats["cache_hits"] += 1
-        return best, self._entries[hit].kv[:, :, :, :best]
+        return n, self._entries[hit].kv[:, :, :, :n]
 
     def insert(self, ids: list[int], kv: Tensor) -> None:
         """Store the KV (L, 2, H, T, D) of the T tokens ``ids`` (the tensor is kept, not
@@ -73,17 +100,20 @@ class PrefixCache:
         if kv.shape[3] != len(ids):
             raise ValueError(f"KV of {kv.shape[3]} tokens for a sequence of {len(ids)}")
         size = kv.numel() * kv.element_size()
-        if size > self.max_bytes or not ids:
+        if size > self.max_bytes or len(ids) < BLOCK:
             return
-        tokens = np.asarray(ids, dtype=np.int64)
-        for key, entry in list(self._entries.items()):
-            n = _common(entry.tokens, tokens)
-            if n == len(tokens):  # an entry already holds this sequence, or extends it
-                self._entries.move_to_end(key)
+        hit, n = self._found(ids)
+        if hit is not None:
+            if n == len(ids):  # an entry already holds this sequence, or extends it
+                self._entries.move_to_end(hit)
                 return
-            if n == len(key):  # this sequence extends the entry: it takes its place
-                self._drop(key)
-        self._entries[tuple(ids)] = _Entry(tokens, kv)
+            if n == len(self._entries[hit].tokens):  # this sequence extends it: takes its place
+                self._drop(hit)
+        entry = _Entry(np.asarray(ids, dtype=np.int64), kv, _chain(ids))
+        key, self._next_id = self._next_id, self._next_id + 1
+        self._entries[key] = entry
+        for h in entry.blocks:
+            self._blocks.setdefault(h, {})[key] = None
         self.bytes += size
         while self.bytes > self.max_bytes:
             self._drop(next(iter(self._entries)))
@@ -93,9 +123,15 @@ class PrefixCache:
         """Drop every entry (a weight update makes them stale); returns how many there were."""
         n = len(self._entries)
         self._entries.clear()
+        self._blocks.clear()
         self.bytes = 0
         return n
 
-    def _drop(self, key: tuple[int, ...]) -> None:
+    def _drop(self, key: int) -> None:
         entry = self._entries.pop(key)
         self.bytes -= entry.kv.numel() * entry.kv.element_size()
+        for h in entry.blocks:
+            holders = self._blocks[h]
+            del holders[key]
+            if not holders:
+                del self._blocks[h]

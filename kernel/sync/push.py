@@ -122,6 +122,7 @@ class BucketMeta:
     dtypes: list[str]
     shapes: list[list[int]]
     nbytes: int
+    last: bool = False  # the export's last bucket: its update carries the weight version
 
 
 class LocalBroadcaster:
@@ -137,6 +138,7 @@ class LocalBroadcaster:
         self.group = None
         self._buckets = None  # the export in progress: an iterator of buckets
         self._bucket: list[NamedTensor] = []  # the bucket gathered last
+        self._ahead: list[NamedTensor] = []  # the one after it (none: that one is the last)
         self._device = "cpu"  # where the export's tensors are
         self._writer: FlatBucketWriter | None = None  # the shared transport's buffer
 
@@ -159,10 +161,12 @@ class LocalBroadcaster:
         self._device = "cuda" if backend == "nccl" else "cpu"
         named = ((n, t.to(self._device)) for n, t in self.trainer.named_parameters_for_sync())
         self._buckets = iter_buckets(named, bucket_bytes)
+        self._ahead = next(self._buckets, [])
 
     def next(self) -> BucketMeta | None:
-        """Gather the next bucket; its names, dtypes, shapes and bytes (None: all done)."""
-        self._bucket = next(self._buckets, [])
+        """Gather the next bucket; its names, dtypes, shapes and bytes, and whether it is the
+        last (None: all done). One bucket is gathered ahead, to know which is the last."""
+        self._bucket, self._ahead = self._ahead, next(self._buckets, []) if self._ahead else []
         if not self._bucket:
             return None
         return BucketMeta(
@@ -170,6 +174,7 @@ class LocalBroadcaster:
             [str(t.dtype).removeprefix("torch.") for _, t in self._bucket],
             [list(t.shape) for _, t in self._bucket],
             sum(t.numel() * t.element_size() for _, t in self._bucket),
+            last=not self._ahead,
         )
 
     def broadcast(self) -> None:
@@ -182,17 +187,15 @@ class LocalBroadcaster:
     def share(self) -> list[str]:
         """The bucket gathered last, copied into this process's shared buffer: its
         ``flattened_bucket`` payload (one: this process is one rank). The buffer is reused by
-        the next ``share``: the engines must have read it by then."""
+        the next ``share``, of this export or the next one (no new shared memory each step):
+        the engines must have read it by then."""
         if self._writer is None:
             self._writer = FlatBucketWriter(self._device)
         return [self._writer.payload(self._bucket)]
 
     def release(self) -> None:
-        """End the export (also an unfinished one) and drop what it holds."""
-        self._buckets, self._bucket = None, []
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        """End the export (also an unfinished one) and drop the buckets it holds."""
+        self._buckets, self._bucket, self._ahead = None, [], []
 
     def leave(self) -> None:
         """Leave the group (after the engines have left theirs)."""
@@ -247,17 +250,24 @@ class WeightSync:
     async def _all(self, make_call) -> list:
         return await asyncio.gather(*(make_call(c) for c in self.clients))
 
-    async def push(self, trainer, version: int, probe: list[int] | None = None) -> dict:
+    async def push(
+        self, trainer, version: int, probe: list[int] | None = None, idle: bool = False
+    ) -> dict:
         """Update every engine to the trainer's current weights, labelled ``version``. With a
         ``probe`` prompt (token ids) the check of these weights starts in the background:
-        await ``checked()`` before the trainer's weights change again."""
+        await ``checked()`` before the trainer's weights change again. ``idle``: the caller
+        has no request in flight (a synchronous loop between rollouts), so the engines are not
+        paused and continued around the update (two round trips each; an engine applies an
+        update between two of its steps either way)."""
         await self.checked()  # a check still running reads the weights this push replaces
         t0 = time.perf_counter()
-        await self._all(lambda c: c.pause(self.cfg.pause_mode))
+        if not idle:
+            await self._all(lambda c: c.pause(self.cfg.pause_mode))
         try:
             nbytes = await getattr(self, f"_push_{self.transport}")(trainer, str(version))
         finally:
-            await self._all(lambda c: c.continue_generation())
+            if not idle:
+                await self._all(lambda c: c.continue_generation())
         metrics = {"sync/time_s": time.perf_counter() - t0, "sync/mb": nbytes / 2**20}
         if probe and self.cfg.check_tokens:
             self._pushes += 1
@@ -341,12 +351,15 @@ class WeightSync:
         b = trainer.weight_broadcaster()
         ranks = self.engine_ranks or [[0]] * len(self.clients)
 
-        async def send(_: BucketMeta) -> None:
+        async def send(m: BucketMeta) -> None:
             payloads = await self._run(b.share)  # one per trainer rank
+            tag = version if m.last else None
             await asyncio.gather(
                 *(
                     c.update_weights_from_serialized(
-                        [payloads[r] for r in rs], load_format="flattened_bucket"
+                        [payloads[r] for r in rs],
+                        load_format="flattened_bucket",
+                        weight_version=tag,
                     )
                     for c, rs in zip(self.clients, ranks, strict=True)
                 )
@@ -406,8 +419,13 @@ class WeightSync:
         b = self._broadcaster
 
         async def send(m: BucketMeta) -> None:
+            tag = version if m.last else None
             await asyncio.gather(
-                self._all(lambda c: c.update_weights_from_distributed(m.names, m.dtypes, m.shapes)),
+                self._all(
+                    lambda c: c.update_weights_from_distributed(
+                        m.names, m.dtypes, m.shapes, weight_version=tag
+                    )
+                ),
                 self._run(b.broadcast),
             )
 
@@ -415,9 +433,9 @@ class WeightSync:
 
     async def _export(self, b, backend: str, version: str, send) -> int:
         """The export both broadcaster transports run: ``b`` gathers the trainer's weights
-        bucket by bucket (every rank takes part) and ``send(meta)`` delivers each before the
-        next is gathered; the export is released even when a bucket fails. The bucket count is
-        known only at the end, so the version is a call of its own. Returns the bytes sent."""
+        bucket by bucket (every rank takes part) and ``send(meta)`` delivers each, the last with
+        the weight version; the export is released even when a bucket fails. Returns the bytes
+        sent."""
         await self._run(b.start, self.bucket_bytes, backend)
         nbytes = 0
         try:
@@ -426,7 +444,8 @@ class WeightSync:
                 nbytes += m.nbytes
         finally:
             await self._run(b.release)
-        await self._all(lambda c: c.update_weight_version(version))
+        if not nbytes:  # nothing to send: the version still moves
+            await self._all(lambda c: c.update_weight_version(version))
         return nbytes
 
     async def reset(self, restarted: list[str]) -> None:

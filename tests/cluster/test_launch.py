@@ -39,6 +39,7 @@ def toy(tmp_path, resources: dict, backend: str = "torch", trainer: dict | None 
         "--data.prompts_per_step=2",
         "--trainer.device=cpu",
         "--engine.max_batch_size=16",
+        "--sync.check_every=1",  # the toy preset checks every 10th push; these tests, each
     ]
     return load_train_config(flags, yaml_path=TOY)
 

@@ -10,7 +10,7 @@ import random
 import pytest
 import torch
 
-from kernel.engine.prefix_cache import PrefixCache
+from kernel.engine.prefix_cache import BLOCK, PrefixCache
 from kernel.engine.protocol import SamplingParams
 from kernel.engine.scheduler import Request, Scheduler
 from kernel.models import load_tokenizer
@@ -24,54 +24,63 @@ def _bytes(tokens: int) -> int:
     return _kv(tokens).numel() * 4
 
 
+A = list(range(100, 100 + 2 * BLOCK))  # two full blocks
+B = A[:BLOCK] + list(range(500, 500 + BLOCK + 3))  # shares A's first block only
+
+
 def test_match_takes_the_longest_prefix_and_leaves_one_token_to_prefill():
     cache = PrefixCache(max_bytes=10**6)
-    cache.insert([1, 2, 3], _kv(3, 1.0))
-    cache.insert([1, 2, 9, 9], _kv(4, 2.0))
-    n, kv = cache.match([1, 2, 3, 4, 5])
-    assert n == 3 and kv.shape == (2, 2, 1, 3, 4) and float(kv.max()) == 1.0
-    n, kv = cache.match([1, 2, 9, 9])  # stored whole: its last token is prefilled again
-    assert n == 3 and kv.shape[3] == 3 and float(kv.max()) == 2.0
-    n, _ = cache.match([1, 2, 7])  # a shared beginning counts too
-    assert n == 2
-    assert cache.match([7, 1, 2]) == (0, None)
-    assert cache.stats["cache_lookups"] == 4 and cache.stats["cache_hits"] == 3
+    cache.insert(A, _kv(len(A), 1.0))
+    cache.insert(B, _kv(len(B), 2.0))
+    n, kv = cache.match([*A, 1, 2])
+    assert n == len(A) and kv.shape == (2, 2, 1, len(A), 4) and float(kv.max()) == 1.0
+    n, kv = cache.match(A)  # stored whole: its last token is prefilled again
+    assert n == len(A) - 1 and kv.shape[3] == len(A) - 1
+    n, kv = cache.match([*B[: BLOCK + 5], 7, 7])  # found by its first block, matched on from there
+    assert n == BLOCK + 5 and float(kv.max()) == 2.0
+    assert cache.match([7, *A]) == (0, None)
+    assert cache.match(A[: BLOCK - 1]) == (0, None)  # no full block in common: not found
+    assert cache.stats["cache_lookups"] == 5 and cache.stats["cache_hits"] == 3
 
 
 def test_an_extension_replaces_its_prefix_and_a_prefix_adds_nothing():
     cache = PrefixCache(max_bytes=10**6)
-    cache.insert([1, 2], _kv(2))
-    cache.insert([1, 2, 3, 4], _kv(4))  # the next turn of the same conversation
-    assert len(cache) == 1 and cache.bytes == _bytes(4)
-    cache.insert([1, 2, 3], _kv(3))
-    assert len(cache) == 1 and cache.bytes == _bytes(4)
-    cache.insert([1, 2, 5], _kv(3))  # a different reply to the same prompt: both kept
-    assert len(cache) == 2 and cache.bytes == _bytes(4) + _bytes(3)
+    cache.insert(A, _kv(len(A)))
+    cache.insert([*A, 1, 2, 3], _kv(len(A) + 3))  # the next turn of the same conversation
+    assert len(cache) == 1 and cache.bytes == _bytes(len(A) + 3)
+    cache.insert(A[:20], _kv(20))  # a prefix of the entry: nothing new
+    assert len(cache) == 1 and cache.bytes == _bytes(len(A) + 3)
+    cache.insert(B, _kv(len(B)))  # another reply to the same beginning: both kept
+    assert len(cache) == 2 and cache.bytes == _bytes(len(A) + 3) + _bytes(len(B))
+    cache.insert([1] * (BLOCK - 1), _kv(BLOCK - 1))  # shorter than a block: never found, not kept
+    assert len(cache) == 2
     with pytest.raises(ValueError, match="KV of 2 tokens for a sequence of 3"):
         cache.insert([4, 5, 6], _kv(2))
     assert cache.clear() == 2 and len(cache) == 0 and cache.bytes == 0
+    assert cache.match([*A, 1]) == (0, None)
 
 
 def test_the_byte_cap_evicts_the_least_recently_used():
-    cache = PrefixCache(max_bytes=2 * _bytes(4))
-    cache.insert([1] * 4, _kv(4))
-    cache.insert([2] * 4, _kv(4))
-    assert cache.match([1] * 5)[0] == 4  # used: [2]*4 is now the oldest
-    cache.insert([3] * 4, _kv(4))
-    assert cache.bytes == 2 * _bytes(4) and cache.stats["cache_evictions"] == 1
-    assert cache.match([2] * 5) == (0, None) and cache.match([1] * 5)[0] == 4
-    cache.insert([9] * 20, _kv(20))  # larger than the whole cap: not stored
-    assert cache.match([9] * 21) == (0, None) and cache.bytes <= cache.max_bytes
+    n = 2 * BLOCK
+    cache = PrefixCache(max_bytes=2 * _bytes(n))
+    cache.insert([1] * n, _kv(n))
+    cache.insert([2] * n, _kv(n))
+    assert cache.match([1] * (n + 1))[0] == n  # used: [2] * n is now the oldest
+    cache.insert([3] * n, _kv(n))
+    assert cache.bytes == 2 * _bytes(n) and cache.stats["cache_evictions"] == 1
+    assert cache.match([2] * (n + 1)) == (0, None) and cache.match([1] * (n + 1))[0] == n
+    cache.insert([9] * 5 * n, _kv(5 * n))  # larger than the whole cap: not stored
+    assert cache.match([9] * (5 * n + 1)) == (0, None) and cache.bytes <= cache.max_bytes
     off = PrefixCache(max_bytes=0)
-    off.insert([1, 2], _kv(2))
-    assert len(off) == 0 and off.match([1, 2, 3]) == (0, None)
+    off.insert(A, _kv(len(A)))
+    assert len(off) == 0 and off.match([*A, 1]) == (0, None)
 
 
 def _conversations(scheduler: Scheduler, turns: int, params: SamplingParams) -> list[list[dict]]:
     """Three conversations, sent together each turn: each turn's prompt is the last prompt, the
     reply and a new user message (lengths differ, so cached prefixes differ within a batch)."""
     rng = random.Random(0)
-    prompts = [[rng.randrange(3, 49000) for _ in range(n)] for n in (5, 12, 20)]
+    prompts = [[rng.randrange(3, 49000) for _ in range(n)] for n in (17, 24, 40)]
     replies: list[list[dict]] = []
     for _ in range(turns):
         reqs = [
@@ -138,7 +147,7 @@ def test_a_conversation_reuses_its_last_turn_with_the_same_logprobs(scheduler, t
 def test_cached_rows_match_a_training_forward(scheduler, tiny_model, reference_logprobs):
     params = SamplingParams(temperature=0.8, max_new_tokens=5, ignore_eos=True)
     s = scheduler(64 * 2**20)
-    prompt = [17, 400, 5000, 33, 33, 9]
+    prompt = [17, 400, 5000, 33, 33, 9] * 3
     first = Request(rid="a", input_ids=prompt, params=params, return_logprob=True)
     s.submit([first])
     out = first.future.result(timeout=60)
@@ -146,7 +155,7 @@ def test_cached_rows_match_a_training_forward(scheduler, tiny_model, reference_l
     # One row with a cached prefix, one without, in one prefill: padding in the middle of a row.
     reqs = [
         Request(rid="b", input_ids=follow, params=params, return_logprob=True),
-        Request(rid="c", input_ids=[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15], params=params),
+        Request(rid="c", input_ids=list(range(5, 16)), params=params),
     ]
     reqs[1].return_logprob = True
     s.submit(reqs)
@@ -181,5 +190,6 @@ def test_the_cap_is_respected_under_load(scheduler, tiny_model):
         s.submit(reqs)
         for r in reqs:
             r.future.result(timeout=60)
-        assert 0 < s.prefix_cache.bytes <= cap
+        stored = s.call(lambda: s.prefix_cache.bytes).result(timeout=60)  # after the step ends
+        assert 0 < stored <= cap
     assert s.prefix_cache.stats["cache_evictions"] > 0
