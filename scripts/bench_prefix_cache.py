@@ -1,9 +1,10 @@
 """Episodes per second of multi-turn rollouts with the embedded engine's prefix cache on and off,
 side by side in one run, through the command a user types.
 
-For each recipe, ``python -m kernel collect --recipe R --preset P`` rolls out the same rows of
-its training data (``--rows``, each with the preset's group of episodes) with every model
-frozen, once with the engines' prefix cache at its default size and once with
+For each recipe, ``python -m kernel collect --recipe R --preset P`` (``--preset``, default
+learn) rolls out the same rows of its training data (``--rows``, each with the preset's group
+of episodes) with every model frozen, once with the engines' prefix cache at its default size
+and once with
 ``--engine.prefix_cache_mb 0``; arms alternate over ``--repeats`` so that a drifting machine
 load hits both. Each run's ``collect.json`` gives the episodes, the seconds spent rolling out
 (start-up excluded) and the prompt tokens its engines prefilled and served from the cache.
@@ -14,7 +15,7 @@ Printed per recipe and arm: episodes/s (median over repeats), generated and pref
 episode, the share of prompt tokens served from the cache, and the ratio on ÷ off.
 
     .venv/bin/python scripts/bench_prefix_cache.py                       # takes_two, deep_research
-    .venv/bin/python scripts/bench_prefix_cache.py --recipes takes_two --rows 4 --repeats 3
+    .venv/bin/python scripts/bench_prefix_cache.py --preset cpu --rows 6   # more turns
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from scripts.provenance import publish, stamp  # noqa: E402
 
-PRESETS = {"takes_two": "learn", "deep_research": "learn"}
+RECIPES = ("takes_two", "deep_research")
 
 
 @contextlib.contextmanager
@@ -59,7 +60,7 @@ def collect(recipe: str, cache: bool, args, work: Path, tag: str, extra: list[st
     """One ``kernel collect`` run; its collect.json."""
     out = work / tag
     cmd = [sys.executable, "-m", "kernel", "collect", "--recipe", recipe]
-    cmd += ["--preset", PRESETS[recipe], "--output_dir", str(out)]
+    cmd += ["--preset", args.preset, "--output_dir", str(out)]
     cmd += ["--collect.max_prompts", str(args.rows), "--seed", "0", *extra]
     cmd += [] if cache else ["--engine.prefix_cache_mb", "0"]
     with (work / f"{tag}.log").open("w") as log:
@@ -98,6 +99,7 @@ def main() -> None:
         epilog=__doc__.split("\n\n", 1)[1],
     )
     p.add_argument("--recipes", default="takes_two,deep_research", help="comma-separated")
+    p.add_argument("--preset", default="learn", help="each recipe's preset (learn, cpu, ...)")
     p.add_argument("--rows", type=int, default=2, help="data rows per run (each: a group)")
     p.add_argument("--repeats", type=int, default=2, help="runs per arm, alternating")
     p.add_argument("--work-dir", default=None, help="runs, logs, index (default: a temp dir)")
@@ -105,13 +107,14 @@ def main() -> None:
     p.add_argument("--publish", default=None, metavar="NAME", help="docs/results/bench/NAME/")
     args = p.parse_args()
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
-    if set(recipes) - set(PRESETS) or not recipes:
-        p.error(f"--recipes: choose from {sorted(PRESETS)}")
+    if set(recipes) - set(RECIPES) or not recipes:
+        p.error(f"--recipes: choose from {list(RECIPES)}")
     if args.rows < 1 or args.repeats < 1:
         p.error("--rows and --repeats must be >= 1")
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_prefix_cache_"))
     work.mkdir(parents=True, exist_ok=True)
-    record = stamp() | {"rows": args.rows, "repeats": args.repeats, "results": {}}
+    record = stamp() | {"preset": args.preset, "rows": args.rows, "repeats": args.repeats}
+    record["results"] = {}
     print(f"[bench] commit {record['commit']}; {record['machine']}; logs in {work}", flush=True)
 
     for recipe in recipes:
@@ -130,7 +133,7 @@ def main() -> None:
                     tokens[cache].append(generated_tokens(work / tag))
         on, off = figures(runs[True], tokens[True]), figures(runs[False], tokens[False])
         record["results"][recipe] = {
-            "preset": PRESETS[recipe],
+            "preset": args.preset,
             "on": on,
             "off": off,
             "ratio": on["episodes_s"] / off["episodes_s"],
@@ -151,7 +154,7 @@ def main() -> None:
     for recipe, rec in record["results"].items():
         print(f"ratio {recipe} episodes/s, cache on ÷ off: {rec['ratio']:.2f}")
     record["headline"] = {
-        f"{recipe} episodes/s, prefix cache on ÷ off": rec["ratio"]
+        f"{recipe} ({args.preset}) episodes/s, prefix cache on ÷ off": rec["ratio"]
         for recipe, rec in record["results"].items()
     }
     if args.json:

@@ -8,7 +8,8 @@ the preset. Everything else is what the preset gives a user (engines, sync trans
 Each comparison trains on its peer's objective: against TRL the token mean with the gradient
 clipped at 1.0 (the preset's), against CoMLRL each answer's logprob sum averaged over answers,
 unclipped, weight decay 0.01. ``--threads N`` sets the run's torch threads (OMP_NUM_THREADS, read
-by its trainer) and ``--engine.num_threads N`` (its engines); ``--extra`` passes more flags (the
+by its trainer) and splits N over its engines, which decode at the same time (``--engine.num_threads
+N / engines``, one at least: two engines at N = 1 use two); ``--extra`` passes more flags (the
 benchmark's ablations: ``--trainer.share_prompts false``, ``--engine.onednn_linear false``).
 
 Same CLI and JSON-lines output as ``run_trl.py`` / ``run_comlrl.py``: the child's
@@ -57,7 +58,10 @@ def command(args, out_dir: str) -> list[str]:
     cmd += ["--rollout.temperature", str(args.temperature), "--rollout.top_p", "1.0"]
     cmd += ["--rollout.max_response_len", str(args.max_new_tokens)]
     cmd += ["--rollout.max_context_len", str(256 + args.max_new_tokens)]
-    cmd += ["--optim.lr", str(args.lr), "--engine.num_threads", str(args.threads)]
+    # The same core budget as a peer's one process: the trainer gets --threads, and the
+    # engines, which decode at the same time, share them (one at least each).
+    engine_threads = max(1, args.threads // args.agents)
+    cmd += ["--optim.lr", str(args.lr), "--engine.num_threads", str(engine_threads)]
     return [*cmd, "--output_dir", out_dir, *shlex.split(args.extra)]
 
 
