@@ -287,7 +287,9 @@ class Runtime:
                 m.version += 1
                 # checked on the first prompt it trained on (SyncConfig.check_tokens)
                 probe = next((s.prompt_ids for s in m.own(samples)), None)
-                idle = not self.cfg.async_mode  # no rollout runs beside a synchronous sync
+                # no rollout runs beside a synchronous sync; colocated engines were paused
+                # for their release (train_step) and wait for this push's continue
+                idle = not self.cfg.async_mode and not m.colocate
                 metrics.append(await m.sync.push(m.trainer, m.version, probe, idle=idle))
             elif restarted[m.owner] and m.trainer is not None:
                 await m.sync.push(m.trainer, m.version)

@@ -28,7 +28,6 @@ to show where the time goes. ``--json`` keeps the figures.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -44,7 +43,7 @@ from kernel.models import build_tiny_model, load_causal_lm
 from kernel.sample import Sample, Status
 from kernel.train.optim import OptimConfig
 from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
-from scripts.provenance import publish, stamp
+from scripts.provenance import add_output_flags, stamp, write_outputs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -237,13 +236,7 @@ def main() -> None:
     p.add_argument("--decode-prompt", type=int, default=128, help="decode: prompt tokens")
     p.add_argument("--decode-tokens", type=int, default=64, help="decode: timed new tokens")
     p.add_argument("--profile", action="store_true", help="print the top operators too")
-    p.add_argument("--json", default=None, help="write the figures here")
-    p.add_argument(
-        "--publish",
-        default=None,
-        metavar="NAME",
-        help="also keep them as docs/results/bench/NAME/DATE-COMMIT.json (the results page)",
-    )
+    add_output_flags(p)
     args = p.parse_args()
     if not 0 < args.prompt_len < args.seq_len:
         p.error("--prompt-len must be in [1, --seq-len)")
@@ -299,10 +292,7 @@ def main() -> None:
             print(f"\ntop operators, one {name} {'step' if name == 'train' else 'run'}:")
             for row in result[name]["profile"]:
                 print(f"  {row['share']:6.1%} {row['ms']:9.1f} ms  {row['calls']:6d}x  {row['op']}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
-    if args.publish:
-        print(f"published {publish(args.publish, result)}")
+    write_outputs(args, result)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from scripts.provenance import publish, stamp  # noqa: E402
+from scripts.provenance import add_output_flags, stamp, write_outputs  # noqa: E402
 
 RECIPES = ("takes_two", "deep_research")
 
@@ -103,8 +103,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=2, help="data rows per run (each: a group)")
     p.add_argument("--repeats", type=int, default=2, help="runs per arm, alternating")
     p.add_argument("--work-dir", default=None, help="runs, logs, index (default: a temp dir)")
-    p.add_argument("--json", default=None, help="write the figures here")
-    p.add_argument("--publish", default=None, metavar="NAME", help="docs/results/bench/NAME/")
+    add_output_flags(p)
     args = p.parse_args()
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     if set(recipes) - set(RECIPES) or not recipes:
@@ -157,10 +156,7 @@ def main() -> None:
         f"{recipe} ({args.preset}) episodes/s, prefix cache on ÷ off": rec["ratio"]
         for recipe, rec in record["results"].items()
     }
-    if args.json:
-        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
-    if args.publish:
-        print(f"published {publish(args.publish, record)}")
+    write_outputs(args, record)
 
 
 if __name__ == "__main__":

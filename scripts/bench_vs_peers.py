@@ -48,6 +48,8 @@ RUNNERS = HERE / "bench_peers"
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
 
+from scripts.provenance import add_output_flags, stamp, write_outputs  # noqa: E402
+
 PEERS = {"trl": 1, "comlrl": 2}  # peer (its python package) -> agents in the comparison
 LR = {"tiny": 2e-3, "smollm2": 2e-5}  # per size: a random tiny model takes far larger steps
 
@@ -252,13 +254,7 @@ def main() -> None:
     p.add_argument(
         "--work-dir", default=None, help="model, prompts, per-run logs (default: a temp dir)"
     )
-    p.add_argument("--json", default=None, help="write the figures here")
-    p.add_argument(
-        "--publish",
-        default=None,
-        metavar="NAME",
-        help="also keep them as docs/results/bench/NAME/DATE-COMMIT.json (the results page)",
-    )
+    add_output_flags(p)
     p.add_argument("--plot", default=None, help="write the mean reward curves here (PNG)")
     args = p.parse_args()
 
@@ -284,7 +280,6 @@ def main() -> None:
         p.error("--steps, --seeds and --threads must be >= 1")
 
     from kernel.toy import write_toy_prompts
-    from scripts.provenance import publish, stamp
 
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="bench_vs_peers_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -344,10 +339,7 @@ def main() -> None:
     record |= {"max_new_tokens": args.max_new_tokens, "threads": threads}
     record["headline"] = headline(results, threads)
     record["results"] = results
-    if args.json:
-        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
-    if args.publish:
-        print(f"published {publish(args.publish, record)}")
+    write_outputs(args, record)
     if args.plot:
         plot(results, Path(args.plot), title)
 

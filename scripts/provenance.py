@@ -72,3 +72,22 @@ def publish(name: str, record: dict) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
     return path
+
+
+def add_output_flags(parser) -> None:
+    """``--json PATH`` and ``--publish NAME``, the two places a benchmark's figures go."""
+    parser.add_argument("--json", default=None, help="write the figures here")
+    parser.add_argument(
+        "--publish",
+        default=None,
+        metavar="NAME",
+        help="also keep them as docs/results/bench/NAME/DATE-COMMIT.json (the results page)",
+    )
+
+
+def write_outputs(args, record: dict) -> None:
+    """Write ``record`` where ``add_output_flags``'s flags say."""
+    if args.json:
+        Path(args.json).write_text(json.dumps(record, indent=1) + "\n")
+    if args.publish:
+        print(f"published {publish(args.publish, record)}")
