@@ -79,10 +79,11 @@ def test_update_every_trains_each_rollout_of_its_agent_exactly_once(tmp_path):
     assert sum(trained) == sum(rolled)  # every rollout trained on once: none lost, none twice
     assert all(r["staleness/dropped"] == 0 for r in rows)
     # at step 2k the kept rollout of step 2k-1 was sampled (async, beside the update of step
-    # 2k-2) by the weights of before that update, unless it reached the engine only after the
-    # push: stale, and importance-weighted; this step's own rollout is never stale
+    # 2k-2): a sample that finished before that update's push is stale and importance-weighted,
+    # one that finished after it carries the new version (the push pauses in place, so rows of
+    # one request can end on either side of it); this step's own rollout is never stale
     stale = [r["train/patient/stale_samples"] for r in rows[2::2]]
-    assert all(x in (0.0, 16.0) for x in stale) and sum(stale) >= 16.0
+    assert all(0.0 <= x <= 16.0 for x in stale)
     for r in rows[2::2]:
         if r["train/patient/stale_samples"]:
             assert r["train/patient/tis_weight_mean"] != pytest.approx(1.0, abs=1e-6)
