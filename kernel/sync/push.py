@@ -1,4 +1,5 @@
-"""Push the trainer's weights to its engines: pause -> update -> version -> continue.
+"""Push the trainer's weights to its engines: pause -> update (the last bucket sets the version)
+-> continue; the pause and continue only where rollouts may run beside the push.
 
 Four transports, one sequence:
 
