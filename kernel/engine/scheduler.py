@@ -50,7 +50,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from kernel.engine.prefix_cache import PrefixCache
+from kernel.engine.prefix_cache import BLOCK, PrefixCache
 from kernel.engine.protocol import SamplingParams
 from kernel.models import cache_kwargs
 
@@ -436,8 +436,9 @@ class Scheduler:
 
     def _store(self, tokens: list[int], cache, mask: Tensor, row: int) -> None:
         """Put row ``row`` of a batch's KV ``cache`` (its columns where ``mask`` is 1, which
-        hold ``tokens``) in the prefix cache."""
-        if self.prefix_cache.max_bytes <= 0:
+        hold ``tokens``) in the prefix cache (not one shorter than a block: it would never be
+        found, so its KV is not even gathered)."""
+        if self.prefix_cache.max_bytes <= 0 or len(tokens) < BLOCK:
             return
         cols = mask[row].bool()  # (T,)
         kv = torch.stack(
