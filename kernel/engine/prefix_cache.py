@@ -69,24 +69,25 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _found(self, ids: list[int]) -> tuple[int | None, int]:
-        """The most recent entry sharing the most full blocks with ``ids`` and the length of
-        their common prefix (None, 0 when no entry shares the first block)."""
+    def _found(self, tokens: np.ndarray, blocks: list[int]) -> tuple[int | None, int]:
+        """The most recent entry sharing the most full blocks (their ``_chain`` hashes) with
+        ``tokens`` and the length of their common prefix (None, 0 when no entry shares the
+        first block)."""
         hit = None
-        for h in _chain(ids):
+        for h in blocks:
             holders = self._blocks.get(h)
             if not holders:
                 break
             hit = next(reversed(holders))
         if hit is None:
             return None, 0
-        return hit, _common(self._entries[hit].tokens, np.asarray(ids, dtype=np.int64))
+        return hit, _common(self._entries[hit].tokens, tokens)
 
     def match(self, ids: list[int]) -> tuple[int, Tensor | None]:
         """The longest stored prefix of ``ids`` found, leaving at least one token to prefill
         (its logits sample the first new token): (length c, KV (L, 2, H, c, D)), or (0, None)."""
         self.stats["cache_lookups"] += 1
-        hit, n = self._found(ids)
+        hit, n = self._found(np.asarray(ids, dtype=np.int64), _chain(ids))
         n = min(n, len(ids) - 1)
         if hit is None or n <= 0:
             return 0, None
@@ -102,14 +103,15 @@ class PrefixCache:
         size = kv.numel() * kv.element_size()
         if size > self.max_bytes or len(ids) < BLOCK:
             return
-        hit, n = self._found(ids)
+        tokens, blocks = np.asarray(ids, dtype=np.int64), _chain(ids)
+        hit, n = self._found(tokens, blocks)
         if hit is not None:
             if n == len(ids):  # an entry already holds this sequence, or extends it
                 self._entries.move_to_end(hit)
                 return
             if n == len(self._entries[hit].tokens):  # this sequence extends it: takes its place
                 self._drop(hit)
-        entry = _Entry(np.asarray(ids, dtype=np.int64), kv, _chain(ids))
+        entry = _Entry(tokens, kv, blocks)
         key, self._next_id = self._next_id, self._next_id + 1
         self._entries[key] = entry
         for h in entry.blocks:
