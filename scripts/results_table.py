@@ -18,7 +18,7 @@ a table with a pair of markers, and this script fills in what lies between them:
     python scripts/results_table.py --check   # exit 1 naming each file whose table is stale
 
 A benchmark keeps each measurement as a file ``docs/results/bench/NAME/DATE-COMMIT.json``
-(written by its ``--json``; it names the commit, the machine, the date and a ``headline`` of
+(written by its ``--publish NAME``; it names the commit, the machine, the date and a ``headline`` of
 figures where higher is better: ratios against a baseline, fractions of a limit). The bench
 table shows each benchmark's newest file beside the one before it and flags every headline
 figure that dropped by more than 10%, so a regression is seen in the commit that lands it (the
@@ -183,9 +183,9 @@ def benchmarks() -> list[str]:
     return sorted(p.name for p in BENCH.glob("*") if p.is_dir() and any(p.glob("*.json")))
 
 
-def drops(name: str) -> list[str]:
-    """The headline figures of a benchmark's newest file more than DROP below the file before."""
-    files = bench_files(name)
+def drops(files: list[dict]) -> list[str]:
+    """The headline figures of a benchmark's newest file (of ``bench_files``) more than DROP
+    below the file before."""
     if len(files) < 2:
         return []
     new, old = files[-1]["headline"], files[-2]["headline"]
@@ -205,7 +205,7 @@ def bench_table(names: list[str], where: Path) -> str:
             continue
         new, old = files[-1], (files[-2] if len(files) > 1 else None)
         link = f"[{name}]({os.path.relpath(new['file'], (ROOT / where).parent)})"
-        flagged = set(drops(name))
+        flagged = set(drops(files))
         for key, value in new["headline"].items():
             prev = None if old is None else old["headline"].get(key)
             change = "—" if prev is None else f"{value / prev - 1:+.0%}"
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
             if not args.check:
                 path.write_text(new)
     for name in benchmarks():
-        for key in drops(name):
+        for key in drops(bench_files(name)):
             print(f"WARNING: benchmark {name}: {key} dropped more than {DROP:.0%}", file=sys.stderr)
     if args.check and stale:
         print("stale results tables (run python scripts/results_table.py): " + ", ".join(stale))

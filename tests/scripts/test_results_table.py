@@ -83,7 +83,7 @@ def test_the_bench_table_shows_the_newest_measurement_and_flags_a_drop(tmp_path,
         )
         (tmp_path / "bench/vs_peers").mkdir(parents=True, exist_ok=True)
         path.rename(tmp_path / "bench/vs_peers" / path.name)
-    assert rt.drops("vs_peers") == ["peer ÷ tandem"]
+    assert rt.drops(rt.bench_files("vs_peers")) == ["peer ÷ tandem"]
     out = rt.render("<!-- results:bench -->\n<!-- /results -->\n", Path("docs/x.md"))
     rows = [line for line in out.splitlines() if line.startswith("| [vs_peers]")]
     assert len(rows) == 2 and "`bbbb`" in rows[0] and "test box" in rows[0]
