@@ -47,7 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # scripts.* (the weight-sync bench's model) as from the root
-from scripts.provenance import commit  # noqa: E402
+from scripts import provenance  # noqa: E402
 
 STEPS = 3
 
@@ -279,12 +279,10 @@ def main(argv: list[str] | None = None) -> int:
     skip = set(filter(None, args.skip.split(",")))
     import torch
 
-    machine = platform.processor() or platform.machine()
-    if args.device.startswith("cuda"):
-        if not torch.cuda.is_available():
-            print("gpu_check: no CUDA device here (torch.cuda.is_available() is False)")
-            return 2
-        machine = torch.cuda.get_device_name(args.device)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device here (torch.cuda.is_available() is False)")
+        return 2
+    machine = provenance.machine(args.device)
     print(f"gpu_check on {machine}, torch {torch.__version__}, Python {platform.python_version()}")
     results: list[tuple[str, str, str]] = []
 
@@ -347,7 +345,7 @@ def main(argv: list[str] | None = None) -> int:
             "machine": machine,
             "torch": torch.__version__,
             "python": platform.python_version(),
-            "commit": commit(),
+            "commit": provenance.commit(),
             "results": [{"check": n, "result": v, "figure": f} for n, v, f in results],
         }
         (args.out / "gpu_check.json").write_text(json.dumps(summary, indent=1) + "\n")
