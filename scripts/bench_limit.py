@@ -40,17 +40,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kernel.loss import LossConfig
 from kernel.models import build_tiny_model, load_causal_lm
-from kernel.sample import Sample, Status
 from kernel.train.optim import OptimConfig
 from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+from scripts.bench_train import make_batch, sync
 from scripts.provenance import add_output_flags, stamp, write_outputs
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def best_of(fn, device: torch.device, repeats: int) -> float:
@@ -110,20 +105,8 @@ def train_figures(path: str, args, device: torch.device) -> dict:
     cfg = TorchTrainerConfig(max_tokens_per_microbatch=args.budget, device=str(device))
     trainer = TorchTrainer(path, optim, LossConfig(), cfg, total_steps=args.steps + 2)
     config = trainer.model.config
-    gen = torch.Generator().manual_seed(0)
-    vocab, prompt = config.vocab_size, args.prompt_len
-    response = args.seq_len - prompt
-    batch = [
-        Sample(
-            prompt_ids=torch.randint(vocab, (prompt,), generator=gen).tolist(),
-            response_ids=torch.randint(vocab, (response,), generator=gen).tolist(),
-            loss_mask=[1] * response,
-            advantage=1.0 if i % 2 else -1.0,
-            status=Status.COMPLETED,
-            index=i,
-        )
-        for i in range(args.samples)
-    ]
+    prompt, response = args.prompt_len, args.seq_len - args.prompt_len
+    batch = make_batch(args.samples, config.vocab_size, (prompt, prompt), (response, response), 0)
     params = sum(p.numel() for p in trainer.model.parameters())
     head = config.vocab_size * config.hidden_size
     blocks = params - head  # tied embeddings: the embedding matrix is the head
