@@ -14,6 +14,11 @@
    ``ignore_eos``): the time of a decode step is (time of P + G tokens - time of 1 token) / G.
    Each step reads every weight once and the KV of the context so far, so bytes read per
    second are (weight bytes + mean KV bytes) / step time; as a fraction of the copy bandwidth.
+   Where the rest goes: the same model's one-token forward outside the engine, over HF's
+   fixed-size ``StaticCache`` holding the prompt, timed eager and, on a GPU, replayed from a
+   CUDA graph (one launch for the whole forward). Engine step - eager forward is the
+   scheduler's own share (sampling, masks, bookkeeping, its growing cache); eager - graph is
+   the cost of launching each operator from Python, which a CUDA-graph decode would recover.
 
 ``--profile`` adds the top operators of one train step and one decode run (torch.profiler),
 to show where the time goes. ``--json`` keeps the figures.
@@ -161,13 +166,14 @@ def decode_figures(path: str, args, device: torch.device) -> dict:
         profile = profiled(lambda: run(1 + g), device) if args.profile else None
     finally:
         scheduler.shutdown()
+    floor = forward_floor(model, args, device)
     c = model.config
     weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
     elem = next(model.parameters()).element_size()
     kv_per_token = c.num_hidden_layers * 2 * c.num_key_value_heads * head_dim * elem
     kv_bytes = kv_per_token * (args.decode_prompt + g / 2)  # the mean context of the steps
-    return {
+    result = {
         "step_s": step_s,
         "tokens_s": 1 / step_s,
         "weight_bytes": weight_bytes,
@@ -175,6 +181,66 @@ def decode_figures(path: str, args, device: torch.device) -> dict:
         "bytes_s": (weight_bytes + kv_bytes) / step_s,
         "profile": profile,
     }
+    for name, s in floor.items():  # the same bytes per step, read by the model alone
+        if isinstance(s, str):
+            result[f"{name}_error"] = s
+        else:
+            result[f"{name}_s"], result[f"{name}_bytes_s"] = s, (weight_bytes + kv_bytes) / s
+    return result
+
+
+def forward_floor(model, args, device: torch.device) -> dict[str, float | str]:
+    """Seconds of the model's own one-token forward at batch 1 with the prompt in a
+    ``StaticCache`` (no step allocates): ``eager``, and on a GPU ``graph`` (the forward captured
+    once in a CUDA graph and replayed). A capture that fails gives its error instead."""
+    from transformers import StaticCache
+
+    from kernel.models import cache_kwargs
+
+    p, g = args.decode_prompt, args.decode_tokens
+    cache = StaticCache(config=model.config, max_cache_len=p + 1)
+    prompt = torch.randint(model.config.vocab_size, (1, p), device=device)
+    token = torch.zeros((1, 1), dtype=torch.long, device=device)
+    position = torch.tensor([p], device=device)
+
+    def forward():
+        for layer in cache.layers:  # every step writes slot p (30 tiny fills: <1% of a step)
+            layer.cumulative_length.fill_(p)
+        return model(
+            input_ids=token,
+            position_ids=position[None],
+            cache_position=position,
+            use_cache=True,
+            **cache_kwargs(model, cache),
+        ).logits
+
+    with torch.inference_mode():
+        model(
+            input_ids=prompt,
+            cache_position=torch.arange(p, device=device),
+            use_cache=True,
+            **cache_kwargs(model, cache),
+        )
+        out: dict[str, float | str] = {
+            "forward_eager": best_of(lambda: [forward() for _ in range(g)], device, 3) / g
+        }
+        if device.type == "cuda":
+            try:
+                stream = torch.cuda.Stream()
+                stream.wait_stream(torch.cuda.current_stream())
+                with torch.cuda.stream(stream):
+                    for _ in range(3):  # warm-up on a side stream, as capture needs
+                        forward()
+                torch.cuda.current_stream().wait_stream(stream)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph):
+                    forward()
+                out["forward_graph"] = (
+                    best_of(lambda: [graph.replay() for _ in range(g)], device, 3) / g
+                )
+            except Exception as exc:  # the figure says why it is missing
+                out["forward_graph"] = f"{type(exc).__name__}: {exc}"[:300]
+    return out
 
 
 def profiled(fn, device: torch.device, top: int = 12) -> list[dict]:
@@ -270,6 +336,15 @@ def main() -> None:
         f"({1e3 * decode['step_s']:.1f} ms a token; {decode['weight_bytes'] / 1e6:.0f} MB "
         f"weights + {decode['kv_bytes'] / 1e6:.1f} MB KV read per step)"
     )
+    for name, label in (("forward_eager", "eager forward"), ("forward_graph", "CUDA graph")):
+        if f"{name}_s" in decode:
+            print(
+                f"  {label:15s} {decode[f'{name}_bytes_s'] / 1e9:10.2f} GB/s      "
+                f"{decode[f'{name}_bytes_s'] / bandwidth:6.1%} of the copy bandwidth  "
+                f"({1e3 * decode[f'{name}_s']:.1f} ms a token: the model alone, no engine)"
+            )
+        elif f"{name}_error" in decode:
+            print(f"  {label:15s} failed: {decode[f'{name}_error']}")
     for name in ("train", "decode"):
         if result[name]["profile"]:
             print(f"\ntop operators, one {name} {'step' if name == 'train' else 'run'}:")
