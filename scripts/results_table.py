@@ -20,9 +20,10 @@ a table with a pair of markers, and this script fills in what lies between them:
 A benchmark keeps each measurement as a file ``docs/results/bench/NAME/DATE-COMMIT.json``
 (written by its ``--publish NAME``; it names the commit, the machine, the date and a ``headline`` of
 figures where higher is better: ratios against a baseline, fractions of a limit). The bench
-table shows each benchmark's newest file beside the one before it and flags every headline
-figure that dropped by more than 10%, so a regression is seen in the commit that lands it (the
-script prints the flags too).
+table shows, for each machine a benchmark ran on, its newest file beside the one before it on
+that machine (an H100 is never the "previous" of an H200), and flags every headline figure that
+dropped by more than 10%, so a regression is seen in the commit that lands it (the script
+prints the flags too).
 
 tests/scripts/test_results_table.py runs ``--check``, so a table in the docs that differs from
 its files fails CI.
@@ -183,9 +184,18 @@ def benchmarks() -> list[str]:
     return sorted(p.name for p in BENCH.glob("*") if p.is_dir() and any(p.glob("*.json")))
 
 
+def by_machine(files: list[dict]) -> list[list[dict]]:
+    """A benchmark's files (of ``bench_files``) split by machine, oldest first in each; the
+    machine measured most recently first."""
+    groups: dict[str, list[dict]] = {}
+    for f in files:
+        groups.setdefault(f["machine"], []).append(f)
+    return sorted(groups.values(), key=lambda g: (g[-1]["date"], g[-1]["file"].name), reverse=True)
+
+
 def drops(files: list[dict]) -> list[str]:
-    """The headline figures of a benchmark's newest file (of ``bench_files``) more than DROP
-    below the file before."""
+    """The headline figures of the newest of ``files`` (one machine's, oldest first) more than
+    DROP below the file before."""
     if len(files) < 2:
         return []
     new, old = files[-1]["headline"], files[-2]["headline"]
@@ -193,27 +203,27 @@ def drops(files: list[dict]) -> list[str]:
 
 
 def bench_table(names: list[str], where: Path) -> str:
-    """Each benchmark's newest headline figures, the previous measurement and the change; a
-    drop of more than 10% is flagged."""
+    """Each benchmark's newest headline figures on each machine, the previous measurement on
+    that machine and the change; a drop of more than 10% is flagged."""
     header = ["benchmark", "figure (higher is better)", "value", "previous", "change"]
     header += ["commit", "machine", "date"]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for name in names:
-        files = bench_files(name)
-        if not files:
+        groups = by_machine(bench_files(name))
+        if not groups:
             lines.append(f"| {name} | not measured yet |" + " |" * (len(header) - 2))
-            continue
-        new, old = files[-1], (files[-2] if len(files) > 1 else None)
-        link = f"[{name}]({os.path.relpath(new['file'], (ROOT / where).parent)})"
-        flagged = set(drops(files))
-        for key, value in new["headline"].items():
-            prev = None if old is None else old["headline"].get(key)
-            change = "—" if prev is None else f"{value / prev - 1:+.0%}"
-            if key in flagged:
-                change = f"**{change} ⚠ dropped**"
-            cells = [link, key, f"{value:.3g}", "—" if prev is None else f"{prev:.3g}", change]
-            cells += [f"`{new['commit']}`", new["machine"], new["date"]]
-            lines.append("| " + " | ".join(cells) + " |")
+        for files in groups:
+            new, old = files[-1], (files[-2] if len(files) > 1 else None)
+            link = f"[{name}]({os.path.relpath(new['file'], (ROOT / where).parent)})"
+            flagged = set(drops(files))
+            for key, value in new["headline"].items():
+                prev = None if old is None else old["headline"].get(key)
+                change = "—" if prev is None else f"{value / prev - 1:+.0%}"
+                if key in flagged:
+                    change = f"**{change} ⚠ dropped**"
+                cells = [link, key, f"{value:.3g}", "—" if prev is None else f"{prev:.3g}"]
+                cells += [change, f"`{new['commit']}`", new["machine"], new["date"]]
+                lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -251,8 +261,13 @@ def main(argv: list[str] | None = None) -> int:
             if not args.check:
                 path.write_text(new)
     for name in benchmarks():
-        for key in drops(bench_files(name)):
-            print(f"WARNING: benchmark {name}: {key} dropped more than {DROP:.0%}", file=sys.stderr)
+        for files in by_machine(bench_files(name)):
+            for key in drops(files):
+                where = files[-1]["machine"]
+                print(
+                    f"WARNING: benchmark {name} on {where}: {key} dropped more than {DROP:.0%}",
+                    file=sys.stderr,
+                )
     if args.check and stale:
         print("stale results tables (run python scripts/results_table.py): " + ", ".join(stale))
         return 1

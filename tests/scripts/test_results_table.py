@@ -84,10 +84,17 @@ def test_the_bench_table_shows_the_newest_measurement_and_flags_a_drop(tmp_path,
         (tmp_path / "bench/vs_peers").mkdir(parents=True, exist_ok=True)
         path.rename(tmp_path / "bench/vs_peers" / path.name)
     assert rt.drops(rt.bench_files("vs_peers")) == ["peer ÷ tandem"]
+    # A newer file from another machine is shown on its own rows, never compared with this one.
+    other = head | {"commit": "cccc", "date": "2026-11-03T00:00:00Z", "machine": "big box"}
+    (tmp_path / "bench/vs_peers/2026-11-03-cccc.json").write_text(json.dumps(other))
+    groups = rt.by_machine(rt.bench_files("vs_peers"))
+    assert [[f["commit"] for f in g] for g in groups] == [["cccc"], ["aaaa", "bbbb"]]
+    assert [rt.drops(g) for g in groups] == [[], ["peer ÷ tandem"]]
     out = rt.render("<!-- results:bench -->\n<!-- /results -->\n", Path("docs/x.md"))
     rows = [line for line in out.splitlines() if line.startswith("| [vs_peers]")]
-    assert len(rows) == 2 and "`bbbb`" in rows[0] and "test box" in rows[0]
-    assert "| 1.7 | 2 | **-15% ⚠ dropped** |" in rows[0]
-    assert "| 1.6 | 1.5 | +7% |" in rows[1]
+    assert len(rows) == 4 and all("big box" in r and "| — | — |" in r for r in rows[:2])
+    assert "`bbbb`" in rows[2] and "test box" in rows[2]
+    assert "| 1.7 | 2 | **-15% ⚠ dropped** |" in rows[2]
+    assert "| 1.6 | 1.5 | +7% |" in rows[3]
     with pytest.raises(ValueError, match="lacks"):
         prov.publish("x", {"commit": "c"})
