@@ -1,14 +1,13 @@
 """Agents: who plays what (``AgentSpec``: which model, shared or its own, trained or frozen, with
 which overrides), and the handles a recipe's generate hook calls.
 
-``ctx.agents[name]`` is an ``AgentHandle``: it samples from the agent's engines (a router URL
-or embedded servers, round-robin across them) with the agent's default sampling parameters,
-and builds token-exact dialogues with the agent's own tokenizer (``kernel.conversation``).
-An engine that aborts a request (weight update in abort mode, shutdown) raises
-``EpisodeAborted``; the RolloutManager then requeues the whole prompt group. The engines
-themselves are a model's ``kernel.engine.pool.EnginePool``. A ``Dialogue`` is one agent's side
-of an episode (its conversation, turn by turn, and its training sample): what recipes build
-their episodes from.
+``ctx.agents[name]`` is an ``AgentHandle``, the run's ``kernel.dialogue.Agent``: it samples from
+the agent's engines (a router URL or embedded servers, round-robin across them) with the
+agent's default sampling parameters, and builds token-exact dialogues with the agent's own
+tokenizer (``kernel.conversation``). An engine that aborts a request (weight update in abort
+mode, shutdown) raises ``EpisodeAborted``; the RolloutManager then requeues the whole prompt
+group. The engines themselves are a model's ``kernel.engine.pool.EnginePool``. Recipes build
+their episodes from ``kernel.dialogue.Dialogue`` over these handles.
 """
 
 from __future__ import annotations
@@ -23,7 +22,6 @@ from kernel.conversation import Conversation
 from kernel.engine.batcher import RequestBatcher
 from kernel.engine.pool import EnginePool
 from kernel.rollout import EpisodeAborted
-from kernel.sample import Sample, Status
 from kernel.train.trainer import BACKENDS
 
 
@@ -228,48 +226,3 @@ class AgentHandle:
         """This agent's next turn in each of several dialogues (a group's episodes, turn by
         turn), as one request; a result per dialogue (None where its budget is exhausted)."""
         return list(await asyncio.gather(*(self.generate_turn(c, sampling) for c in convs)))
-
-
-class Dialogue:
-    """One agent's side of an episode, the chat turn recipes are made of: its token-exact
-    conversation (``conv``), the text of its last turn and how that turn ended.
-
-    ``await d.speak()`` samples the agent's next turn (None once its context budget is spent);
-    ``d.say(role, text)`` adds the other party's words or a tool's response (loss mask 0; False
-    when it does not fit); ``d.sample(seed, turn, **metadata)`` is its training sample, with the
-    kernel's one status rule (``Status.of_turn``), or None if it never spoke.
-    """
-
-    def __init__(self, agent: AgentHandle, system: str | None = None, first: str | None = None):
-        self.agent, self.name = agent, agent.name
-        self.conv = agent.conversation(system=system)
-        self.fits = first is None or self.conv.add_message("user", first)  # the opening fit
-        self.text = ""  # its last turn, decoded
-        self.finish: str | None = None  # how its last turn ended; None until it has spoken
-        self.turns = 0
-
-    async def speak(self, sampling: dict[str, Any] | None = None, prefix: str = "") -> str | None:
-        """The agent's next turn as text, starting with ``prefix`` (given, not sampled: see
-        ``AgentHandle.generate_turn``); None when its context budget is spent."""
-        result = await self.agent.generate_turn(self.conv, sampling, prefix)
-        if result is None:
-            return None
-        self.finish, self.turns = result.finish_type, self.turns + 1
-        decoded = self.agent.tokenizer.decode(result.output_ids, skip_special_tokens=True)
-        self.text = prefix + decoded
-        return self.text
-
-    def say(self, role: str, text: str) -> bool:
-        """Someone else's words in this dialogue (not trained on); False when they do not fit
-        (the dialogue is then truncated)."""
-        return self.conv.add_message(role, text)
-
-    def sample(self, seed: Sample, turn: int = 0, **metadata) -> Sample | None:
-        """Its training sample (metadata: the seed's, ``role``, ``text`` of its last turn and
-        ``metadata``), or None when it never spoke: nothing to train on."""
-        if self.finish is None:
-            return None
-        fields = seed.seed_fields()
-        fields["metadata"].update(role=self.name, text=self.text, **metadata)
-        status = Status.of_turn(self.finish)
-        return self.conv.to_sample(agent=self.name, turn=turn, status=status, **fields)

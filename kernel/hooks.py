@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from kernel.dialogue import Agent
 from kernel.sample import Sample
 
 
@@ -36,9 +37,9 @@ class HookError(ValueError):
 class RolloutContext:
     """Everything a hook may use, handed to every call. Extend here, not in signatures."""
 
-    agents: Mapping[str, Any] = field(default_factory=dict)  # name -> agent handle (engines)
+    agents: Mapping[str, Agent] = field(default_factory=dict)  # name -> the agent (its engines)
     config: Any = None  # the recipe's own config (its RecipeConfig, or the recipe_args dict)
-    run: Any = None  # the whole TrainConfig of the run
+    run: Any = None  # the whole TrainConfig of the run (kernel.config, a layer above hooks)
     step: int = 0
     extras: dict[str, Any] = field(default_factory=dict)  # e.g. retriever URL, judge client
 

@@ -53,6 +53,24 @@ def test_import_kernel_stays_light():
     assert out.stdout.strip() == "[]", out.stdout
 
 
+def test_the_recipe_api_imports_without_the_training_stack():
+    """A recipe's hooks (generate, reward, config) and the API they use (kernel.dialogue,
+    hooks, sample) load without torch, transformers, the engine or the trainer."""
+    recipes = sorted(p.name for p in (ROOT / "recipes").iterdir() if (p / "generate.py").exists())
+    modules = ["kernel.dialogue", "kernel.hooks", "kernel.sample"] + [
+        f"recipes.{r}.{m}" for r in recipes for m in ("generate", "reward", "config")
+    ]
+    code = (
+        f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
+        "heavy = ('torch', 'transformers', 'kernel.engine', 'kernel.train', 'kernel.agents')\n"
+        "print([m for m in heavy if m in sys.modules])"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert len(recipes) >= 5 and out.stdout.strip() == "[]", out.stdout
+
+
 # The kernel's layers, lowest first (docs/design.md): a module imports only from its own layer
 # or below, never in a cycle, and at its top (only third-party heavy or optional packages --
 # transformers, Megatron-core, Ray -- are imported inside functions).
@@ -62,6 +80,7 @@ LAYERS = {
         "hooks",
         "redact",
         "conversation",
+        "dialogue",
         "rewards",
         "advantages",
         "loss",

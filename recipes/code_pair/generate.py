@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 
-from kernel.agents import Dialogue
+from kernel.dialogue import Dialogue
 from kernel.hooks import RolloutContext
 from kernel.sample import Sample
 from recipes.code_pair import prompts

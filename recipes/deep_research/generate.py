@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from kernel.agents import Dialogue
+from kernel.dialogue import Dialogue
 from kernel.hooks import RolloutContext
 from kernel.sample import Sample
 from recipes.deep_research import prompts

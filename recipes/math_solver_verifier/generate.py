@@ -28,7 +28,7 @@ from __future__ import annotations
 import asyncio
 import re
 
-from kernel.agents import Dialogue
+from kernel.dialogue import Dialogue
 from kernel.hooks import RolloutContext
 from kernel.sample import Sample
 from recipes.math_solver_verifier import prompts

@@ -20,7 +20,7 @@ doctor's carries the episode metrics in ``metadata["metrics"]``.
 
 from __future__ import annotations
 
-from kernel.agents import Dialogue
+from kernel.dialogue import Dialogue
 from kernel.hooks import RolloutContext
 from kernel.sample import Sample
 from recipes.takes_two import prompts
