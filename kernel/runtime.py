@@ -9,18 +9,8 @@ trainers (in this process, or Ray actor groups) are read and built (a bad data r
 again); a resumed run loads its checkpoint's state; the engines then serve the trainers'
 weights from the first step on. On the way out everything it started stops, the engines by PID.
 
-A checkpoint (``<output_dir>/checkpoints/step_N``) holds each model's trainer
-(``trainers/<owner agent>``: weights, optimiser, schedule, RNG), the buffer position with
-every prompt group handed out but not yet trained (so a crash mid-step neither skips nor
-repeats a prompt) and the samples queued for a later update, the step and each model's weight
-version.
-
-A save writes ``step_N.tmp`` (state.json last), fsyncs it and renames it to ``step_N``, so a
-``step_N`` folder is whole unless something damaged it later; a leftover ``.tmp`` (a crash
-mid-save) is ignored and removed by the next save, which keeps only itself and the checkpoint
-before it (the one this run wrote or resumed from, both known good). A resume takes the newest
-checkpoint whose files pass ``read_checkpoint`` and whose trainers load; a damaged one is passed
-over for the one before it with a warning naming the file and why (``resume_from``).
+Evaluation is ``kernel.evaluation``; checkpoints (what they hold, how they are saved whole and
+resumed) ``kernel.checkpoint``.
 """
 
 from __future__ import annotations
@@ -30,24 +20,21 @@ import contextlib
 import copy
 import json
 import logging
-import math
 import random
-import shutil
-import time
-import zipfile
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors import SafetensorError, safe_open
 
 from kernel.agents import AgentHandle, AgentSpec, model_groups
-from kernel.buffer import DataBuffer, DataConfig
+from kernel.buffer import DataBuffer
+from kernel.checkpoint import checkpoints, resume_from, rng_state, save
 from kernel.config import ModelSettings, TrainConfig
 from kernel.engine.batcher import RequestBatcher
 from kernel.engine.pool import EnginePool
+from kernel.evaluation import eval_data, evaluate
 from kernel.hooks import (
     RolloutContext,
     default_recipe_config,
@@ -56,7 +43,7 @@ from kernel.hooks import (
     load_reward,
     package_file,
 )
-from kernel.metrics import MetricsLogger, fsync_path, mean, pass_at_k
+from kernel.metrics import MetricsLogger
 from kernel.models import check_model, load_tokenizer, materialize_model
 from kernel.redact import redact
 from kernel.rollout import GroupResult, RolloutManager, RolloutStats
@@ -196,7 +183,7 @@ class Runtime:
                     m.version = state["weight_versions"][m.owner]
                 buffer.load_state_dict(state["buffer"])
                 start = state["step"]
-                random.setstate(_tuple_state(state["python_rng"]))
+                random.setstate(rng_state(state["python_rng"]))
             (out / "config.json").write_text(json.dumps(redact(jsonable(cfg)), indent=1))
             logger = MetricsLogger(out, cfg.log, redact(jsonable(cfg)), start)
 
@@ -301,94 +288,23 @@ class Runtime:
         return [await m.sync.checked() for m in self.models]
 
     async def evaluate(self, updates: int) -> dict[str, float]:
-        """avg@n and pass@k (unbiased, for each of ``eval.pass_k``, default n) per agent on the
-        held-out prompts (no training on them), n = ``eval.n_samples``, on the rewards as the
-        recipe scored them (before the kernel's weighting), at ``eval.temperature``; a prompt
-        with fewer than k scored episodes (failures) counts with k = its count. Every (prompt,
-        agent) result goes to ``<output_dir>/eval/step_<updates>.jsonl`` (``row``: the
-        prompt's row in eval.path; ``rewards``, ``passed``, ``texts`` and ``metrics`` per
-        episode, a text being the agent's response decoded, tool messages included, and the
-        metrics the numbers the recipe put in the sample's ``metadata["metrics"]``), so two
-        evaluations can be compared item by item and read."""
-        cfg, ctx = self.cfg, self.ctx
-        t0 = time.perf_counter()
-        buffer = DataBuffer(eval_data(cfg))
-        if cfg.eval.temperature is not None:
-            agents = {
-                name: replace(h, sampling={**h.sampling, "temperature": cfg.eval.temperature})
-                for name, h in ctx.agents.items()
-            }
-            ctx = replace(ctx, agents=agents)
-        kept, _, _ = await self.manager.run(ctx, buffer.next_groups(len(buffer)))
-        row: dict[str, float] = {}
-        items = []
-        k = cfg.eval.n_samples
-        for agent in sorted({s.agent for r in kept for s in r.samples}):
-            tokenizer = ctx.agents[agent].tokenizer
-            per_prompt = []
-            for r in kept:
-                mine = [s for s in r.samples if s.agent == agent and s.raw_reward is not None]
-                if mine:
-                    passed = [
-                        bool(s.metadata.get("correct", s.raw_reward >= cfg.eval.pass_threshold))
-                        for s in mine
-                    ]
-                    per_prompt.append((mean(s.raw_reward for s in mine), passed))
-                    items.append(
-                        {
-                            "row": r.group[0].metadata["row"],
-                            "agent": agent,
-                            "rewards": [s.raw_reward for s in mine],
-                            "passed": passed,
-                            "texts": [tokenizer.decode(s.response_ids) for s in mine],
-                            "metrics": [_numbers(s.metadata.get("metrics")) for s in mine],
-                        }
-                    )
-            if per_prompt:
-                row[f"eval/{agent}/avg@{k}"] = mean(a for a, _ in per_prompt)
-                for j in cfg.eval.pass_k or [k]:
-                    row[f"eval/{agent}/pass@{j}"] = mean(
-                        pass_at_k(len(p), sum(p), min(j, len(p))) for _, p in per_prompt
-                    )
-        path = Path(cfg.output_dir) / "eval" / f"step_{updates}.jsonl"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(item) + "\n" for item in items))
-        row["time/eval_s"] = time.perf_counter() - t0
-        return row
+        """The held-out evaluation after ``updates`` updates (``kernel.evaluation.evaluate``)."""
+        return await evaluate(self.cfg, self.ctx, self.manager, updates)
 
     async def checkpoint(self, step: int, next_batch: asyncio.Future | None) -> Path:
-        """Save everything a resume needs into ``step_<step>.tmp`` (state.json last), fsync it
-        and rename it to ``step_<step>``; then remove every other checkpoint folder but the one
-        before it (``last_checkpoint``). The groups of a rollout in flight (async mode) are
-        requeued by it."""
-        # that rollout finishes quickly once training is done; simplest and exact
+        """Save the run after ``step`` steps (``kernel.checkpoint.save``), keeping the last
+        checkpoint before it. The groups of a rollout in flight (async mode) are requeued by
+        it: that rollout finishes quickly once training is done; simplest and exact."""
         in_flight = [] if next_batch is None else (await next_batch).handed_out
-        root = Path(self.cfg.output_dir) / "checkpoints"
-        path, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)  # a save that crashed
-        tmp.mkdir(parents=True)
-        for m in self.models:
-            if m.trainer is not None:
-                await m.thread.run(m.trainer.save, tmp / "trainers" / m.owner)
         state = {
             "step": step,
             "weight_versions": {m.owner: m.version for m in self.models},
             "buffer": self.buffer.state_dict(in_flight=in_flight),
             "python_rng": random.getstate(),
         }
-        (tmp / "state.json").write_text(json.dumps(state))
-        for f in sorted(tmp.rglob("*"), key=lambda f: -len(f.parts)):  # files before folders
-            fsync_path(f)
-        fsync_path(tmp)
-        if path.exists():  # a damaged one the resume passed over
-            shutil.rmtree(path)
-        tmp.rename(path)
-        fsync_path(root)
-        for old in root.glob("step_*"):  # older ones, damaged ones, unfinished saves
-            if old not in (path, self.last_checkpoint):
-                shutil.rmtree(old, ignore_errors=True)
-        self.last_checkpoint = path
-        return path
+        root = Path(self.cfg.output_dir) / "checkpoints"
+        self.last_checkpoint = await save(root, step, self.models, state, self.last_checkpoint)
+        return self.last_checkpoint
 
 
 def plan_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> list[Model]:
@@ -436,17 +352,6 @@ def check_ray_ranks(cfg: TrainConfig, placement: dict[str, Any]) -> None:
                 f"are not divisible by trainer.tensor_parallel x trainer.pipeline_parallel = "
                 f"{tp} x {pp}"
             )
-
-
-def eval_data(cfg: TrainConfig) -> DataConfig:
-    """The held-out prompts' data settings: the run's, on eval.path, in order."""
-    return replace(
-        cfg.data,
-        path=package_file(cfg.eval.path),
-        n_samples_per_prompt=cfg.eval.n_samples,
-        shuffle=False,
-        max_prompts=cfg.eval.max_prompts,
-    )
 
 
 def place_trainer(cfg: TrainConfig, model: Model, where) -> Trainer | None:
@@ -510,112 +415,6 @@ def with_template(tokenizer, template: str | None):
     tokenizer = copy.copy(tokenizer)
     tokenizer.chat_template = text
     return tokenizer
-
-
-def checkpoints(out_dir: Path) -> list[Path]:
-    """The checkpoint folders (``step_N``) of the run in ``out_dir``, oldest first; an
-    unfinished save (``step_N.tmp``) is none."""
-    found = (out_dir / "checkpoints").glob("step_*")
-    steps = [p for p in found if p.name[5:].isdigit() and p.is_dir()]
-    return sorted(steps, key=lambda p: int(p.name[5:]))
-
-
-def resume_from(found: list[Path], models: list[Model]) -> tuple[Path, dict]:
-    """Load the newest of the checkpoints ``found`` that is whole into the models' trainers;
-    returns it and its state. A damaged one (``read_checkpoint`` fails, or a trainer cannot
-    load its files) is passed over for the one before with a warning naming the file; if none
-    is usable, a ValueError names each and the way out. Every trainer loads whole from the
-    checkpoint taken, so one that loaded part of a damaged checkpoint first is overwritten."""
-    problems = []
-    for ckpt in reversed(found):
-        try:
-            state = read_checkpoint(ckpt, [m.owner for m in models])
-            for m in models:
-                if m.trainer is not None:
-                    _load_trainer(m, ckpt / "trainers" / m.owner)
-            return ckpt, state
-        except (ValueError, OSError) as e:
-            log.warning("checkpoint passed over, it is damaged: %s", e)
-            problems.append(str(e))
-    raise ValueError(
-        f"{found[-1].parent}: no usable checkpoint to resume from ({'; '.join(problems)}): "
-        "delete the damaged ones named (or the whole folder to start over), or pass another "
-        "--output_dir"
-    )
-
-
-def _load_trainer(m: Model, path: Path) -> None:
-    """``m``'s trainer restored from ``path``; whatever fails names the folder."""
-    try:
-        m.thread.call(m.trainer.load, path)
-    except Exception as e:  # torch, safetensors, json, Ray: the reason, with the folder's name
-        reason = " ".join(str(e).split())
-        reason = reason if len(reason) < 500 else reason[:500] + " ..."
-        raise ValueError(
-            f"{path}: the trainer cannot load it ({type(e).__name__}: {reason})"
-        ) from e
-
-
-def read_checkpoint(path: Path, owners: list[str]) -> dict:
-    """The state of checkpoint ``path`` (state.json), once its files pass the checks a damaged
-    one fails: state.json present and whole, every JSON file parses, every safetensors file is
-    as long as its header says, every .pt file is a whole zip archive (torch.save), and
-    state.json holds the state of a run of the models of ``owners``. Raises ValueError naming
-    the file. What only a trainer can tell (a missing file of its own, tensors of the wrong
-    shape) its ``load`` finds."""
-    state_file = path / "state.json"
-    if not state_file.is_file():
-        raise ValueError(f"{state_file}: missing (the save never finished, or it was removed)")
-    for f in sorted(path.rglob("*")):
-        if f.suffix == ".json":
-            _read_json(f)
-        elif f.suffix == ".safetensors":
-            _check_safetensors(f)
-        elif f.suffix == ".pt" and not zipfile.is_zipfile(f):
-            raise ValueError(f"{f}: truncated or overwritten (not a whole torch.save archive)")
-    state = _read_json(state_file)
-    try:
-        versions = state["weight_versions"]
-        missing = [o for o in owners if o not in versions]
-        if missing or not isinstance(state["step"], int) or not isinstance(state["buffer"], dict):
-            raise ValueError
-        random.Random().setstate(_tuple_state(state["python_rng"]))
-    except (KeyError, TypeError, ValueError):
-        raise ValueError(
-            f"{state_file}: not the state of this run (step, weight_versions of "
-            f"{owners}, buffer and python_rng expected)"
-        ) from None
-    return state
-
-
-def _numbers(metrics: Any) -> dict[str, float]:
-    """The numeric entries of a sample's ``metadata["metrics"]`` ({} without any)."""
-    if not isinstance(metrics, dict):
-        return {}
-    return {
-        k: float(v) for k, v in metrics.items() if isinstance(v, int | float) and math.isfinite(v)
-    }
-
-
-def _read_json(path: Path):
-    try:
-        return json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not JSON ({e}): truncated or overwritten") from None
-
-
-def _check_safetensors(path: Path) -> None:
-    """safetensors' own reader checks that the header covers the file exactly."""
-    try:
-        with safe_open(str(path), "pt"):
-            pass
-    except SafetensorError as e:
-        raise ValueError(f"{path}: truncated or not a safetensors file ({e})") from None
-
-
-def _tuple_state(state):
-    """random.getstate() after a JSON round trip: lists back to tuples."""
-    return tuple(tuple(x) if isinstance(x, list) else x for x in state)
 
 
 def jsonable(cfg) -> dict:

@@ -20,9 +20,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from kernel.checkpoint import checkpoints, resume_from
 from kernel.loss import LossConfig
 from kernel.metrics import LogConfig, MetricsLogger
-from kernel.runtime import Model, Runtime, checkpoints, resume_from
+from kernel.runtime import Model, Runtime
 from kernel.train.optim import OptimConfig
 from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
 

@@ -95,7 +95,17 @@ LAYERS = {
     "engine": ("engine",),
     "sync": ("sync",),
     "train": ("train",),
-    "runtime": ("agents", "config", "runtime", "loop", "collect", "sft", "dpo"),
+    "runtime": (
+        "agents",
+        "config",
+        "evaluation",
+        "checkpoint",
+        "runtime",
+        "loop",
+        "collect",
+        "sft",
+        "dpo",
+    ),
     "cli and cluster": ("cli", "__main__", "cluster"),
 }
 

@@ -1,0 +1,156 @@
+"""Checkpoints: saving a run whole and resuming from the newest one that is.
+
+A checkpoint (``<output_dir>/checkpoints/step_N``) holds each model's trainer
+(``trainers/<owner agent>``: weights, optimiser, schedule, RNG), the buffer position with
+every prompt group handed out but not yet trained (so a crash mid-step neither skips nor
+repeats a prompt) and the samples queued for a later update, the step and each model's weight
+version.
+
+A save writes ``step_N.tmp`` (state.json last), fsyncs it and renames it to ``step_N``, so a
+``step_N`` folder is whole unless something damaged it later; a leftover ``.tmp`` (a crash
+mid-save) is ignored and removed by the next save, which keeps only itself and the checkpoint
+before it (the one this run wrote or resumed from, both known good). A resume takes the newest
+checkpoint whose files pass ``read_checkpoint`` and whose trainers load; a damaged one is passed
+over for the one before it with a warning naming the file and why (``resume_from``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+import zipfile
+from pathlib import Path
+
+from safetensors import SafetensorError, safe_open
+
+from kernel.metrics import fsync_path
+
+log = logging.getLogger(__name__)
+
+# ``models`` below are the run's ``kernel.runtime.Model`` objects: what is read of each is its
+# ``owner`` (the folder name), ``trainer`` (None when it does not train) and ``thread`` (the
+# trainer's own thread, where its save and load run).
+
+
+async def save(root: Path, step: int, models: list, state: dict, keep: Path | None) -> Path:
+    """Save ``models``' trainers and the run's ``state`` (step, weight versions, buffer, RNG)
+    into ``root/step_<step>.tmp`` (state.json last), fsync it and rename it to
+    ``root/step_<step>``; then remove every other checkpoint folder but ``keep`` (the one this
+    run saved or resumed from before). Returns the new folder."""
+    path, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)  # a save that crashed
+    tmp.mkdir(parents=True)
+    for m in models:
+        if m.trainer is not None:
+            await m.thread.run(m.trainer.save, tmp / "trainers" / m.owner)
+    (tmp / "state.json").write_text(json.dumps(state))
+    for f in sorted(tmp.rglob("*"), key=lambda f: -len(f.parts)):  # files before folders
+        fsync_path(f)
+    fsync_path(tmp)
+    if path.exists():  # a damaged one the resume passed over
+        shutil.rmtree(path)
+    tmp.rename(path)
+    fsync_path(root)
+    for old in root.glob("step_*"):  # older ones, damaged ones, unfinished saves
+        if old not in (path, keep):
+            shutil.rmtree(old, ignore_errors=True)
+    return path
+
+
+def checkpoints(out_dir: Path) -> list[Path]:
+    """The checkpoint folders (``step_N``) of the run in ``out_dir``, oldest first; an
+    unfinished save (``step_N.tmp``) is none."""
+    found = (out_dir / "checkpoints").glob("step_*")
+    steps = [p for p in found if p.name[5:].isdigit() and p.is_dir()]
+    return sorted(steps, key=lambda p: int(p.name[5:]))
+
+
+def resume_from(found: list[Path], models: list) -> tuple[Path, dict]:
+    """Load the newest of the checkpoints ``found`` that is whole into the models' trainers;
+    returns it and its state. A damaged one (``read_checkpoint`` fails, or a trainer cannot
+    load its files) is passed over for the one before with a warning naming the file; if none
+    is usable, a ValueError names each and the way out. Every trainer loads whole from the
+    checkpoint taken, so one that loaded part of a damaged checkpoint first is overwritten."""
+    problems = []
+    for ckpt in reversed(found):
+        try:
+            state = read_checkpoint(ckpt, [m.owner for m in models])
+            for m in models:
+                if m.trainer is not None:
+                    _load_trainer(m, ckpt / "trainers" / m.owner)
+            return ckpt, state
+        except (ValueError, OSError) as e:
+            log.warning("checkpoint passed over, it is damaged: %s", e)
+            problems.append(str(e))
+    raise ValueError(
+        f"{found[-1].parent}: no usable checkpoint to resume from ({'; '.join(problems)}): "
+        "delete the damaged ones named (or the whole folder to start over), or pass another "
+        "--output_dir"
+    )
+
+
+def _load_trainer(m, path: Path) -> None:
+    """``m``'s trainer restored from ``path``; whatever fails names the folder."""
+    try:
+        m.thread.call(m.trainer.load, path)
+    except Exception as e:  # torch, safetensors, json, Ray: the reason, with the folder's name
+        reason = " ".join(str(e).split())
+        reason = reason if len(reason) < 500 else reason[:500] + " ..."
+        raise ValueError(
+            f"{path}: the trainer cannot load it ({type(e).__name__}: {reason})"
+        ) from e
+
+
+def read_checkpoint(path: Path, owners: list[str]) -> dict:
+    """The state of checkpoint ``path`` (state.json), once its files pass the checks a damaged
+    one fails: state.json present and whole, every JSON file parses, every safetensors file is
+    as long as its header says, every .pt file is a whole zip archive (torch.save), and
+    state.json holds the state of a run of the models of ``owners``. Raises ValueError naming
+    the file. What only a trainer can tell (a missing file of its own, tensors of the wrong
+    shape) its ``load`` finds."""
+    state_file = path / "state.json"
+    if not state_file.is_file():
+        raise ValueError(f"{state_file}: missing (the save never finished, or it was removed)")
+    for f in sorted(path.rglob("*")):
+        if f.suffix == ".json":
+            _read_json(f)
+        elif f.suffix == ".safetensors":
+            _check_safetensors(f)
+        elif f.suffix == ".pt" and not zipfile.is_zipfile(f):
+            raise ValueError(f"{f}: truncated or overwritten (not a whole torch.save archive)")
+    state = _read_json(state_file)
+    try:
+        versions = state["weight_versions"]
+        missing = [o for o in owners if o not in versions]
+        if missing or not isinstance(state["step"], int) or not isinstance(state["buffer"], dict):
+            raise ValueError
+        random.Random().setstate(rng_state(state["python_rng"]))
+    except (KeyError, TypeError, ValueError):
+        raise ValueError(
+            f"{state_file}: not the state of this run (step, weight_versions of "
+            f"{owners}, buffer and python_rng expected)"
+        ) from None
+    return state
+
+
+def _read_json(path: Path):
+    try:
+        return json.loads(path.read_bytes())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not JSON ({e}): truncated or overwritten") from None
+
+
+def _check_safetensors(path: Path) -> None:
+    """safetensors' own reader checks that the header covers the file exactly."""
+    try:
+        with safe_open(str(path), "pt"):
+            pass
+    except SafetensorError as e:
+        raise ValueError(f"{path}: truncated or not a safetensors file ({e})") from None
+
+
+def rng_state(state):
+    """random.getstate() after a JSON round trip: lists back to tuples."""
+    return tuple(tuple(x) if isinstance(x, list) else x for x in state)
