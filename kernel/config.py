@@ -6,12 +6,15 @@ rewards.py); this module composes them into ``TrainConfig`` and adds the optimis
 sections. jsonargparse reads the attribute docstrings as ``--help`` text and gives YAML config
 files (``--config run.yaml``), ``--print_config`` and per-flag overrides for free — chosen over
 tyro/draccus because it does all three (plus subcommands) from plain dataclasses.
-``TrainConfig.validate()`` runs every check before any process, model or GPU is touched.
+``TrainConfig.plan()`` runs every check before any process, model or GPU is touched and
+resolves the run once (``RunPlan``: per model and per agent, the settings with their overrides
+applied); what starts a run reads the plan. ``validate()`` runs the same checks.
 """
 
 from __future__ import annotations
 
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -189,6 +192,13 @@ class TrainConfig:
 
     def validate(self) -> TrainConfig:
         """Every check, before anything starts; raises ValueError naming the flag."""
+        self.plan()
+        return self
+
+    def plan(self) -> RunPlan:
+        """The run resolved once: every agent's and model's settings with their overrides
+        applied and every check passed (a ValueError names the flag). What starts the run
+        reads this plan, not the config's sections."""
         for f in fields(self):
             section = getattr(self, f.name)
             if hasattr(section, "validate"):
@@ -197,30 +207,33 @@ class TrainConfig:
             raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
         if not 0 <= self.max_minutes < float("inf"):
             raise ValueError(f"max_minutes must be >= 0, got {self.max_minutes}")
-        groups = model_groups(self.agent_specs())
-        for specs in groups.values():
-            settings = self.model_settings(specs[0])
-            rollouts = {s.name: self.agent_rollout(s) for s in specs}  # validates each
-            temperatures = {rollouts[s.name].temperature for s in specs if s.trainable}
+        specs = self.agent_specs()
+        groups = model_groups(specs)
+        models = []
+        for owner, members in groups.items():
+            settings = self.model_settings(members[0])
+            rollouts = {s.name: self.agent_rollout(s) for s in members}  # validates each
+            temperatures = {rollouts[s.name].temperature for s in members if s.trainable}
             if len(temperatures) > 1:
                 raise ValueError(
-                    f"agents sharing the model of {specs[0].name!r} train at one temperature, "
+                    f"agents sharing the model of {owner!r} train at one temperature, "
                     f"but their rollout.temperature overrides differ: {sorted(temperatures)}"
                 )
-            if any(s.trainable for s in specs) and min(temperatures, default=1.0) <= 0:
+            if any(s.trainable for s in members) and min(temperatures, default=1.0) <= 0:
                 raise ValueError(
-                    f"agents[{specs[0].name!r}]: rollout.temperature must be > 0 for training "
+                    f"agents[{owner!r}]: rollout.temperature must be > 0 for training "
                     "(greedy has no policy); freeze the agent (trainable: false) to sample greedily"
                 )
-            trained = any(s.trainable for s in specs)
+            trained = any(s.trainable for s in members)
             if self.advantage.estimator == "gae" and settings.backend == "megatron" and trained:
-                raise ValueError(f"agents[{specs[0].name!r}]: {CRITIC_BACKEND_ERROR}")
+                raise ValueError(f"agents[{owner!r}]: {CRITIC_BACKEND_ERROR}")
             if settings.backend == "megatron" and len(groups) > 1 and not self.ray.enabled:
                 raise ValueError(
                     "agents: the megatron backend trains one model per process; give the other "
                     "agents backend torch or share_model_with, or train on Ray (ray.enabled, "
                     "or kernel launch): each model's ranks are processes of their own there"
                 )
+            models.append(ModelPlan(owner, tuple(members), settings, rollouts))
         if self.reward.joint_mode == "cross" and self.advantage.estimator in TEAM_ESTIMATORS:
             raise ValueError(
                 f"reward.joint_mode cross already gives each sample its joint return; "
@@ -235,7 +248,7 @@ class TrainConfig:
             raise ValueError("async_mode needs max_staleness >= 1 (its samples are one step old)")
         if not self.data.path:
             raise ValueError("data.path is empty: give a .jsonl/.parquet file or a dataset name")
-        return self
+        return RunPlan(self, tuple(models), tuple(specs))
 
     def agent_specs(self) -> list[AgentSpec]:
         """The agents as full specs (bare names expanded), the sharing graph checked."""
@@ -272,6 +285,64 @@ class ModelSettings:
     loss: LossConfig
     trainer: Any  # TorchTrainerConfig, or MegatronTrainerConfig for backend megatron
     engine: EngineConfig
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    """One model of a run, resolved: the agents it plays (the owner first), its settings with
+    the owner's overrides, and each of its agents' rollout settings with their own."""
+
+    owner: str
+    agents: tuple[AgentSpec, ...]
+    settings: ModelSettings
+    rollouts: dict[str, RolloutConfig]  # agent name -> its rollout section
+
+    @property
+    def temperature(self) -> float:
+        """The owner's sampling temperature: the one its trainer and post-sync check use."""
+        return self.rollouts[self.owner].temperature
+
+    @property
+    def trained(self) -> bool:
+        return any(s.trainable for s in self.agents)
+
+
+@dataclass(frozen=True)
+class RunPlan:
+    """A run resolved once from its ``TrainConfig`` (``TrainConfig.plan``), every check passed:
+    the models (in the order of their owners in ``agents``) and the agents (in that order)."""
+
+    cfg: TrainConfig
+    models: tuple[ModelPlan, ...]
+    agents: tuple[AgentSpec, ...]
+
+    def model_of(self, agent: str) -> ModelPlan:
+        """The model ``agent`` plays (its own, or the one it shares)."""
+        return next(m for m in self.models if agent in m.rollouts)
+
+    def rollout(self, agent: str) -> RolloutConfig:
+        """An agent's rollout settings, its overrides applied."""
+        return self.model_of(agent).rollouts[agent]
+
+    def check_ray_ranks(self, placed: Collection[str] = ()) -> None:
+        """Training on Ray without a plan (kernel launch places its own models, ``placed``, and
+        checks them there): each trained model's ranks (resources.train_gpus or ray.ranks) must
+        divide by its trainer's tensor x pipeline parallel sizes."""
+        if not self.cfg.ray.enabled:
+            return
+        for m in self.models:
+            if m.owner in placed or not m.trained:
+                continue
+            tp, pp = (
+                getattr(m.settings.trainer, f"{k}_parallel", 1) for k in ("tensor", "pipeline")
+            )
+            ranks = m.agents[0].resources.get("train_gpus") or self.cfg.ray.ranks
+            if ranks % (tp * pp):
+                raise ValueError(
+                    f"agents[{m.owner!r}]: {ranks} trainer ranks (resources.train_gpus or "
+                    f"ray.ranks) are not divisible by trainer.tensor_parallel x "
+                    f"trainer.pipeline_parallel = {tp} x {pp}"
+                )
 
 
 def _override(section, overrides: dict[str, Any], where: str):

@@ -28,10 +28,10 @@ from typing import Any
 
 import torch
 
-from kernel.agents import AgentHandle, AgentSpec, model_groups
+from kernel.agents import AgentHandle, AgentSpec
 from kernel.buffer import DataBuffer
 from kernel.checkpoint import checkpoints, resume_from, rng_state, save
-from kernel.config import ModelSettings, TrainConfig
+from kernel.config import ModelSettings, RunPlan, TrainConfig
 from kernel.engine.batcher import RequestBatcher
 from kernel.engine.pool import EnginePool
 from kernel.evaluation import eval_data, evaluate
@@ -158,7 +158,8 @@ class Runtime:
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
 
-        check_ray_ranks(cfg, placement)
+        plan = cfg.plan()
+        plan.check_ray_ranks(placed=placement)
         with contextlib.ExitStack() as stack:  # Ray, if this run starts it, stops last
             if cfg.ray.enabled and cfg.ray.start():
                 import ray  # optional: only runs on Ray need it
@@ -168,7 +169,7 @@ class Runtime:
             buffer = DataBuffer(replace(cfg.data, path=package_file(cfg.data.path)))
             if cfg.eval.path:
                 DataBuffer(eval_data(cfg))
-            models = plan_models(cfg, out, placement)
+            models = plan_models(plan, out, placement)
             for m in models:
                 stack.push(m.pool)  # stopped on the way out (entering it would wait for them)
                 m.pool.launch()
@@ -199,7 +200,7 @@ class Runtime:
                     m.engine_ranks,
                 )
             ctx = RolloutContext(
-                agents=agent_handles(cfg, models), config=recipe_config, run=cfg, step=start
+                agents=agent_handles(plan, models), config=recipe_config, run=cfg, step=start
             )
             manager = RolloutManager(
                 generate, reward, cfg.reward, cfg.rollout.concurrency, cfg.rollout.timeout_s
@@ -307,24 +308,23 @@ class Runtime:
         return self.last_checkpoint
 
 
-def plan_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> list[Model]:
+def plan_models(plan: RunPlan, out: Path, placement: dict[str, Any]) -> list[Model]:
     """The models of the run, each with its folder and engine pool (not launched yet; its
     tokenizer and trainer come later), placed as ``placement`` says for the owners it names."""
+    cfg = plan.cfg
     models = []
-    for i, specs in enumerate(model_groups(cfg.agent_specs()).values()):
-        settings = cfg.model_settings(specs[0])
-        path = materialize_model(check_model(settings.model), out / "models")
-        logs = out / "logs" / specs[0].name
-        pool = EnginePool(settings.engine, path, logs, cfg.seed + 1000 * i, weights_dir=out)
-        temperature = cfg.agent_rollout(specs[0]).temperature
+    for i, mp in enumerate(plan.models):
+        path = materialize_model(check_model(mp.settings.model), out / "models")
+        logs = out / "logs" / mp.owner
+        pool = EnginePool(mp.settings.engine, path, logs, cfg.seed + 1000 * i, weights_dir=out)
         model = Model(
-            specs[0].name,
-            specs,
-            settings,
+            mp.owner,
+            list(mp.agents),
+            mp.settings,
             pool,
             path=path,
             sync_config=cfg.sync,
-            temperature=temperature,
+            temperature=mp.temperature,
         )
         where = placement.get(model.owner)
         if where is not None:
@@ -332,26 +332,6 @@ def plan_models(cfg: TrainConfig, out: Path, placement: dict[str, Any]) -> list[
             model.sync_config = replace(cfg.sync, transport=where.sync_transport)
         models.append(model)
     return models
-
-
-def check_ray_ranks(cfg: TrainConfig, placement: dict[str, Any]) -> None:
-    """Training on Ray without a plan (kernel launch places its own, checked there): each
-    trained model's ranks (resources.train_gpus or ray.ranks) must divide by its trainer's
-    tensor x pipeline parallel sizes. Before anything starts."""
-    if not cfg.ray.enabled:
-        return
-    for owner, specs in model_groups(cfg.agent_specs()).items():
-        if owner in placement or not any(s.trainable for s in specs):
-            continue
-        trainer = cfg.model_settings(specs[0]).trainer
-        tp, pp = (getattr(trainer, f"{k}_parallel", 1) for k in ("tensor", "pipeline"))
-        ranks = specs[0].resources.get("train_gpus") or cfg.ray.ranks
-        if ranks % (tp * pp):
-            raise ValueError(
-                f"agents[{owner!r}]: {ranks} trainer ranks (resources.train_gpus or ray.ranks) "
-                f"are not divisible by trainer.tensor_parallel x trainer.pipeline_parallel = "
-                f"{tp} x {pp}"
-            )
 
 
 def place_trainer(cfg: TrainConfig, model: Model, where) -> Trainer | None:
@@ -370,7 +350,7 @@ def place_trainer(cfg: TrainConfig, model: Model, where) -> Trainer | None:
         options = where.trainer_options
     else:
         ranks = model.agents[0].resources.get("train_gpus") or cfg.ray.ranks
-        # check_ray_ranks checked that tensor x pipeline parallel divides ranks
+        # RunPlan.check_ray_ranks checked that tensor x pipeline parallel divides ranks
         options = {
             "world_size": ranks,
             "num_cpus": cfg.ray.num_cpus_per_rank,
@@ -379,8 +359,8 @@ def place_trainer(cfg: TrainConfig, model: Model, where) -> Trainer | None:
     return RayTrainer(model.owner, *args, **options)
 
 
-def agent_handles(cfg: TrainConfig, models: list[Model]) -> dict[str, AgentHandle]:
-    """ctx.agents, in the order of cfg.agents: each agent samples from its model's engines
+def agent_handles(plan: RunPlan, models: list[Model]) -> dict[str, AgentHandle]:
+    """ctx.agents, in the order of the run's agents: each agent samples from its model's engines
     through the model's request batcher, with its own sampling defaults and chat template."""
     agents = {}
     for m in models:
@@ -388,7 +368,7 @@ def agent_handles(cfg: TrainConfig, models: list[Model]) -> dict[str, AgentHandl
         m.batcher = batcher = RequestBatcher(m.generators, m.pool, window)
         for spec in m.agents:
             tokenizer = with_template(m.tokenizer, spec.chat_template)
-            rollout = cfg.agent_rollout(spec)
+            rollout = plan.rollout(spec.name)
             sampling = {"temperature": rollout.temperature, "top_p": rollout.top_p}
             agents[spec.name] = AgentHandle(
                 spec.name,
@@ -400,7 +380,7 @@ def agent_handles(cfg: TrainConfig, models: list[Model]) -> dict[str, AgentHandl
                 pool=m.pool,
                 batcher=batcher,
             )
-    return {name: agents[name] for name in (s.name for s in cfg.agent_specs())}
+    return {name: agents[name] for name in (s.name for s in plan.agents)}
 
 
 def with_template(tokenizer, template: str | None):

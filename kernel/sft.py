@@ -197,12 +197,12 @@ class Tuning:
     @classmethod
     def of(cls, cfg: TrainConfig, agent: str, flag: str) -> Tuning:
         """``agent`` of ``cfg`` (empty: the first); ``flag`` names it in errors."""
-        specs = {s.name: s for s in cfg.agent_specs()}
+        plan = cfg.plan()
+        specs = {s.name: s for s in plan.agents}
         agent = agent or next(iter(specs))
         if agent not in specs:
             raise ValueError(f"{flag}: {agent!r} is not one of the agents {sorted(specs)}")
-        spec = specs[agent]
-        settings = cfg.model_settings(specs[spec.share_model_with or agent])
+        spec, settings = specs[agent], plan.model_of(agent).settings
         out = Path(cfg.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         path = materialize_model(check_model(settings.model), out / "models")

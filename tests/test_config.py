@@ -92,8 +92,6 @@ def test_cli_help_info_and_config_errors():
 def test_ray_trainer_ranks_must_split_over_the_trainers_parallel_sizes(tmp_path):
     """Training on Ray without a plan: the ranks (ray.ranks) must divide by TP x PP of the
     agent's trainer section, refused before any actor starts."""
-    from kernel.runtime import check_ray_ranks
-
     agents = json.dumps(
         [{"name": "default", "backend": "megatron", "trainer": {"tensor_parallel": 2}}]
     )
@@ -105,8 +103,8 @@ def test_ray_trainer_ranks_must_split_over_the_trainers_parallel_sizes(tmp_path)
     ]
     cfg = load_train_config(flags, yaml_path=ROOT / "kernel" / "presets" / "toy.yaml")
     with pytest.raises(ValueError, match=r"agents\['default'\]: 3 trainer ranks .* = 2 x 1"):
-        check_ray_ranks(cfg, {})
-    check_ray_ranks(cfg, {"default": object()})  # kernel launch's plan places it: its check
+        cfg.plan().check_ray_ranks()
+    cfg.plan().check_ray_ranks(placed={"default"})  # kernel launch's plan places it: its check
 
 
 @pytest.mark.parametrize(
@@ -121,3 +119,28 @@ def test_every_preset_passes_its_checks(preset):
 
     cfg = load_train_config([], yaml_path=preset).validate()
     load_recipe_config(cfg.recipe_config or default_recipe_config(cfg.recipe), cfg.recipe_args)
+
+
+def test_the_run_plan_resolves_every_agent_and_model_once(tmp_path):
+    """TrainConfig.plan(): one ModelPlan per model (owner first, sharers after) with the
+    owner's overrides in its settings and each agent's own rollout overrides; immutable."""
+    import dataclasses
+
+    agents = [
+        {"name": "doctor", "optim": {"lr": 3e-4}, "rollout": {"max_response_len": 12}},
+        {"name": "nurse", "share_model_with": "doctor", "rollout": {"top_p": 0.9}},
+        {"name": "patient", "trainable": False, "rollout": {"temperature": 0.0}},
+    ]
+    flags = [f"--output_dir={tmp_path}", f"--agents={json.dumps(agents)}", "--rollout.top_p=0.95"]
+    plan = load_train_config(flags, yaml_path=ROOT / "kernel" / "presets" / "toy.yaml").plan()
+    assert [m.owner for m in plan.models] == ["doctor", "patient"]
+    doctor, patient = plan.models
+    assert [s.name for s in doctor.agents] == ["doctor", "nurse"] and doctor.trained
+    assert doctor.settings.optim.lr == 3e-4 and patient.settings.optim.lr != 3e-4
+    assert plan.rollout("doctor").max_response_len == 12 and plan.rollout("doctor").top_p == 0.95
+    assert plan.rollout("nurse").top_p == 0.9 and plan.rollout("nurse").max_response_len != 12
+    assert plan.model_of("nurse") is doctor and not patient.trained
+    assert patient.temperature == 0.0  # frozen: greedy is allowed
+    assert [s.name for s in plan.agents] == ["doctor", "nurse", "patient"]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.models = ()  # type: ignore[misc]

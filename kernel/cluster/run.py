@@ -195,7 +195,7 @@ def _service(node: tuple[str, str], num_gpus: int):
 
 def _owner_settings(cfg, g):
     """The model settings of group ``g`` (those of the agent that owns its model)."""
-    return cfg.model_settings(next(s for s in cfg.agent_specs() if s.name == g.owner))
+    return cfg.plan().model_of(g.owner).settings
 
 
 def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args):

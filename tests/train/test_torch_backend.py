@@ -312,7 +312,7 @@ def test_a_runs_trainer_takes_its_agents_rollout_temperature(tmp_path, make_samp
     agents = '[{"name": "default", "rollout": {"temperature": 0.7}}]'
     toy = Path(__file__).resolve().parents[2] / "kernel" / "presets" / "toy.yaml"
     cfg = load_train_config([f"--output_dir={tmp_path}", f"--agents={agents}"], yaml_path=toy)
-    (model,) = plan_models(cfg, tmp_path, {})
+    (model,) = plan_models(cfg.plan(), tmp_path, {})
     trainer = place_trainer(cfg, model, None)
     samples = make_samples(3, seed=2)
     got = trainer.compute_logprobs(samples)
