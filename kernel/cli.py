@@ -34,14 +34,14 @@ from jsonargparse import ArgumentParser
 from kernel.advantages import ESTIMATORS
 from kernel.cluster.plan import ClusterConfig, make_plan
 from kernel.cluster.run import run_plan
-from kernel.collect import CollectConfig, collect
-from kernel.config import TrainConfig, check_yaml_file, config_files, read_help_text
-from kernel.dpo import DPOConfig, dpo
 from kernel.hooks import recipes_root
-from kernel.loop import evaluate, train
 from kernel.loss import AGG_MODES
 from kernel.plot import compare_runs, plot_metrics
-from kernel.sft import SFTConfig, sft
+from kernel.run.collect import CollectConfig, collect
+from kernel.run.config import TrainConfig, check_yaml_file, config_files, read_help_text
+from kernel.run.dpo import DPOConfig, dpo
+from kernel.run.loop import evaluate, train
+from kernel.run.sft import SFTConfig, sft
 
 OPTIONAL = {
     "megatron-core": "production trainer",

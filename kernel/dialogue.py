@@ -3,7 +3,7 @@
 
 This is the recipe API, kept in the core layer: it imports no engine, trainer or torch, so a
 recipe's generate module loads (and its episode logic can be read and tested) without the
-training stack. The run hands each hook ``kernel.agents.AgentHandle`` objects, which sample from
+training stack. The run hands each hook ``kernel.run.agents.AgentHandle`` objects, which sample from
 the agent's engines; anything with the same methods (a scripted agent in a test) will do.
 """
 

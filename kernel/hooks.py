@@ -39,7 +39,7 @@ class RolloutContext:
 
     agents: Mapping[str, Agent] = field(default_factory=dict)  # name -> the agent (its engines)
     config: Any = None  # the recipe's own config (its RecipeConfig, or the recipe_args dict)
-    run: Any = None  # the whole TrainConfig of the run (kernel.config, a layer above hooks)
+    run: Any = None  # the whole TrainConfig of the run (kernel.run.config, a layer above hooks)
     step: int = 0
     extras: dict[str, Any] = field(default_factory=dict)  # e.g. retriever URL, judge client
 

@@ -97,8 +97,8 @@ def scripted_agent():
     dialogues and loss masks) whose engine call is replaced by the next scripted text, tokenized
     and ended with the chat template's stop token, for turns a random tiny model never writes
     (a diagnosis, code, an answer)."""
-    from kernel.agents import AgentHandle
     from kernel.engine.client import GenerateResult
+    from kernel.run.agents import AgentHandle
 
     class ScriptedAgent(AgentHandle):
         def __init__(self, name, tok, script, max_response_len=32, max_context_len=768,

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel.collect import CollectConfig, Output, select, trajectory
+from kernel.run.collect import CollectConfig, Output, select, trajectory
 from kernel.sample import Sample, Status
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kernel.config import TrainConfig, load_train_config
+from kernel.run.config import TrainConfig, load_train_config
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from kernel.buffer import DataError
-from kernel.dpo import DPOConfig, load_pairs, pair_advantages, preference_loss
 from kernel.models import build_tiny_model, char_tokenizer
+from kernel.run.dpo import DPOConfig, load_pairs, pair_advantages, preference_loss
 
 ROOT = Path(__file__).resolve().parent.parent
 

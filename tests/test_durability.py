@@ -20,10 +20,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from kernel.checkpoint import checkpoints, resume_from
 from kernel.loss import LossConfig
 from kernel.metrics import LogConfig, MetricsLogger
-from kernel.runtime import Model, Runtime
+from kernel.run.checkpoint import checkpoints, resume_from
+from kernel.run.runtime import Model, Runtime
 from kernel.train.optim import OptimConfig
 from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
 
@@ -193,7 +193,7 @@ def test_a_damaged_checkpoint_falls_back_to_the_one_before(tmp_path, model, capl
     _save(rt, 1)
     damage_fn, named = DAMAGE[damage]
     damage_fn(_save(rt, 2))
-    with caplog.at_level(logging.WARNING, logger="kernel.runtime"):
+    with caplog.at_level(logging.WARNING, logger="kernel.run.checkpoint"):
         ckpt, state = resume_from(checkpoints(tmp_path), [model])
     assert (ckpt.name, state["step"], model.trainer.step) == ("step_1", 1, 101)
     warning = caplog.text
@@ -259,8 +259,8 @@ def test_after_a_fallback_the_next_save_replaces_the_damaged_and_keeps_the_good(
 
 @pytest.mark.slow
 def test_toy_run_resumes_past_a_damaged_checkpoint_and_a_torn_metrics_line(tmp_path, caplog):
-    from kernel.config import load_train_config
-    from kernel.loop import train
+    from kernel.run.config import load_train_config
+    from kernel.run.loop import train
 
     def config(*flags):
         flags = [f"--output_dir={tmp_path}", "--save_every=1", *flags]

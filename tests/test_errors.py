@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel.config import load_train_config
+from kernel.run.config import load_train_config
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN_YAML = "num_steps: 3\nseed: 1\n  top_p: 0.9\n"  # line 3, column 8: a stray indent

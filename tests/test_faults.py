@@ -18,9 +18,9 @@ from pathlib import Path
 import pytest
 
 from kernel.buffer import DataBuffer
-from kernel.config import load_train_config
 from kernel.hooks import package_file
-from kernel.loop import train
+from kernel.run.config import load_train_config
+from kernel.run.loop import train
 from tests.hook_fixtures import faults
 from tests.test_loop import _cli, _engines_of
 

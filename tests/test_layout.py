@@ -45,7 +45,7 @@ def test_recipes_never_import_another_recipe():
 
 def test_import_kernel_stays_light():
     code = (
-        "import sys, kernel, kernel.config, kernel.buffer, kernel.loss, kernel.advantages\n"
+        "import sys, kernel, kernel.run.config, kernel.buffer, kernel.loss, kernel.advantages\n"
         "heavy = [m for m in ('megatron', 'sglang', 'ray', 'transformers') if m in sys.modules]\n"
         "print(heavy)"
     )
@@ -62,7 +62,7 @@ def test_the_recipe_api_imports_without_the_training_stack():
     ]
     code = (
         f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
-        "heavy = ('torch', 'transformers', 'kernel.engine', 'kernel.train', 'kernel.agents')\n"
+        "heavy = ('torch', 'transformers', 'kernel.engine', 'kernel.train', 'kernel.run.agents')\n"
         "print([m for m in heavy if m in sys.modules])"
     )
     out = subprocess.run(
@@ -95,17 +95,7 @@ LAYERS = {
     "engine": ("engine",),
     "sync": ("sync",),
     "train": ("train",),
-    "runtime": (
-        "agents",
-        "config",
-        "evaluation",
-        "checkpoint",
-        "runtime",
-        "loop",
-        "collect",
-        "sft",
-        "dpo",
-    ),
+    "runtime": ("run",),
     "cli and cluster": ("cli", "__main__", "cluster"),
 }
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from kernel.buffer import DataBuffer
-from kernel.config import load_train_config
-from kernel.loop import train
+from kernel.run.config import load_train_config
+from kernel.run.loop import train
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "kernel" / "presets" / "toy.yaml"

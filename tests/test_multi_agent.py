@@ -1,4 +1,4 @@
-"""Several agents with their own models in one run (kernel.agents.AgentSpec, kernel.loop).
+"""Several agents with their own models in one run (kernel.run.agents.AgentSpec, kernel.run.loop).
 
 The two-agent toy (kernel/presets/toy_duo.yaml): a doctor and a patient, each a tiny model with
 its own engine, trainer and weight sync. The patient is rewarded for answering with facts
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from kernel.agents import AgentSpec, agent_specs, model_groups
-from kernel.config import TrainConfig, load_train_config
 from kernel.hooks import RolloutContext
-from kernel.loop import train
+from kernel.run.agents import AgentSpec, agent_specs, model_groups
+from kernel.run.config import TrainConfig, load_train_config
+from kernel.run.loop import train
 from kernel.sample import Sample
 from kernel.toy import duo_reward
 
@@ -258,7 +258,7 @@ def test_update_every_heterogeneous_models_and_resume(tmp_path):
 
 def test_an_agents_chat_template_replaces_the_tokenizers_for_its_dialogues(tmp_path):
     from kernel.models import char_tokenizer
-    from kernel.runtime import with_template
+    from kernel.run.runtime import with_template
 
     tok = char_tokenizer()
     template = "{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}\n{% endfor %}"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from kernel.config import load_train_config
-from kernel.loop import train
 from kernel.redact import redact, redact_url
+from kernel.run.config import load_train_config
+from kernel.run.loop import train
 
 TOY = Path(__file__).resolve().parent.parent / "kernel" / "presets" / "toy.yaml"
 

@@ -176,13 +176,13 @@ def test_dynamic_sampling_drops_constant_groups():
 
 
 def test_loop_refills_dropped_and_aborted_groups_from_the_buffer(tmp_path):
-    """kernel.runtime.Runtime.collect: DAPO-dropped groups are replaced by new prompts; an
+    """kernel.run.runtime.Runtime.collect: DAPO-dropped groups are replaced by new prompts; an
     aborted group is requeued and rolled out again in the next round; every row is used once."""
     import json
 
     from kernel.buffer import DataBuffer, DataConfig
-    from kernel.config import TrainConfig
-    from kernel.runtime import Runtime
+    from kernel.run.config import TrainConfig
+    from kernel.run.runtime import Runtime
 
     path = tmp_path / "p.jsonl"
     path.write_text("".join(json.dumps({"prompt": f"q{i}"}) + "\n" for i in range(8)))
@@ -279,7 +279,7 @@ def test_cross_refuses_episodes_without_one_sample_per_agent():
 
 
 def test_cross_config_refuses_a_team_estimator():
-    from kernel.config import load_train_config
+    from kernel.run.config import load_train_config
 
     flags = ["--data.path=x.jsonl", "--reward.joint_mode=cross", "--advantage.estimator=magrpo"]
     with pytest.raises(ValueError, match="use grpo or dr_grpo"):

@@ -18,7 +18,7 @@ import torch
 
 from kernel.buffer import DataError
 from kernel.models import build_tiny_model, char_tokenizer
-from kernel.sft import SFTConfig, example, load_examples
+from kernel.run.sft import SFTConfig, example, load_examples
 
 ROOT = Path(__file__).resolve().parent.parent
 CFG = SFTConfig(path="x", max_len=256)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from kernel.agents import AgentHandle
-from kernel.config import load_train_config
 from kernel.engine.client import EngineClient
 from kernel.hooks import RolloutContext, load_generate, load_reward
-from kernel.loop import train
+from kernel.run.agents import AgentHandle
+from kernel.run.config import load_train_config
+from kernel.run.loop import train
 from kernel.sample import Sample
 from kernel.toy import STEPS, steps_generate, steps_observation, steps_reward, toy_reward
 

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from kernel.agents import AgentSpec, agent_specs, model_groups
+from kernel.run.agents import AgentSpec, agent_specs, model_groups
 
 ENGINE_SERVERS = ("auto", "sglang", "embedded")
 

@@ -8,7 +8,7 @@ For every model group of the plan (``kernel.cluster.plan``), in this order:
    --mem-fraction-static F``, plus ``--enable-memory-saver`` when colocated) or the kernel's
    embedded server (``cluster.engine_server``); all engines load at once;
 2. its sglang-router on node 0 at the planned router port, with those engines as workers;
-3. then the training loop (``kernel.loop.train``) runs with ``engine.urls`` = the workers and
+3. then the training loop (``kernel.run.loop.train``) runs with ``engine.urls`` = the workers and
    ``engine.router_url`` = the router of each model, and each trainer a ``RayTrainer``
    whose ranks sit on the planned node and GPU. Colocated models release their engines' memory
    for each training step and resume it before the weight sync, which is ``shared``: each
@@ -37,14 +37,14 @@ from typing import Any
 
 from kernel.engine.launch import LaunchedProcess, server_command, server_env
 from kernel.engine.router import RouterConfig, wait_for_workers
-from kernel.loop import train
 from kernel.models import materialize_model
+from kernel.run.loop import train
 from kernel.train.ray_trainer import RayConfig
 
 
 @dataclass
 class ModelPlacement:
-    """How the loop places one model (``kernel.loop.train(..., placement={owner: this})``)."""
+    """How the loop places one model (``kernel.run.loop.train(..., placement={owner: this})``)."""
 
     trainer_options: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of its RayTrainer: world_size, scheduling, gpus, num_gpus, ..."""

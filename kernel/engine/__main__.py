@@ -23,7 +23,7 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     from jsonargparse import ArgumentParser, set_parsing_settings
 
     # Help text from the fields' docstrings only for --help: reading them parses this module's
-    # source on every start (kernel.config.read_help_text does the same for the main CLI).
+    # source on every start (kernel.run.config.read_help_text does the same for the main CLI).
     args = sys.argv[1:] if argv is None else argv
     set_parsing_settings(docstring_parse_attribute_docstrings="-h" in args or "--help" in args)
     parser = ArgumentParser(prog="python -m kernel.engine", description=__doc__)

@@ -19,8 +19,8 @@ import pytest
 
 from kernel.cluster.plan import ClusterConfig, make_plan
 from kernel.cluster.run import _engine_command, run_plan
-from kernel.config import load_train_config
 from kernel.engine.launch import free_port
+from kernel.run.config import load_train_config
 
 pytestmark = pytest.mark.slow  # the slow tier: scripts/test.sh --slow
 

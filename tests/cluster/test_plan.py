@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from kernel.agents import AgentSpec
 from kernel.cluster.plan import ClusterConfig, ResourceConfig, make_plan
-from kernel.config import load_train_config
+from kernel.run.agents import AgentSpec
+from kernel.run.config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[2]
 ONE = ClusterConfig(nodes=1, gpus_per_node=8)

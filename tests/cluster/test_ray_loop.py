@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from kernel.buffer import DataBuffer
-from kernel.config import load_train_config
 from kernel.hooks import package_file
-from kernel.loop import train
+from kernel.run.config import load_train_config
+from kernel.run.loop import train
 from kernel.train.ray_trainer import TrainerDied
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from kernel.agents import AgentHandle
 from kernel.benchmarks import load_benchmark
-from kernel.config import load_train_config
 from kernel.engine.client import EngineClient
 from kernel.hooks import RolloutContext
-from kernel.loop import train
+from kernel.run.agents import AgentHandle
+from kernel.run.config import load_train_config
+from kernel.run.loop import train
 from kernel.sample import Sample
 from kernel.sandbox import SandboxConfig
 from recipes.code_pair import code

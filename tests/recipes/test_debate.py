@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kernel.agents import AgentHandle
-from kernel.config import load_train_config
 from kernel.engine.client import EngineClient
 from kernel.hooks import RolloutContext
-from kernel.loop import train
+from kernel.run.agents import AgentHandle
+from kernel.run.config import load_train_config
+from kernel.run.loop import train
 from kernel.sample import Sample
 from recipes.debate.config import RecipeConfig
 from recipes.debate.generate import generate

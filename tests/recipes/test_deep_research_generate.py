@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernel.agents import AgentHandle
 from kernel.engine.client import GenerateResult
 from kernel.engine.launch import free_port
 from kernel.engine.pool import EngineConfig, EnginePool
 from kernel.hooks import RolloutContext
+from kernel.run.agents import AgentHandle
 from kernel.sample import Sample, Status
 from recipes.deep_research.config import RecipeConfig
 from recipes.deep_research.generate import generate
@@ -404,8 +404,8 @@ def test_real_searcher_and_dead_retriever(engine, smollm2_tokenizer):
 
 @pytest.mark.slow
 def test_short_cpu_training_run_logs_every_metric(tmp_path, retriever_url):
-    from kernel.config import load_train_config
-    from kernel.loop import train
+    from kernel.run.config import load_train_config
+    from kernel.run.loop import train
 
     tiny = Path(__file__).resolve().parents[2] / "recipes/deep_research/presets/tiny.yaml"
     cfg = load_train_config(

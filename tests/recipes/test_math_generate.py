@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from kernel.agents import AgentHandle
-from kernel.config import load_train_config
 from kernel.engine.pool import EngineConfig, EnginePool
 from kernel.hooks import RolloutContext
-from kernel.loop import train
+from kernel.run.agents import AgentHandle
+from kernel.run.config import load_train_config
+from kernel.run.loop import train
 from kernel.sample import Sample, Status
 from recipes.math_solver_verifier.config import RecipeConfig
 from recipes.math_solver_verifier.generate import (

@@ -11,12 +11,12 @@ from dataclasses import replace
 
 import pytest
 
-from kernel.agents import AgentHandle
 from kernel.engine.client import EngineClient
 from kernel.engine.launch import free_port, launch_server
 from kernel.engine.server import ServerConfig
 from kernel.hooks import RolloutContext
 from kernel.models import load_tokenizer
+from kernel.run.agents import AgentHandle
 from kernel.sample import Sample, Status
 from recipes.takes_two import prompts
 from recipes.takes_two.config import RecipeConfig
@@ -291,8 +291,8 @@ def test_the_mappo_preset_trains_a_centralized_critic_per_agent(tmp_path):
     instead of SmolLM2: each agent's model gets its own critic, which reads the hidden case."""
     from pathlib import Path
 
-    from kernel.config import load_train_config
-    from kernel.loop import train
+    from kernel.run.config import load_train_config
+    from kernel.run.loop import train
 
     preset = Path(__file__).resolve().parents[2] / "recipes/takes_two/presets/mappo.yaml"
     agents = '[{"name": "doctor"}, {"name": "patient", "model": "tiny-smollm2-llama"}]'

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from kernel.config import load_train_config
 from kernel.hooks import RolloutContext
-from kernel.loop import train
+from kernel.run.config import load_train_config
+from kernel.run.loop import train
 from kernel.sample import Sample
 from recipes.template.config import RecipeConfig
 from recipes.template.generate import generate, parse_problem

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from kernel.advantages import AdvantageConfig
-from kernel.config import load_train_config
 from kernel.loss import LossConfig
+from kernel.run.config import load_train_config
 from kernel.train.critic import (
     CriticConfig,
     explained_variance,

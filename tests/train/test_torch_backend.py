@@ -306,8 +306,8 @@ def test_a_runs_trainer_takes_its_agents_rollout_temperature(tmp_path, make_samp
     logprobs are those of the engine's distribution, not of temperature 1."""
     from pathlib import Path
 
-    from kernel.config import load_train_config
-    from kernel.runtime import place_trainer, plan_models
+    from kernel.run.config import load_train_config
+    from kernel.run.runtime import place_trainer, plan_models
 
     agents = '[{"name": "default", "rollout": {"temperature": 0.7}}]'
     toy = Path(__file__).resolve().parents[2] / "kernel" / "presets" / "toy.yaml"

@@ -37,12 +37,12 @@ import torch.nn.functional as F
 from rich.progress import Progress
 
 from kernel.buffer import DataConfig, DataError, load_rows
-from kernel.config import TrainConfig
 from kernel.hooks import package_file
 from kernel.loss import LossConfig
 from kernel.metrics import MetricsLogger
+from kernel.run.config import TrainConfig
+from kernel.run.sft import SFTConfig, Tuning, batches, example, trained_sums
 from kernel.sample import Sample
-from kernel.sft import SFTConfig, Tuning, batches, example, trained_sums
 
 LOSSES = ("dpo", "ipo")
 

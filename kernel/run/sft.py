@@ -38,13 +38,13 @@ from typing import Any
 from rich.progress import Progress
 
 from kernel.buffer import DataConfig, DataError, load_rows
-from kernel.config import ModelSettings, TrainConfig
 from kernel.conversation import Conversation
 from kernel.hooks import package_file
 from kernel.loss import LossConfig
 from kernel.metrics import MetricsLogger
 from kernel.models import check_model, load_tokenizer, materialize_model
-from kernel.runtime import with_template
+from kernel.run.config import ModelSettings, TrainConfig
+from kernel.run.runtime import with_template
 from kernel.sample import Sample, Status
 from kernel.train.trainer import build_trainer
 

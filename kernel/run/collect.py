@@ -42,10 +42,10 @@ from typing import Any
 from rich.progress import Progress
 
 from kernel.buffer import DataBuffer
-from kernel.config import TrainConfig
 from kernel.hooks import package_file
-from kernel.loop import frozen
-from kernel.runtime import Runtime
+from kernel.run.config import TrainConfig
+from kernel.run.loop import frozen
+from kernel.run.runtime import Runtime
 from kernel.sample import Sample
 
 KEEP = ("all", "best", "pairs")

@@ -23,12 +23,12 @@ import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from kernel.advantages import TEAM_ESTIMATORS, AdvantageConfig
-from kernel.agents import AgentSpec, agent_specs, model_groups
 from kernel.buffer import DataConfig
 from kernel.engine.pool import EngineConfig
 from kernel.loss import LossConfig
 from kernel.metrics import LogConfig
 from kernel.rewards import RewardConfig
+from kernel.run.agents import AgentSpec, agent_specs, model_groups
 from kernel.sync.push import SyncConfig
 from kernel.train.critic import CriticConfig
 from kernel.train.optim import OptimConfig
@@ -137,7 +137,7 @@ class TrainConfig:
     """The agents (ctx.agents[name]). A bare name shares the first agent's model; a spec
     {name, model, share_model_with, trainable, update_every, backend, rollout, optim, loss,
     trainer, engine, resources} gets its own model, trainer and engines unless it names
-    share_model_with (see kernel.agents.AgentSpec)."""
+    share_model_with (see kernel.run.agents.AgentSpec)."""
     num_steps: int = 10
     """Training steps (one step = one batch of prompt groups rolled out and trained on)."""
     max_minutes: float = 0.0

@@ -28,7 +28,7 @@ stale samples) corrects the lag.
 
 What the loop acts on -- per model its engines, trainer, weight sync and schedule; the data
 buffer, agent handles, rollout manager and logger -- is started, held and stopped by
-``kernel.runtime.Runtime``; checkpoints are described there.
+``kernel.run.runtime.Runtime``; checkpoints are described there.
 """
 
 from __future__ import annotations
@@ -43,9 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from kernel.advantages import compute_advantages
-from kernel.config import TrainConfig
 from kernel.metrics import mean, process_age
-from kernel.runtime import Model, Runtime
+from kernel.run.config import TrainConfig
+from kernel.run.runtime import Model, Runtime
 from kernel.sample import Sample, Status
 
 

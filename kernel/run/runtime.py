@@ -1,7 +1,7 @@
 """What a run holds while it runs, and how it starts and stops: per model its engines, trainer,
 weight sync and update schedule (``Model``), and for the run the data buffer, the agent handles
 the hooks call, the rollout manager and the metrics logger (``Runtime``). The loop
-(kernel.loop) only says what happens in a step; everything it acts on lives here.
+(kernel.run.loop) only says what happens in a step; everything it acts on lives here.
 
 ``Runtime.open`` starts a run: the hooks and recipe config load first (a bad path fails before
 any process starts); then each model's engines launch and load while the data, tokenizers and
@@ -9,8 +9,8 @@ trainers (in this process, or Ray actor groups) are read and built (a bad data r
 again); a resumed run loads its checkpoint's state; the engines then serve the trainers'
 weights from the first step on. On the way out everything it started stops, the engines by PID.
 
-Evaluation is ``kernel.evaluation``; checkpoints (what they hold, how they are saved whole and
-resumed) ``kernel.checkpoint``.
+Evaluation is ``kernel.run.evaluation``; checkpoints (what they hold, how they are saved whole and
+resumed) ``kernel.run.checkpoint``.
 """
 
 from __future__ import annotations
@@ -28,13 +28,9 @@ from typing import Any
 
 import torch
 
-from kernel.agents import AgentHandle, AgentSpec
 from kernel.buffer import DataBuffer
-from kernel.checkpoint import checkpoints, resume_from, rng_state, save
-from kernel.config import ModelSettings, RunPlan, TrainConfig
 from kernel.engine.batcher import RequestBatcher
 from kernel.engine.pool import EnginePool
-from kernel.evaluation import eval_data, evaluate
 from kernel.hooks import (
     RolloutContext,
     default_recipe_config,
@@ -47,6 +43,10 @@ from kernel.metrics import MetricsLogger
 from kernel.models import check_model, load_tokenizer, materialize_model
 from kernel.redact import redact
 from kernel.rollout import GroupResult, RolloutManager, RolloutStats
+from kernel.run.agents import AgentHandle, AgentSpec
+from kernel.run.checkpoint import checkpoints, resume_from, rng_state, save
+from kernel.run.config import ModelSettings, RunPlan, TrainConfig
+from kernel.run.evaluation import eval_data, evaluate
 from kernel.sample import Sample
 from kernel.sync.push import SyncConfig, WeightSync
 from kernel.train.ray_trainer import RayTrainer
@@ -289,11 +289,11 @@ class Runtime:
         return [await m.sync.checked() for m in self.models]
 
     async def evaluate(self, updates: int) -> dict[str, float]:
-        """The held-out evaluation after ``updates`` updates (``kernel.evaluation.evaluate``)."""
+        """The held-out evaluation after ``updates`` updates (``evaluation.evaluate``)."""
         return await evaluate(self.cfg, self.ctx, self.manager, updates)
 
     async def checkpoint(self, step: int, next_batch: asyncio.Future | None) -> Path:
-        """Save the run after ``step`` steps (``kernel.checkpoint.save``), keeping the last
+        """Save the run after ``step`` steps (``kernel.run.checkpoint.save``), keeping the last
         checkpoint before it. The groups of a rollout in flight (async mode) are requeued by
         it: that rollout finishes quickly once training is done; simplest and exact."""
         in_flight = [] if next_batch is None else (await next_batch).handed_out

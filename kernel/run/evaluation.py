@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from kernel.buffer import DataBuffer, DataConfig
-from kernel.config import TrainConfig
 from kernel.hooks import RolloutContext, package_file
 from kernel.metrics import mean, pass_at_k
 from kernel.rollout import RolloutManager
+from kernel.run.config import TrainConfig
 
 
 async def evaluate(
