@@ -23,7 +23,7 @@ import torch
 from kernel.loss import LossConfig
 from kernel.metrics import LogConfig, MetricsLogger
 from kernel.run.checkpoint import checkpoints, resume_from
-from kernel.run.runtime import Model, Runtime
+from kernel.run.runtime import RunningModel, Runtime
 from kernel.train.optim import OptimConfig
 from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
 
@@ -113,12 +113,12 @@ def trainer(tmp_path_factory):
 
 @pytest.fixture
 def model(trainer):
-    m = Model("default", [], None, None, trainer=trainer)
+    m = RunningModel("default", [], None, None, trainer=trainer)
     yield m
     m.thread.close()
 
 
-def _runtime(out: Path, model: Model, last: Path | None = None) -> Runtime:
+def _runtime(out: Path, model: RunningModel, last: Path | None = None) -> Runtime:
     return Runtime(
         SimpleNamespace(output_dir=str(out), save_every=1),
         [model],

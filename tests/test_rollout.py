@@ -206,7 +206,7 @@ def test_loop_refills_dropped_and_aborted_groups_from_the_buffer(tmp_path):
     buffer = DataBuffer(data)
     manager = RolloutManager(gen, reward, RewardConfig(), concurrency=8, timeout_s=5)
     runtime = Runtime(cfg, [], buffer, RolloutContext(), manager, logger=None, start=0)
-    batch = asyncio.run(runtime.collect(step=0))
+    batch = asyncio.run(runtime.rollout(step=0))
     kept_rows = sorted(r.group[0].metadata["row"] for r in batch.results)
     assert kept_rows == [1, 3, 4]  # 1 after its abort, 3 and 4 refilled for the dropped 0 and 2
     assert attempts == {0: 1, 1: 2, 2: 1, 3: 1, 4: 1}

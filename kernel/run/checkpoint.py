@@ -29,9 +29,9 @@ from kernel.metrics import fsync_path
 
 log = logging.getLogger(__name__)
 
-# ``models`` below are the run's ``kernel.run.runtime.Model`` objects: what is read of each is its
-# ``owner`` (the folder name), ``trainer`` (None when it does not train) and ``thread`` (the
-# trainer's own thread, where its save and load run).
+# ``models`` below are the run's ``kernel.run.runtime.RunningModel`` objects: what is read of
+# each is its ``owner`` (the folder name), ``trainer`` (None when it does not train) and
+# ``thread`` (the trainer's own thread, where its save and load run).
 
 
 async def save(root: Path, step: int, models: list, state: dict, keep: Path | None) -> Path:

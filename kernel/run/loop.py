@@ -45,7 +45,7 @@ from typing import Any
 from kernel.advantages import compute_advantages
 from kernel.metrics import mean, process_age
 from kernel.run.config import TrainConfig
-from kernel.run.runtime import Model, Runtime
+from kernel.run.runtime import RunningModel, Runtime
 from kernel.sample import Sample, Status
 
 
@@ -107,11 +107,11 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
         for step in range(rt.start, cfg.num_steps):
             t_step, cpu_step, requests = time.perf_counter(), time.thread_time(), rt.requests
             # 1-2. rollout with rewards (in async mode it was started during the last step)
-            batch = await (next_batch or rt.collect(step))
+            batch = await (next_batch or rt.rollout(step))
             elapsed = time.monotonic() - t_first
             last = step + 1 == cfg.num_steps or 0 < cfg.max_minutes * 60 <= elapsed
             async_next = cfg.async_mode and not last
-            next_batch = asyncio.ensure_future(rt.collect(step + 1)) if async_next else None
+            next_batch = asyncio.ensure_future(rt.rollout(step + 1)) if async_next else None
             samples, stale = _drop_stale(batch.samples, models, cfg.max_staleness)
 
             # 3. advantages, per (prompt, agent[, turn])
@@ -188,7 +188,7 @@ def _model_metrics(models, due, train_metrics, sync_metrics, checks) -> dict[str
     return row
 
 
-def _batches(cfg, models: list[Model], due: list[Model], samples, buffer, replay):
+def _batches(cfg, models: list[RunningModel], due: list[RunningModel], samples, buffer, replay):
     """What each model due this step trains on: the samples its agents kept in the buffer from
     the steps it sat out, the replayed groups' samples of its agents, and this step's (those
     beyond max_staleness dropped and counted); a trained model not due keeps this step's
@@ -207,7 +207,7 @@ def _batches(cfg, models: list[Model], due: list[Model], samples, buffer, replay
     return batches, dropped, replayed
 
 
-def _drop_stale(samples: list[Sample], models: list[Model], max_staleness: int):
+def _drop_stale(samples: list[Sample], models: list[RunningModel], max_staleness: int):
     """Keep samples whose oldest weight version is within max_staleness of the current version
     of their agent's model."""
     version = {spec.name: m.version for m in models for spec in m.agents}
@@ -221,7 +221,7 @@ def _staleness(sample: Sample, version: int) -> int:
 
 
 def _agent_metrics(
-    samples: list[Sample], models: list[Model], trained_versions: dict[str, int], buffer
+    samples: list[Sample], models: list[RunningModel], trained_versions: dict[str, int], buffer
 ) -> dict[str, float]:
     """Per agent: reward, sampled tokens, truncation and failure rates, the share of its
     dialogue's tokens it trains on, how stale its samples are (against the weights trained

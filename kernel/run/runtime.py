@@ -1,7 +1,12 @@
 """What a run holds while it runs, and how it starts and stops: per model its engines, trainer,
-weight sync and update schedule (``Model``), and for the run the data buffer, the agent handles
-the hooks call, the rollout manager and the metrics logger (``Runtime``). The loop
+weight sync and update schedule (``RunningModel``), and for the run the data buffer, the agent
+handles the hooks call, the rollout manager and the metrics logger (``Runtime``). The loop
 (kernel.run.loop) only says what happens in a step; everything it acts on lives here.
+
+Names: ``ModelSettings`` are one model's settings, ``ModelPlan`` the model resolved before the
+run starts (``kernel.run.config``), ``RunningModel`` the model started; ``kernel.models`` finds,
+builds and loads model files. ``Runtime.rollout`` is one step's rollout; ``kernel collect``
+(``kernel.run.collect``) writes rollouts as data.
 
 ``Runtime.open`` starts a run: the hooks and recipe config load first (a bad path fails before
 any process starts); then each model's engines launch and load while the data, tokenizers and
@@ -57,8 +62,9 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class Model:
-    """One model of the run: the agents it plays, its trainer, engines and weight version."""
+class RunningModel:
+    """One model of the started run: the agents it plays, its trainer, engines and weight
+    version."""
 
     owner: str  # the agent whose spec defines the model
     agents: list[AgentSpec]  # the owner first, then the agents sharing its model
@@ -129,7 +135,7 @@ class Runtime:
     """A started run (``Runtime.open``): its models, data, agents, rollouts and logger."""
 
     cfg: TrainConfig
-    models: list[Model]
+    models: list[RunningModel]
     buffer: DataBuffer
     ctx: RolloutContext  # what the hooks see: ctx.agents[name], ctx.config, ctx.step
     manager: RolloutManager
@@ -240,7 +246,7 @@ class Runtime:
         """Generate requests sent to the engines so far."""
         return sum(m.batcher.stats["requests"] for m in self.models)
 
-    async def collect(self, step: int) -> Batch:
+    async def rollout(self, step: int) -> Batch:
         """Roll out prompts_per_step groups; refill groups dropped (DAPO) or aborted."""
         cfg = self.cfg
         want = cfg.data.prompts_per_step
@@ -259,12 +265,12 @@ class Runtime:
                 break
         return Batch(results, handed_out, total, {"rollout/groups": float(len(results))})
 
-    async def train(self, due: list[Model], batches: dict[str, list[Sample]]) -> list[dict]:
+    async def train(self, due: list[RunningModel], batches: dict[str, list[Sample]]) -> list[dict]:
         """Train the models due on their batches: off the event loop, so an async rollout keeps
         going, and concurrently; colocated engines give their GPU memory up meanwhile."""
         return list(await asyncio.gather(*(m.train_step(batches[m.owner]) for m in due)))
 
-    async def sync(self, due: list[Model], samples: list[Sample]) -> list[dict]:
+    async def sync(self, due: list[RunningModel], samples: list[Sample]) -> list[dict]:
         """Push the weights of the models that trained to their engines, and the current ones to
         engines restarted after a crash (which rejoin the rotation only once they serve them)."""
         restarted = {m.owner: await m.pool.restart_dead() for m in self.models}
@@ -308,7 +314,7 @@ class Runtime:
         return self.last_checkpoint
 
 
-def plan_models(plan: RunPlan, out: Path, placement: dict[str, Any]) -> list[Model]:
+def plan_models(plan: RunPlan, out: Path, placement: dict[str, Any]) -> list[RunningModel]:
     """The models of the run, each with its folder and engine pool (not launched yet; its
     tokenizer and trainer come later), placed as ``placement`` says for the owners it names."""
     cfg = plan.cfg
@@ -317,7 +323,7 @@ def plan_models(plan: RunPlan, out: Path, placement: dict[str, Any]) -> list[Mod
         path = materialize_model(check_model(mp.settings.model), out / "models")
         logs = out / "logs" / mp.owner
         pool = EnginePool(mp.settings.engine, path, logs, cfg.seed + 1000 * i, weights_dir=out)
-        model = Model(
+        model = RunningModel(
             mp.owner,
             list(mp.agents),
             mp.settings,
@@ -334,7 +340,7 @@ def plan_models(plan: RunPlan, out: Path, placement: dict[str, Any]) -> list[Mod
     return models
 
 
-def place_trainer(cfg: TrainConfig, model: Model, where) -> Trainer | None:
+def place_trainer(cfg: TrainConfig, model: RunningModel, where) -> Trainer | None:
     """The trainer of ``model`` (None when none of its agents trains): in this process, or a
     Ray actor group on the ranks ``where`` (a kernel launch placement) or cfg.ray says."""
     if not model.trained:
@@ -359,7 +365,7 @@ def place_trainer(cfg: TrainConfig, model: Model, where) -> Trainer | None:
     return RayTrainer(model.owner, *args, **options)
 
 
-def agent_handles(plan: RunPlan, models: list[Model]) -> dict[str, AgentHandle]:
+def agent_handles(plan: RunPlan, models: list[RunningModel]) -> dict[str, AgentHandle]:
     """ctx.agents, in the order of the run's agents: each agent samples from its model's engines
     through the model's request batcher, with its own sampling defaults and chat template."""
     agents = {}
