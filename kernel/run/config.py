@@ -211,29 +211,29 @@ class TrainConfig:
         groups = model_groups(specs)
         models = []
         for owner, members in groups.items():
-            settings = self.model_settings(members[0])
             rollouts = {s.name: self.agent_rollout(s) for s in members}  # validates each
+            m = ModelPlan(owner, tuple(members), self.model_settings(members[0]), rollouts)
             temperatures = {rollouts[s.name].temperature for s in members if s.trainable}
             if len(temperatures) > 1:
                 raise ValueError(
                     f"agents sharing the model of {owner!r} train at one temperature, "
                     f"but their rollout.temperature overrides differ: {sorted(temperatures)}"
                 )
-            if any(s.trainable for s in members) and min(temperatures, default=1.0) <= 0:
+            if m.trained and min(temperatures, default=1.0) <= 0:
                 raise ValueError(
                     f"agents[{owner!r}]: rollout.temperature must be > 0 for training "
                     "(greedy has no policy); freeze the agent (trainable: false) to sample greedily"
                 )
-            trained = any(s.trainable for s in members)
-            if self.advantage.estimator == "gae" and settings.backend == "megatron" and trained:
+            backend = m.settings.backend
+            if self.advantage.estimator == "gae" and backend == "megatron" and m.trained:
                 raise ValueError(f"agents[{owner!r}]: {CRITIC_BACKEND_ERROR}")
-            if settings.backend == "megatron" and len(groups) > 1 and not self.ray.enabled:
+            if backend == "megatron" and len(groups) > 1 and not self.ray.enabled:
                 raise ValueError(
                     "agents: the megatron backend trains one model per process; give the other "
                     "agents backend torch or share_model_with, or train on Ray (ray.enabled, "
                     "or kernel launch): each model's ranks are processes of their own there"
                 )
-            models.append(ModelPlan(owner, tuple(members), settings, rollouts))
+            models.append(m)
         if self.reward.joint_mode == "cross" and self.advantage.estimator in TEAM_ESTIMATORS:
             raise ValueError(
                 f"reward.joint_mode cross already gives each sample its joint return; "
