@@ -13,6 +13,8 @@ Commands:
   config validate a training config (YAML file and flags) and print it resolved
   plot   learning curves of a run's metrics.jsonl to PNG
   launch place a training job on a Ray cluster and run it there (--dry-run: only print the plan)
+  export one agent's model out of a checkpoint as a folder any engine loads (a LoRA adapter
+         merged into its base, or the adapter alone)
 
 Every command validates its flags before it starts work and exits with status 2 and a message
 naming the flag on bad input.
@@ -37,6 +39,7 @@ from kernel.cluster.run import run_plan
 from kernel.hooks import recipes_root
 from kernel.loss import AGG_MODES
 from kernel.plot import compare_runs, plot_metrics
+from kernel.run.checkpoint import export
 from kernel.run.collect import CollectConfig, collect
 from kernel.run.config import TrainConfig, check_yaml_file, config_files, read_help_text
 from kernel.run.dpo import DPOConfig, dpo
@@ -207,7 +210,7 @@ def cmd_sft(cfg, scfg: SFTConfig) -> None:
     )
     row = sft(cfg, scfg)
     figures = ", ".join(f"{k} {v:.4f}" for k, v in row.items() if k.endswith("nll"))
-    console.print(f"{figures}; model: {Path(cfg.output_dir) / 'model'}")
+    console.print(f"{figures}; saved: {_tuned(cfg, agent)}")
 
 
 def cmd_dpo(cfg, dcfg: DPOConfig) -> None:
@@ -222,7 +225,13 @@ def cmd_dpo(cfg, dcfg: DPOConfig) -> None:
     )
     row = dpo(cfg, dcfg)
     figures = ", ".join(f"{k} {v:.4f}" for k, v in row.items() if "/" in k and "time" not in k)
-    console.print(f"{figures}; model: {Path(cfg.output_dir) / 'model'}")
+    console.print(f"{figures}; saved: {_tuned(cfg, agent)}")
+
+
+def _tuned(cfg, agent: str) -> Path:
+    """Where kernel sft / dpo saved ``agent``'s model: its LoRA adapter, or the whole model."""
+    adapter = Path(cfg.output_dir) / "adapters" / agent
+    return adapter if adapter.is_dir() else Path(cfg.output_dir) / "model"
 
 
 def cmd_config(cfg) -> None:
@@ -329,7 +338,9 @@ def build_parser() -> ArgumentParser:
         "'response', or kernel collect's trajectories (their exact ids and loss masks). The "
         "agent's own trainer (backend, optimiser, micro-batching) minimises the mean NLL of the "
         "trained tokens; held-out NLL on sft.eval_path before, every sft.eval_every updates and "
-        "after. Saves <output_dir>/model, an HF folder to start RL from (--model). The same "
+        "after. Saves <output_dir>/model, an HF folder to start RL from (--model); with "
+        "lora.rank > 0 the agent's LoRA adapter alone, <output_dir>/adapters/<agent> (start RL "
+        "from it with lora.path). The same "
         "flags and presets as train (model, agents, optim, trainer).",
     )
     tune.add_argument("--preset", type=str | None, default=None, help="Preset name.")
@@ -343,7 +354,8 @@ def build_parser() -> ArgumentParser:
         "ipo: (margin - 1/(2 beta))^2, margin = the chosen reply's summed logprob gain over "
         "the reference (the starting weights, frozen) minus the rejected one's. The agent's "
         "own trainer runs it (either backend). Loss, accuracy and margin per update, and on "
-        "dpo.eval_path before and after; saves <output_dir>/model. The same flags and presets "
+        "dpo.eval_path before and after; saves <output_dir>/model (with LoRA, "
+        "<output_dir>/adapters/<agent>). The same flags and presets "
         "as train.",
     )
     prefer.add_argument("--preset", type=str | None, default=None, help="Preset name.")
@@ -372,7 +384,24 @@ def build_parser() -> ArgumentParser:
     )
     sub.add_subcommand("plot", plot, help="Learning curves of a run to PNG.")
     sub.add_subcommand("launch", _launch_parser(), help="Place a run on a Ray cluster and run it.")
+    sub.add_subcommand("export", _export_parser(), help="An agent's model out of a checkpoint.")
     return parser
+
+
+def _export_parser() -> ArgumentParser:
+    export = ArgumentParser(
+        description="Write one agent's model, as a run's checkpoint saved it, to a folder any "
+        "engine or HF loader takes: a fully trained model's weights; a LoRA agent's adapter "
+        "merged into its base (--merge true, the default), or its PEFT adapter folder alone "
+        "(--merge false: serve it on the base, e.g. SGLang --lora-paths NAME=FOLDER)."
+    )
+    export.add_argument("--checkpoint", type=str, required=True, help="A run's checkpoints/step_N.")
+    export.add_argument("--agent", type=str, required=True, help="The agent whose model to write.")
+    export.add_argument("--out", type=str, required=True, help="The folder to write.")
+    export.add_argument(
+        "--merge", type=bool, default=True, help="Merge a LoRA adapter (false: the adapter alone)."
+    )
+    return export
 
 
 def _launch_parser() -> ArgumentParser:
@@ -465,6 +494,10 @@ def main(argv: list[str] | None = None) -> None:
             print(compare_runs(paths, args["keys"] or [], args["out"]))
         elif ns.command == "plot":
             print(plot_metrics(args["metrics"], args["out"], args["keys"]))
+        elif ns.command == "export":
+            what = "merged" if args["merge"] else "as it is"
+            out = export(Path(args["checkpoint"]), args["agent"], Path(args["out"]), args["merge"])
+            print(f"{args['agent']} of {args['checkpoint']} ({what}): {out}")
         elif ns.command == "launch":
             cluster = ClusterConfig(**vars(args["cluster"]))
             train_cfg = _build(TrainConfig, args)

@@ -181,8 +181,9 @@ def materialize_model(name_or_path: str, work_dir: str | Path) -> str:
 def cache_kwargs(model, cache) -> dict:
     """The keyword that hands ``cache`` to ``model``'s forward: ``cache`` where the forward
     takes it (newer transformers 5.x, which deprecates ``past_key_values`` and drops it in
-    5.40), else ``past_key_values``."""
-    return {_cache_keyword(type(model)): cache}
+    5.40), else ``past_key_values``. A PEFT model (LoRA adapters) passes it to its base."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {_cache_keyword(type(base)): cache}
 
 
 @functools.cache

@@ -144,3 +144,54 @@ def test_the_run_plan_resolves_every_agent_and_model_once(tmp_path):
     assert [s.name for s in plan.agents] == ["doctor", "nurse", "patient"]
     with pytest.raises(dataclasses.FrozenInstanceError):
         plan.models = ()  # type: ignore[misc]
+
+
+def test_lora_gives_each_trainable_agent_of_a_model_its_own_adapter(tmp_path):
+    """lora.rank > 0 on a model's owner: one adapter per trainable agent of that model (its
+    own overrides applied), none for its frozen agents; the model's engines serve adapters."""
+    agents = [
+        {"name": "solver", "lora": {"rank": 8}},
+        {"name": "verifier", "share_model_with": "solver", "lora": {"rank": 4, "alpha": 8}},
+        {"name": "judge", "share_model_with": "solver", "trainable": False},
+        {"name": "critic"},  # its own model, trained in full
+    ]
+    flags = [f"--output_dir={tmp_path}", f"--agents={json.dumps(agents)}"]
+    plan = load_train_config(flags, yaml_path=ROOT / "kernel" / "presets" / "toy.yaml").plan()
+    solver, critic = plan.models
+    assert sorted(solver.adapters) == ["solver", "verifier"] and not critic.adapters
+    assert solver.adapters["solver"].rank == 8 and solver.adapters["verifier"].rank == 4
+    assert solver.adapters["verifier"].alpha == 8 and solver.adapters["solver"].alpha == 32
+    engine = solver.settings.engine
+    assert engine.enable_lora and engine.max_lora_rank == 8 and engine.lora_target_modules
+    assert not critic.settings.engine.enable_lora
+
+
+@pytest.mark.parametrize(
+    ("agents", "flags", "needle"),
+    [
+        ([{"name": "x", "lora": {"rank": -1}}], [], "lora.rank must be >= 0"),
+        ([{"name": "x", "lora": {"rank": 8, "ranks": 2}}], [], "unknown key(s) ['ranks']"),
+        (
+            [{"name": "x"}, {"name": "y", "share_model_with": "x", "lora": {"rank": 4}}],
+            [],
+            "the model of 'x' trains in full",
+        ),
+        (
+            [
+                {"name": "x", "lora": {"rank": 8}},
+                {"name": "y", "share_model_with": "x", "lora": {"rank": 0}},
+            ],
+            [],
+            "agents['y'].lora.rank is 0",
+        ),
+        ([{"name": "x", "lora": {"rank": 8}, "backend": "megatron"}], [], "torch backend"),
+        ([{"name": "ra", "lora": {"rank": 8}}], [], "inside peft's prefix 'lora_'"),
+        ([{"name": "x", "lora": {"rank": 8}}], ["--async_mode=true"], "async_mode"),
+        ([{"name": "x", "lora": {"rank": 8}}], ["--advantage.estimator=gae"], "estimator gae"),
+    ],
+)
+def test_lora_settings_that_cannot_train_fail_naming_the_agent(tmp_path, agents, flags, needle):
+    flags = [f"--output_dir={tmp_path}", f"--agents={json.dumps(agents)}", *flags]
+    with pytest.raises(ValueError) as e:
+        load_train_config(flags, yaml_path=ROOT / "kernel" / "presets" / "toy.yaml").plan()
+    assert needle in str(e.value)

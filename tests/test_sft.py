@@ -153,3 +153,38 @@ def test_collect_then_sft_on_its_trajectories(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
     assert rows[-1]["eval/nll"] < rows[0]["eval/nll"]  # it learns its own best replies
+
+
+def test_sft_of_a_lora_adapter_saves_it_and_rl_starts_from_it(tmp_path):
+    """With lora.rank > 0, kernel sft tunes the agent's adapter alone (the base frozen) and
+    saves it as a PEFT folder; a run given it as lora.path starts from it (its first held-out
+    NLL is the tuned one, not the base's)."""
+    from kernel.run.config import load_train_config
+    from kernel.run.sft import sft
+
+    rows = [{"prompt": f"Say the word number {i}.", "response": "ok, done"} for i in range(40)]
+    (tmp_path / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[:32]))
+    (tmp_path / "test.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows[32:]))
+    preset = ROOT / "kernel" / "presets" / "toy.yaml"
+    files = {"path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "test.jsonl")}
+    scfg = SFTConfig(**files, epochs=8, batch_size=8)
+    flags = ["--lora.rank=8", "--lora.alpha=16", "--optim.lr=1e-2"]
+    first = sft(load_train_config([f"--output_dir={tmp_path / 'a'}", *flags], preset), scfg)
+    adapter = tmp_path / "a" / "adapters" / "default"
+    assert (adapter / "adapter_model.safetensors").exists() and not (
+        tmp_path / "a" / "model"
+    ).exists()
+    logged = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    # the adapter learned (4.59 -> 3.39 measured; on this 2-layer random model the adapters of
+    # attention and MLP alone stop there, where full fine-tuning, embeddings too, goes below half)
+    assert first["eval/nll"] < 0.8 * logged[0]["eval/nll"]
+
+    again = sft(
+        load_train_config(
+            [f"--output_dir={tmp_path / 'b'}", *flags, f"--lora.path={adapter}"], preset
+        ),
+        SFTConfig(**files, epochs=1, batch_size=8),
+    )
+    logged = [json.loads(x) for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert logged[0]["eval/nll"] == pytest.approx(first["eval/nll"], rel=1e-4)
+    assert again["eval/nll"] > 0

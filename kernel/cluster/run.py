@@ -5,8 +5,9 @@ For every model group of the plan (``kernel.cluster.plan``), in this order:
 1. its engines: one Ray actor per engine, pinned to the planned node (NodeAffinity), starts the
    server as a child process with CUDA_VISIBLE_DEVICES = the planned GPUs, bound to the node's
    IP and the planned port -- real SGLang (``python -m sglang.launch_server --tp-size ETP
-   --mem-fraction-static F``, plus ``--enable-memory-saver`` when colocated) or the kernel's
-   embedded server (``cluster.engine_server``); all engines load at once;
+   --mem-fraction-static F``, plus ``--enable-memory-saver`` when colocated and the LoRA flags
+   with ``engine.enable_lora``) or the kernel's embedded server (``cluster.engine_server``); all
+   engines load at once;
 2. its sglang-router on node 0 at the planned router port, with those engines as workers;
 3. then the training loop (``kernel.run.loop.train``) runs with ``engine.urls`` = the workers and
    ``engine.router_url`` = the router of each model, and each trainer a ``RayTrainer``
@@ -200,8 +201,8 @@ def _owner_settings(cfg, g):
 
 def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args):
     """The command line of engine ``e`` of group ``g`` and its environment: real SGLang (with
-    the cluster's ``sglang_args``, then the model's own ``engine.sglang_args``) or the embedded
-    server, each with the model's ``engine.api_key`` if it has one."""
+    its LoRA flags, the cluster's ``sglang_args``, then the model's own ``engine.sglang_args``)
+    or the embedded server, each with the model's ``engine.api_key`` if it has one."""
 
     settings = _owner_settings(cfg, g)
     model = materialize_model(settings.model, out / "models")
@@ -213,10 +214,29 @@ def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args):
             cmd += ["--enable-memory-saver"]
         if settings.engine.api_key:
             cmd += ["--api-key", settings.engine.api_key]
+        cmd += _lora_flags(settings.engine)
         return cmd + list(sglang_args) + list(settings.engine.sglang_args), {}
 
     config = settings.engine.server_config(model, host=ip, port=e.port, seed=cfg.seed + e.index)
     return server_command(config.validate()), server_env(config)
+
+
+def _lora_flags(engine) -> list[str]:
+    """sglang.launch_server's LoRA flags of an engine config. Adapters are loaded at run time
+    (but for ``lora_paths``), for which SGLang must know the largest rank and the target layers
+    in advance."""
+    if not engine.enable_lora:
+        return []
+    if engine.max_lora_rank < 1 or not engine.lora_target_modules:
+        raise ValueError(
+            "engine.enable_lora on real SGLang needs engine.max_lora_rank >= 1 and "
+            f"engine.lora_target_modules (got {engine.max_lora_rank} and "
+            f"{engine.lora_target_modules}): the run sets them from the model's LoRA settings"
+        )
+    flags = ["--enable-lora", "--max-loras-per-batch", str(engine.max_loras_per_batch)]
+    flags += ["--max-lora-rank", str(engine.max_lora_rank)]
+    flags += ["--lora-target-modules", *engine.lora_target_modules]
+    return flags + (["--lora-paths", *engine.lora_paths] if engine.lora_paths else [])
 
 
 def _start_router(cfg, g, urls, node, plan, services: list, record: dict) -> str:

@@ -4,7 +4,9 @@ Every ``ServerConfig`` field is a flag (``--help`` lists them with their help te
 binds 127.0.0.1 unless ``--host`` says otherwise, reads its API key from ``--api_key`` or the
 ``TANDEM_API_KEY`` environment variable, and its port opens once the model is loaded,
 so ``GET /health`` answering 200 means ready. ``kernel.engine.launch.launch_server`` starts one
-as a child process.
+as a child process. A list is given as JSON or item by item: LoRA adapters loaded at start are
+``--enable_lora true --lora_paths '["doctor=/ckpt/doctor", "patient=/ckpt/patient"]'``, or
+``--lora_paths+ doctor=/ckpt/doctor --lora_paths+ patient=/ckpt/patient``.
 """
 
 from __future__ import annotations

@@ -8,7 +8,9 @@ one request per engine: the calls for one prompt go as ONE prompt with ``samplin
 (SGLang's contract: one prefill, the prompt's KV cache shared by the n rows), distinct prompts
 as one batch of ``input_ids``. Every caller gets back its own ``GenerateResult``, exactly as a
 request of its own would have given it (ids, logprobs, weight version, finish reason): replies
-come in SGLang's prompt-major order (prompt 0's n samples, then prompt 1's, ...).
+come in SGLang's prompt-major order (prompt 0's n samples, then prompt 1's, ...). A call may
+name a LoRA adapter (``lora_path``): calls for different adapters never share a prompt row, and
+a batch names each prompt's adapter (a list, None for the base model).
 
 Faults stay with the caller they belong to:
 - a batch the server refuses (4xx) is sent again prompt by prompt, so only the bad prompt's
@@ -36,8 +38,9 @@ class _Call:
 
     ids: tuple[int, ...]
     params: dict[str, Any]
-    key: str  # the params, canonical: calls with equal ids and key share one prompt row
+    key: str  # the params, canonical: calls with equal ids, key and adapter share a prompt row
     future: asyncio.Future
+    lora_path: str | None = None  # the LoRA adapter that answers (None: the base model)
 
 
 @dataclass
@@ -66,11 +69,14 @@ class RequestBatcher:
         self._next = 0  # round-robin position over the engines
         self._tasks: set[asyncio.Task] = set()
 
-    def submit(self, input_ids: list[int], params: dict[str, Any]) -> asyncio.Future:
-        """Queue one call; the future resolves to its GenerateResult (or raises)."""
+    def submit(
+        self, input_ids: list[int], params: dict[str, Any], lora_path: str | None = None
+    ) -> asyncio.Future:
+        """Queue one call, answered by LoRA adapter ``lora_path`` (None: the base model); the
+        future resolves to its GenerateResult (or raises)."""
         loop = asyncio.get_running_loop()
         key = json.dumps(params, sort_keys=True)
-        call = _Call(tuple(input_ids), params, key, loop.create_future())
+        call = _Call(tuple(input_ids), params, key, loop.create_future(), lora_path)
         self.stats["calls"] += 1
         if self.window_s <= 0:
             self._spawn(self._dispatch([call]))
@@ -106,7 +112,7 @@ class RequestBatcher:
         send one request per (engine, n, params)."""
         units: dict[tuple, _Unit] = {}
         for c in calls:
-            units.setdefault((c.ids, c.key), _Unit()).calls.append(c)
+            units.setdefault((c.ids, c.key, c.lora_path), _Unit()).calls.append(c)
         live = self._live() or [0]
         parts: dict[tuple, list[_Unit]] = {}
         for unit in units.values():
@@ -160,8 +166,15 @@ class RequestBatcher:
         k = len(units[0].calls)
         params = units[0].head.params
         if len(units) == 1 and k == 1:
-            return [[await client.generate(list(units[0].head.ids), params)]]
-        flat = await client.generate_batch([list(u.head.ids) for u in units], {**params, "n": k})
+            head = units[0].head
+            return [[await client.generate(list(head.ids), params, lora_path=head.lora_path)]]
+        # All base: no lora_path at all (SGLang without --enable-lora refuses any).
+        loras = [u.head.lora_path for u in units]
+        flat = await client.generate_batch(
+            [list(u.head.ids) for u in units],
+            {**params, "n": k},
+            lora_path=loras if any(loras) else None,
+        )
         if len(flat) != k * len(units):
             raise EngineError(
                 f"/generate answered {len(flat)} results for {len(units)} prompts x n={k}",

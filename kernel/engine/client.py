@@ -10,7 +10,10 @@ raise ``EngineError`` with the server's message at once. Calls that must not run
 (joining a process group, receiving a broadcast) are never retried.
 
 ``generate`` returns a small typed ``GenerateResult`` and tolerates the keys SGLang leaves out
-of aborted replies (no ``output_token_logprobs``, sometimes no ``weight_version``).
+of aborted replies (no ``output_token_logprobs``, sometimes no ``weight_version``). Its
+``lora_path`` names the LoRA adapter that answers (SGLang's; None: the base model), and
+``load_lora_adapter``, ``load_lora_adapter_from_tensors`` and ``unload_lora_adapter`` change the
+engine's adapters.
 """
 
 from __future__ import annotations
@@ -234,8 +237,10 @@ class EngineClient:
         *,
         rid: str | None = None,
         return_logprob: bool = True,
+        lora_path: str | None = None,
     ) -> GenerateResult:
-        """One prompt, one sample (use ``generate_batch`` for n > 1)."""
+        """One prompt, one sample (use ``generate_batch`` for n > 1), by LoRA adapter
+        ``lora_path`` (None: the base model)."""
         params = dict(sampling_params or {})
         if params.get("n", 1) != 1:
             raise ValueError(f"sampling_params.n={params['n']}: use generate_batch for n > 1")
@@ -243,6 +248,8 @@ class EngineClient:
         body["return_logprob"] = return_logprob
         if rid is not None:
             body["rid"] = rid
+        if lora_path is not None:
+            body["lora_path"] = lora_path
         return GenerateResult.from_reply(await self._json("POST", "/generate", body))
 
     async def generate_batch(
@@ -252,13 +259,18 @@ class EngineClient:
         *,
         rid: str | None = None,
         return_logprob: bool = True,
+        lora_path: str | list[str | None] | None = None,
     ) -> list[GenerateResult]:
         """Several prompts in one request; n per prompt, in prompt order. ``rid`` is a prefix
-        (sglang-router rejects lists of rids), so ``abort(rid)`` stops the whole batch."""
+        (sglang-router rejects lists of rids), so ``abort(rid)`` stops the whole batch.
+        ``lora_path``: the LoRA adapter of every prompt, or a list with each one's (None: the
+        base model)."""
         body = {"input_ids": [list(p) for p in input_ids], "return_logprob": return_logprob}
         body["sampling_params"] = sampling_params or {}
         if rid is not None:
             body["rid"] = rid
+        if lora_path is not None:
+            body["lora_path"] = lora_path
         replies = await self._json("POST", "/generate", body)
         return [GenerateResult.from_reply(r) for r in replies]
 
@@ -364,6 +376,35 @@ class EngineClient:
     async def flush_cache(self) -> None:
         await self.request("POST", "/flush_cache", {})
 
+    # ---- LoRA adapters (engines started with --enable-lora) ---------------------------------
+
+    async def load_lora_adapter(self, name: str, path: str) -> dict:
+        """Load the PEFT adapter folder ``path`` as ``name`` (a loaded name must be unloaded
+        first); the reply lists ``loaded_adapters``. Not retried: a second load of the name
+        fails."""
+        body = {"lora_name": name, "lora_path": path}
+        return await self._json("POST", "/load_lora_adapter", body, retry=False)
+
+    async def load_lora_adapter_from_tensors(
+        self,
+        name: str,
+        config_dict: dict[str, Any],
+        serialized_tensors: str,
+        load_format: str | None = None,
+    ) -> dict:
+        """Load an adapter sent in the request as ``name``: ``config_dict`` its
+        adapter_config.json, ``serialized_tensors`` its tensors named as in its
+        adapter_model.safetensors, in one ``/update_weights_from_tensor`` payload
+        (``encode_named_tensors``; ``load_format`` "flattened_bucket": ``FlatBucketWriter``)."""
+        body = {"lora_name": name, "config_dict": config_dict}
+        body |= {"serialized_tensors": serialized_tensors, "load_format": load_format}
+        return await self._json("POST", "/load_lora_adapter_from_tensors", body, retry=False)
+
+    async def unload_lora_adapter(self, name: str) -> dict:
+        """Unload adapter ``name`` once the requests it serves have finished."""
+        body = {"lora_name": name}
+        return await self._json("POST", "/unload_lora_adapter", body, retry=False)
+
     # ---- memory occupation (colocated training) --------------------------------------------
 
     async def release_memory_occupation(self, tags: list[str] | None = None) -> None:
@@ -435,7 +476,7 @@ def _message(reply: Reply) -> str:
         err = data.get("error")
         if isinstance(err, dict) and "message" in err:
             return str(err["message"])
-        for key in ("message", "detail"):
+        for key in ("error_message", "message", "detail"):
             if key in data:
                 return str(data[key])
     return str(data)

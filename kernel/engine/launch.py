@@ -4,12 +4,14 @@ A ``LaunchedProcess`` is one child process with the URL it serves. It waits for 
 a deadline (and says so at once, with the tail of its log, if the child died), and ``stop()``
 ends exactly that PID -- terminate, then kill after a grace period -- never anything found by
 name. Used by tests, benchmarks and local launch scripts. ``launch_server`` starts an embedded
-server (``python -m kernel.engine``) this way.
+server (``python -m kernel.engine``) this way, every setting a flag (a list, such as the LoRA
+adapters to load at start, as one JSON argument).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import socket
@@ -139,12 +141,13 @@ API_KEY_ENV = "TANDEM_API_KEY"
 
 def server_command(config: ServerConfig) -> list[str]:
     """The command line that starts an embedded server with these settings, but for its API
-    key: that goes in the environment (``server_env``), out of sight of ``ps``."""
+    key: that goes in the environment (``server_env``), out of sight of ``ps``. A list is one
+    JSON argument (``--lora_paths '["a=/x"]'``)."""
     cmd = [sys.executable, "-m", "kernel.engine"]
     for f in dataclasses.fields(config):
         value = getattr(config, f.name)
         if value is not None and f.name != "api_key":
-            cmd += [f"--{f.name}", str(value)]
+            cmd += [f"--{f.name}", json.dumps(value) if isinstance(value, list) else str(value)]
     return cmd
 
 

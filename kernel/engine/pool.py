@@ -1,6 +1,7 @@
 """The engines of one model: embedded servers this run starts (on 127.0.0.1, stopped by PID at
 the end, restarted when one dies) or the URLs it was given, optionally behind sglang-router;
-their clients for generation and for control and weight sync.
+their clients for generation and for control and weight sync. With ``enable_lora`` the engines
+serve LoRA adapters by name over the one base model (SGLang's --enable-lora).
 """
 
 from __future__ import annotations
@@ -62,6 +63,21 @@ class EngineConfig:
     sglang_args: list[str] = field(default_factory=list)
     """kernel launch on real SGLang: more flags for this model's sglang.launch_server, after
     cluster.sglang_args (e.g. --context-length 32768 for one agent's model only)."""
+    enable_lora: bool = False
+    """Serve LoRA adapters by name over the one base model (SGLang's --enable-lora); set by the
+    run from the model's LoRA settings."""
+    lora_paths: list[str] = field(default_factory=list)
+    """LoRA adapters (PEFT folders) the engines load at start, each NAME=PATH (--lora-paths);
+    set by the run for agents that serve a fixed adapter. Needs enable_lora."""
+    max_loras_per_batch: int = 8
+    """Most distinct LoRA adapters in an engine's running batch (--max-loras-per-batch)."""
+    max_lora_rank: int = 0
+    """Largest LoRA rank served (--max-lora-rank); set by the run from the model's LoRA
+    settings. Real SGLang needs it, and lora_target_modules, to load adapters at run time when
+    it starts with none; the embedded server does not."""
+    lora_target_modules: list[str] = field(default_factory=list)
+    """Layers LoRA adapters may target (--lora-target-modules); set by the run from the model's
+    LoRA settings (see max_lora_rank)."""
 
     def validate(self) -> EngineConfig:
         if self.num_engines < 1:
@@ -81,6 +97,14 @@ class EngineConfig:
                 raise ValueError(f"engine.{name} must be in [0, 1000], got {getattr(self, name)}")
         if any(not isinstance(a, str) for a in self.sglang_args):
             raise ValueError(f"engine.sglang_args must be strings, got {self.sglang_args}")
+        if self.max_loras_per_batch < 1:
+            raise ValueError(
+                f"engine.max_loras_per_batch must be >= 1, got {self.max_loras_per_batch}"
+            )
+        if self.max_lora_rank < 0:
+            raise ValueError(f"engine.max_lora_rank must be >= 0, got {self.max_lora_rank}")
+        if self.lora_paths and not self.enable_lora:
+            raise ValueError("engine.lora_paths needs engine.enable_lora")
         return self
 
     def server_config(
@@ -100,6 +124,9 @@ class EngineConfig:
             seed=seed,
             weights_dir=None if weights_dir is None else str(weights_dir),
             api_key=self.api_key,
+            enable_lora=self.enable_lora,
+            lora_paths=list(self.lora_paths),
+            max_loras_per_batch=self.max_loras_per_batch,
         )
 
 

@@ -16,6 +16,10 @@ extends the entry it was found through replaces that entry; storing one an entry
 only marks the entry used. When the stored KV passes ``max_bytes`` the least recently used
 entries go first. The engine clears the cache on every weight update, so no KV computed under
 old weights survives a sync.
+
+Every entry belongs to a ``key``: the LoRA adapter that computed its KV (None: the base model).
+A lookup finds only entries of its own key -- the key seeds the block hashes and is compared --
+so one adapter's KV never serves another's request, while all share one byte budget.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class _Entry:
     tokens: np.ndarray  # (T,) int64
     kv: Tensor  # (L, 2, H, T, D): keys and values of every layer
     blocks: list[int]  # the chained hash of each full block
+    key: str | None  # the LoRA adapter whose KV this is (None: the base model)
 
 
 def _common(a: np.ndarray, b: np.ndarray) -> int:
@@ -45,9 +50,10 @@ def _common(a: np.ndarray, b: np.ndarray) -> int:
     return int(differ[0]) if len(differ) else n
 
 
-def _chain(ids: list[int]) -> list[int]:
-    """The hash of each full block of ``ids``, each chained with the ones before it."""
-    out, h = [], 0
+def _chain(ids: list[int], key: str | None) -> list[int]:
+    """The hash of each full block of ``ids``, each chained with the ones before it and with
+    ``key``."""
+    out, h = [], hash(key)
     for i in range(0, len(ids) - BLOCK + 1, BLOCK):
         h = hash((h, tuple(ids[i : i + BLOCK])))
         out.append(h)
@@ -69,25 +75,28 @@ class PrefixCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def _found(self, tokens: np.ndarray, blocks: list[int]) -> tuple[int | None, int]:
-        """The most recent entry sharing the most full blocks (their ``_chain`` hashes) with
-        ``tokens`` and the length of their common prefix (None, 0 when no entry shares the
-        first block)."""
+    def _found(
+        self, tokens: np.ndarray, blocks: list[int], key: str | None
+    ) -> tuple[int | None, int]:
+        """The most recent entry of ``key`` sharing the most full blocks (their ``_chain``
+        hashes) with ``tokens`` and the length of their common prefix (None, 0 when no entry
+        shares the first block)."""
         hit = None
         for h in blocks:
             holders = self._blocks.get(h)
             if not holders:
                 break
             hit = next(reversed(holders))
-        if hit is None:
+        if hit is None or self._entries[hit].key != key:  # the key is in the hash: a collision
             return None, 0
         return hit, _common(self._entries[hit].tokens, tokens)
 
-    def match(self, ids: list[int]) -> tuple[int, Tensor | None]:
-        """The longest stored prefix of ``ids`` found, leaving at least one token to prefill
-        (its logits sample the first new token): (length c, KV (L, 2, H, c, D)), or (0, None)."""
+    def match(self, ids: list[int], key: str | None = None) -> tuple[int, Tensor | None]:
+        """The longest prefix of ``ids`` stored under ``key`` found, leaving at least one token
+        to prefill (its logits sample the first new token): (length c, KV (L, 2, H, c, D)), or
+        (0, None)."""
         self.stats["cache_lookups"] += 1
-        hit, n = self._found(np.asarray(ids, dtype=np.int64), _chain(ids))
+        hit, n = self._found(np.asarray(ids, dtype=np.int64), _chain(ids, key), key)
         n = min(n, len(ids) - 1)
         if hit is None or n <= 0:
             return 0, None
@@ -95,23 +104,23 @@ class PrefixCache:
         self.stats["cache_hits"] += 1
         return n, self._entries[hit].kv[:, :, :, :n]
 
-    def insert(self, ids: list[int], kv: Tensor) -> None:
-        """Store the KV (L, 2, H, T, D) of the T tokens ``ids`` (the tensor is kept, not
-        copied: give one that nothing else writes to)."""
+    def insert(self, ids: list[int], kv: Tensor, key: str | None = None) -> None:
+        """Store the KV (L, 2, H, T, D) of the T tokens ``ids`` under ``key`` (the tensor is
+        kept, not copied: give one that nothing else writes to)."""
         if kv.shape[3] != len(ids):
             raise ValueError(f"KV of {kv.shape[3]} tokens for a sequence of {len(ids)}")
         size = kv.numel() * kv.element_size()
         if size > self.max_bytes or len(ids) < BLOCK:
             return
-        tokens, blocks = np.asarray(ids, dtype=np.int64), _chain(ids)
-        hit, n = self._found(tokens, blocks)
+        tokens, blocks = np.asarray(ids, dtype=np.int64), _chain(ids, key)
+        hit, n = self._found(tokens, blocks, key)
         if hit is not None:
             if n == len(ids):  # an entry already holds this sequence, or extends it
                 self._entries.move_to_end(hit)
                 return
             if n == len(self._entries[hit].tokens):  # this sequence extends it: takes its place
                 self._drop(hit)
-        entry = _Entry(tokens, kv, blocks)
+        entry = _Entry(tokens, kv, blocks, key)
         key, self._next_id = self._next_id, self._next_id + 1
         self._entries[key] = entry
         for h in entry.blocks:

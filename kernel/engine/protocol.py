@@ -8,7 +8,9 @@ what is sampled (a negative temperature, a penalty this server does not implemen
 rejected with HTTP 400 naming the field. So are values no engine could serve: integers beyond
 int32 (top_k, max_new_tokens, n, stop ids), floats that are not finite, strings with lone UTF-16
 surrogates (no tokenizer encodes them), and weight versions longer than
-``MAX_VERSION_CHARS`` (they are echoed into every output).
+``MAX_VERSION_CHARS`` (they are echoed into every output). LoRA: ``lora_path`` names a request's
+adapter, and the bodies of ``/load_lora_adapter``, ``/load_lora_adapter_from_tensors`` and
+``/unload_lora_adapter`` are SGLang's (``LoadLoRAAdapterReqInput``, ...).
 """
 
 from __future__ import annotations
@@ -122,6 +124,9 @@ class GenerateRequest(_Lenient):
     """One dict for every prompt, or a list with one per prompt (a dict is kept as [dict])."""
     return_logprob: bool | list[bool] = False
     rid: str | list[str] | None = None
+    lora_path: str | list[str | None] | None = None
+    """The LoRA adapter, by name, of every prompt (a str) or of each (a list; None: the base
+    model)."""
     stream: Literal[False] = False
 
     @model_validator(mode="before")
@@ -238,6 +243,31 @@ class MemoryOccupationRequest(_Lenient):
     """Which memory: ``weights``, ``kv_cache``; None: all (resume: all that are released)."""
 
 
+class LoadLoRAAdapterRequest(_Lenient):
+    """POST /load_lora_adapter: a PEFT folder (adapter_config.json, adapter_model.safetensors)
+    served as ``lora_name``."""
+
+    lora_name: str = Field(min_length=1)
+    lora_path: str = Field(min_length=1)
+
+
+class LoadLoRAAdapterFromTensorsRequest(_Lenient):
+    """POST /load_lora_adapter_from_tensors: an adapter sent in the request."""
+
+    lora_name: str = Field(min_length=1)
+    config_dict: dict[str, Any]
+    """Its adapter_config.json (peft's ``LoraConfig.to_dict()``, JSON values)."""
+    serialized_tensors: str
+    """Its tensors, named as in its adapter_model.safetensors, in one payload of
+    /update_weights_from_tensor (``load_format``: None or ``safetensors``, or
+    ``flattened_bucket``)."""
+    load_format: str | None = None
+
+
+class UnloadLoRAAdapterRequest(_Lenient):
+    lora_name: str
+
+
 class SuccessResponse(BaseModel):
     success: bool
     message: str
@@ -260,3 +290,5 @@ class ChatCompletionRequest(_Lenient):
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=INT32_MAX)
     stream: Literal[False] = False
+    lora_path: str | None = None
+    """The LoRA adapter that answers, by name (None: the base model)."""

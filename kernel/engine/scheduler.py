@@ -21,6 +21,16 @@ whose worker thread runs this loop, one step at a time:
 The KV tensors of a batch may hold padding in the middle of a row (after a cached prefix shorter
 than the longest); the attention mask marks it, and positions count real tokens only.
 
+LoRA: each request names its adapter (``lora_path``; None: the base model). The model stays the
+plain HF model until an adapter is loaded (``load_adapter``, on this thread between steps); then
+it is a ``peft.PeftModel`` around that same HF model (``base``), and every forward passes each
+row's adapter (peft's mixed-adapter batches, ``__base__`` for base rows, whose numbers are those
+of the bare model). Equal prompts share a prefill row, and a prefix-cache entry serves a request,
+only under the same adapter. ``max_loras_per_batch`` bounds the distinct adapters in the running
+batch: a request that would pass it waits, and later ones that fit go first (``_take``). An
+adapter is unloaded between steps too; a row still using it then ends as an abort at its next
+step (after ``/pause_generation``, unless it is loaded again before ``/continue_generation``).
+
 So a new request joins at the next step rather than waiting for the batch to drain. When the
 engine is idle, a request that came alone waits up to ``gather_window_s`` for others (until
 ``max_batch_size`` are waiting), so requests sent close together share one prefill forward; a
@@ -52,6 +62,7 @@ from torch import Tensor
 
 from kernel.engine.prefix_cache import BLOCK, PrefixCache
 from kernel.engine.protocol import SamplingParams
+from kernel.engine.weights import NamedTensors, add_adapter, remove_adapter
 from kernel.models import cache_kwargs
 
 log = logging.getLogger(__name__)
@@ -78,6 +89,8 @@ class Request:
     """Prompt tokens served from the prefix cache (``meta_info.cached_tokens``)."""
     finish_reason: dict | None = None
     """Set when the request finishes (``meta_info.finish_reason``)."""
+    lora_path: str | None = None
+    """The LoRA adapter that serves it, by name (None: the base model)."""
 
 
 def next_version(current: str) -> str:
@@ -90,6 +103,9 @@ NON_FINITE = "the model gave non-finite logits (are its weights finite?)"
 
 GREEDY_BELOW = 1e-5
 """Temperatures below this sample greedily (SGLang's rule): dividing by them overflows."""
+
+BASE_ADAPTER = "__base__"
+"""peft's name for "no adapter" in a mixed batch's ``adapter_names``."""
 
 
 def sample_tokens(
@@ -183,11 +199,19 @@ class Scheduler:
         seed: int = 0,
         gather_window_s: float = 0.0,
         prefix_cache_bytes: int = 0,
+        max_loras_per_batch: int = 8,
     ) -> None:
         _check_cache_layers(model)
+        self.base = model
+        """The HF model; with LoRA adapters loaded, peft's layers are inside it."""
         self.model = model
+        """What the forward runs: ``base``, or the ``peft.PeftModel`` around it while it holds
+        LoRA adapters."""
         self.tokenizer = tokenizer
         self.max_batch_size = max_batch_size
+        self.max_loras_per_batch = max_loras_per_batch
+        self._peft_names: dict[str, str] = {}  # served LoRA adapter name -> peft's name of it
+        self._loads = 0  # adapters loaded so far (each gets a new peft name)
         self.gather_window_s = gather_window_s
         self.context_length = context_length
         self.weight_version = weight_version
@@ -278,6 +302,37 @@ class Scheduler:
         self.paused = False
         self._wake.set()
 
+    def uses(self, adapter: str) -> bool:
+        """Whether a live request (waiting or running) is served by LoRA adapter ``adapter``."""
+        with self._lock:
+            return any(r.lora_path == adapter for r in self._live.values())
+
+    @property
+    def adapters(self) -> set[str]:
+        """The LoRA adapters the model holds, by name."""
+        return set(self._peft_names)
+
+    def load_adapter(self, name: str, config: dict, tensors: NamedTensors) -> None:
+        """(Worker thread, or before ``start``.) Load LoRA adapter ``name`` (see
+        ``kernel.engine.weights.add_adapter``; ValueError if it is loaded already); the prefix
+        cache is flushed."""
+        if name in self._peft_names:
+            raise ValueError(f"lora_name {name!r} is already loaded")
+        # Inside the model peft names it lora<n>: a served name may hold dots (a bare path
+        # names itself), which peft's module names cannot.
+        inner = f"lora{self._loads}"
+        self.model = add_adapter(self.model, inner, config, tensors)
+        self._loads += 1
+        self._peft_names[name] = inner
+        self.prefix_cache.clear()  # a name loaded again must not find its old KV
+
+    def unload_adapter(self, name: str) -> None:
+        """(Worker thread.) Drop LoRA adapter ``name``; back to the bare model after the last."""
+        if name not in self._peft_names:
+            raise ValueError(f"lora_name {name!r} is not loaded (loaded: {sorted(self.adapters)})")
+        self.model = remove_adapter(self.model, self._peft_names.pop(name))
+        self.prefix_cache.clear()
+
     def load(self) -> dict[str, int]:
         with self._lock:
             live = list(self._live.values())
@@ -299,6 +354,7 @@ class Scheduler:
             self._reap_aborted()
             worked = False
             if not self.paused:
+                self._drop_orphans()
                 try:
                     with torch.inference_mode():
                         worked = self._admit()
@@ -341,6 +397,16 @@ class Scheduler:
                     self._finish(r, {"type": "abort", "message": r.abort_message})
             self._select(keep)
 
+    def _drop_orphans(self) -> None:
+        """Running rows whose LoRA adapter is no longer loaded end as aborts (their forward
+        cannot run: peft refuses an unknown adapter)."""
+        loaded = self.adapters
+        gone = [r for r in self._running if r.lora_path is not None and r.lora_path not in loaded]
+        for r in gone:
+            r.abort_message = f"LoRA adapter {r.lora_path!r} was unloaded"
+        if gone:
+            self._reap_aborted()
+
     def _gather(self) -> None:
         """An idle engine's first arrival, if it came alone, waits (at most ``gather_window_s``
         after it came) for more, so that requests sent close together are prefilled in one
@@ -358,32 +424,63 @@ class Scheduler:
             if left <= 0 or not self._wake.wait(left):
                 return
 
+    def _take(self, room: int) -> list[Request]:
+        """Pop up to ``room`` waiting requests, first come first served but for the LoRA limit
+        (SGLang's rule): a request whose adapter would make the running batch hold more than
+        ``max_loras_per_batch`` adapters stays in the queue, in its place, and the requests
+        behind it that fit go first. The batch drains, so it waits for a while, never forever."""
+        active = {r.lora_path for r in self._running} - {None}
+        taken: list[Request] = []
+        held: list[Request] = []
+        with self._lock:
+            while self._waiting and len(taken) < room:
+                r = self._waiting.popleft()
+                name = r.lora_path
+                if name is None or name in active or len(active) < self.max_loras_per_batch:
+                    taken.append(r)
+                    if name is not None:  # the base model takes no slot
+                        active.add(name)
+                else:
+                    held.append(r)
+            self._waiting.extendleft(reversed(held))
+        return taken
+
     def _admit(self) -> bool:
         self._gather()
-        room = self.max_batch_size - len(self._running)
-        with self._lock:
-            new = [self._waiting.popleft() for _ in range(min(room, len(self._waiting)))]
-        done = [r for r in new if r.params.max_new_tokens == 0]
-        for r in done:
-            self._finish(r, {"type": "length", "length": 0})
-        new = [r for r in new if r.params.max_new_tokens > 0]
+        taken = self._take(self.max_batch_size - len(self._running))
+        loaded, new = self.adapters, []
+        for r in taken:
+            if r.lora_path is not None and r.lora_path not in loaded:  # unloaded as it came
+                message = f"LoRA adapter {r.lora_path!r} is not loaded"
+                self._finish(r, {"type": "abort", "message": message})
+            elif r.params.max_new_tokens == 0:
+                self._finish(r, {"type": "length", "length": 0})
+            else:
+                new.append(r)
         if not new:
-            return bool(done)
-        # One prefill row per distinct sequence; a retracted request resumes from its prompt and
-        # the output it already has.
-        distinct: dict[tuple[int, ...], int] = {}
-        rows = [distinct.setdefault(tuple(r.input_ids + r.output_ids), len(distinct)) for r in new]
-        seqs = [list(seq) for seq in distinct]
-        hits = [self.prefix_cache.match(seq) for seq in seqs]  # (cached length, its KV) per row
+            return bool(taken)
+        # One prefill row per distinct (adapter, sequence); a retracted request resumes from its
+        # prompt and the output it already has.
+        distinct: dict[tuple[str | None, tuple[int, ...]], int] = {}
+        rows = [
+            distinct.setdefault((r.lora_path, tuple(r.input_ids + r.output_ids)), len(distinct))
+            for r in new
+        ]
+        adapters = [name for name, _ in distinct]
+        seqs = [list(seq) for _, seq in distinct]
+        # (cached length, its KV) per row, from the entries of the row's own adapter
+        hits = [
+            self.prefix_cache.match(seq, name) for name, seq in zip(adapters, seqs, strict=True)
+        ]
         for r, u in zip(new, rows, strict=True):
             r.cached_tokens = max(r.cached_tokens, min(hits[u][0], len(r.input_ids)))
         cache, ids, mask, positions = self._prefill_inputs(seqs, hits)
-        out = self.model(
+        out = self._forward(
+            adapters,
+            cache,
             input_ids=ids,
             attention_mask=mask,
             position_ids=positions,
-            **cache_kwargs(self.model, cache),
-            use_cache=True,
             logits_to_keep=1,
         )
         self.stats["num_prefills"] += 1
@@ -391,7 +488,7 @@ class Scheduler:
         self.stats["num_cached_tokens"] += sum(c for c, _ in hits)
         self.stats["num_prefill_tokens"] += sum(len(seq) for seq in seqs) - sum(c for c, _ in hits)
         for u, seq in enumerate(seqs):  # before rows are copied per request below
-            self._store(seq, cache, mask, u)
+            self._store(seq, cache, mask, u, adapters[u])
         expand = torch.tensor(rows, device=self.device)  # (n,) the prefill row of each request
         tokens, logprobs = sample_tokens(
             out.logits[expand, -1], *_params(new, self.device), self.generator
@@ -403,6 +500,15 @@ class Scheduler:
             self._merge([new[i] for i in keep], cache, mask[expand[idx]], tokens[idx])
         return True
 
+    def _forward(self, adapters: list[str | None], cache, **inputs):
+        """One forward of the served model over rows served by ``adapters`` (one per row),
+        appending to ``cache``. With LoRA adapters loaded each row names its own (peft's
+        mixed-adapter batch); a bare model takes no names."""
+        inner = self._peft_names
+        if inner:
+            inputs["adapter_names"] = [inner[name] if name else BASE_ADAPTER for name in adapters]
+        return self.model(**inputs, **cache_kwargs(self.base, cache), use_cache=True)
+
     def _prefill_inputs(
         self, seqs: list[list[int]], hits: list[tuple[int, Tensor | None]]
     ) -> tuple[Any, Tensor, Tensor, Tensor]:
@@ -412,7 +518,7 @@ class Scheduler:
         (U, P + S), and the positions of the new tokens (U, S)."""
         from transformers import DynamicCache
 
-        cache = DynamicCache(config=self.model.config)
+        cache = DynamicCache(config=self.base.config)
         cached = [c for c, _ in hits]
         ids, new_mask = left_pad(
             [seq[c:] for seq, c in zip(seqs, cached, strict=True)], self.pad_id, self.device
@@ -434,10 +540,10 @@ class Scheduler:
         positions = (offset + new_mask.cumsum(-1) - 1).clamp(min=0)  # (U, S)
         return cache, ids, torch.cat([past_mask, new_mask], dim=1), positions
 
-    def _store(self, tokens: list[int], cache, mask: Tensor, row: int) -> None:
+    def _store(self, tokens: list[int], cache, mask: Tensor, row: int, adapter: str | None) -> None:
         """Put row ``row`` of a batch's KV ``cache`` (its columns where ``mask`` is 1, which
-        hold ``tokens``) in the prefix cache (not one shorter than a block: it would never be
-        found, so its KV is not even gathered)."""
+        hold ``tokens``; computed by LoRA adapter ``adapter``) in the prefix cache (not one
+        shorter than a block: it would never be found, so its KV is not even gathered)."""
         if self.prefix_cache.max_bytes <= 0 or len(tokens) < BLOCK:
             return
         cols = mask[row].bool()  # (T,)
@@ -447,17 +553,17 @@ class Scheduler:
                 for layer in cache.layers
             ]
         )  # (L, 2, H, len(tokens), D)
-        self.prefix_cache.insert(tokens, kv)
+        self.prefix_cache.insert(tokens, kv, adapter)
 
     def _decode_step(self) -> None:
         mask = F.pad(self._mask, (0, 1), value=1)  # (B, T + 1): the pending token joins
         positions = mask.sum(-1, keepdim=True) - 1  # (B, 1)
-        out = self.model(
+        out = self._forward(
+            [r.lora_path for r in self._running],
+            self._cache,
             input_ids=self._last[:, None],
             attention_mask=mask,
             position_ids=positions,
-            **cache_kwargs(self.model, self._cache),
-            use_cache=True,
         )
         self._mask = mask
         self.stats["num_decode_steps"] += 1
@@ -469,7 +575,8 @@ class Scheduler:
             for i, r in enumerate(self._running):
                 if i not in kept and r.finish_reason["type"] != "abort":
                     # The KV holds the prompt and every output token but the last (not fed).
-                    self._store(r.input_ids + r.output_ids[:-1], self._cache, self._mask, i)
+                    tokens = r.input_ids + r.output_ids[:-1]
+                    self._store(tokens, self._cache, self._mask, i, r.lora_path)
             self._select(keep)
 
     def _append_and_check(self, reqs: list[Request], tokens: Tensor, logprobs: Tensor) -> list[int]:

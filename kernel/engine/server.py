@@ -4,10 +4,21 @@ Tandem's rollouts talk to inference engines over SGLang's protocol (kernel/engin
 On a GPU node those are real SGLang servers behind sglang-router; on a laptop or CI box this
 server stands in for them with the same endpoints, so the same client, router and weight-sync
 code runs everywhere. ``create_app(ServerConfig(...))`` returns the FastAPI app, its routes in
-four groups (``generation_routes``, ``status_routes``, ``control_routes``, ``weight_routes``),
-each handler given the ``ServerState`` by dependency (``State``); the model is loaded at
-start-up (the port opens once it is ready), and all model work runs on the worker thread of
-``kernel.engine.scheduler.Scheduler`` -- handlers only validate, enqueue and await.
+five groups (``generation_routes``, ``status_routes``, ``control_routes``, ``weight_routes``,
+``lora_routes``), each handler given the ``ServerState`` by dependency (``State``); the model is
+loaded at start-up (the port opens once it is ready), and all model work runs on the worker
+thread of ``kernel.engine.scheduler.Scheduler`` -- handlers only validate, enqueue and await.
+
+LoRA, as SGLang serves it: with ``enable_lora`` the server loads the base model once and serves
+PEFT adapters by name, one per prompt (``/generate``'s ``lora_path``; None: the base model),
+loaded at start (``lora_paths``) or at run time (``/load_lora_adapter`` from a folder,
+``/load_lora_adapter_from_tensors`` from a request, ``/unload_lora_adapter``; replies
+``{"success", "error_message", "loaded_adapters"}``, 400 on failure). peft computes them
+(``kernel.engine.weights.add_adapter``), rows of different adapters in one batch. A change runs
+between two steps and flushes the prefix cache, but leaves the weight version alone. A name is
+loaded once (unload it first); an unload waits for the requests it serves to finish, unless
+generation is paused. Full-weight updates keep naming the base model's weights as without
+adapters, and change the base under them.
 
 Where it differs from SGLang, on purpose:
 - ``/update_weights_from_tensor`` takes base64 safetensors bytes, or SGLang's own
@@ -34,7 +45,13 @@ Where it differs from SGLang, on purpose:
   ``--enable-weights-cpu-backup`` leaves them undefined too -- so a weight update must follow;
 - a weight update carrying a NaN or infinite value is refused (400 naming the tensor) before
   anything is copied, and a row whose logits still turn non-finite (fp16 overflow) ends as an
-  abort: no reply carries a non-finite number.
+  abort: no reply carries a non-finite number;
+- LoRA: ``max_loras_per_batch`` counts adapters only (SGLang's memory pool gives the base model
+  a slot too); ``/load_lora_adapter_from_tensors`` takes the ``/update_weights_from_tensor``
+  payloads (one in ``serialized_tensors``); adapters with a bias, ``modules_to_save`` or
+  trainable tokens are refused (they would write weights everyone shares); an adapter cannot
+  be loaded while the weights are released, and ``/release_memory_occupation`` frees the base
+  weights only.
 """
 
 from __future__ import annotations
@@ -64,7 +81,14 @@ from kernel.engine.process_group import (
 )
 from kernel.engine.scheduler import Request as EngineRequest
 from kernel.engine.scheduler import Scheduler, next_version, use_onednn_linears
-from kernel.engine.weights import apply_named_tensors, load_model, parse_dtype, receive_broadcast
+from kernel.engine.weights import (
+    apply_named_tensors,
+    base_names,
+    load_model,
+    parse_dtype,
+    read_adapter,
+    receive_broadcast,
+)
 from kernel.models import load_tokenizer
 from kernel.redact import redact
 
@@ -131,6 +155,15 @@ class ServerConfig:
     weight_group_timeout_s: float = 300.0
     """How long /init_weights_update_group waits for the trainer's rendezvous (and each
     broadcast for its peers); one init runs at a time."""
+    enable_lora: bool = False
+    """Serve LoRA adapters over the one base model (SGLang's --enable-lora): a request names
+    its adapter with ``lora_path``; /load_lora_adapter and /unload_lora_adapter change the set."""
+    lora_paths: list[str] = dataclasses.field(default_factory=list)
+    """LoRA adapters (PEFT folders) loaded at start, each NAME=PATH, or a PATH that names
+    itself (SGLang's --lora-paths); needs enable_lora."""
+    max_loras_per_batch: int = 8
+    """Most distinct LoRA adapters in the running batch (SGLang's --max-loras-per-batch); a
+    request for one more waits until one leaves (base-model requests take no slot)."""
 
     def validate(self) -> ServerConfig:
         if not 0 < self.port < 65536:
@@ -159,7 +192,24 @@ class ServerConfig:
             raise ValueError(
                 f"weight_group_timeout_s must be > 0, got {self.weight_group_timeout_s}"
             )
+        if self.max_loras_per_batch < 1:
+            raise ValueError(f"max_loras_per_batch must be >= 1, got {self.max_loras_per_batch}")
+        if self.lora_paths and not self.enable_lora:
+            raise ValueError("lora_paths needs enable_lora (SGLang's --enable-lora)")
+        names = [lora_spec(spec)[0] for spec in self.lora_paths]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"lora_paths: the names {twice} are given more than once")
         return self
+
+
+def lora_spec(spec: str) -> tuple[str, str]:
+    """(name, path) of a ``lora_paths`` entry: NAME=PATH, or a bare PATH that names itself."""
+    name, sep, path = spec.partition("=")
+    name, path = (name, path) if sep else (spec, spec)
+    if not name or not path:
+        raise ValueError(f"lora_paths: {spec!r} is not NAME=PATH or PATH")
+    return name, path
 
 
 class BadInput(ValueError):
@@ -170,12 +220,19 @@ class MemoryReleased(RuntimeError):
     """Generation while memory is released (colocated training): HTTP 503 with this message."""
 
 
+class Forbidden(PermissionError):
+    """A request this caller may not make: HTTP 403 with this message."""
+
+
+NO_LORA = "this server serves no LoRA adapters: start it with enable_lora (SGLang's --enable-lora)"
+
+
 MEMORY_TAGS = ("weights", "kv_cache")
 
 
 class ServerState:
     """What one running server holds: settings, tokenizer, scheduler (and through it the
-    model), and the weight-sync groups it has joined."""
+    model), the LoRA adapters requests may name, and the weight-sync groups it has joined."""
 
     def __init__(self, settings: ServerConfig, model, tokenizer) -> None:
         self.settings = settings
@@ -194,7 +251,18 @@ class ServerState:
             seed=settings.seed,
             gather_window_s=settings.gather_window_ms / 1000,
             prefix_cache_bytes=int(settings.prefix_cache_mb * 2**20),
+            max_loras_per_batch=settings.max_loras_per_batch,
         )
+        self.lora_adapters: dict[str, str] = {}
+        """LoRA adapters requests may name: name -> where it came from (``loaded_adapters``)."""
+        self.lora_lock = asyncio.Lock()  # one adapter change at a time
+        for spec in settings.lora_paths:
+            name, path = lora_spec(spec)
+            try:
+                self.scheduler.load_adapter(name, *read_adapter(path))
+            except ValueError as exc:
+                raise ValueError(f"lora_paths: {spec!r}: {exc}") from exc
+            self.lora_adapters[name] = path
         self.groups: dict[str, Any] = {}
         self.joining = asyncio.Lock()  # one weight-group rendezvous at a time
         self.model_name = settings.served_model_name or settings.model
@@ -214,7 +282,8 @@ class ServerState:
 
     @property
     def model(self):
-        return self.scheduler.model
+        """The HF model (with LoRA adapters loaded, peft's layers are inside it)."""
+        return self.scheduler.base
 
     def close(self) -> None:
         self.scheduler.shutdown()
@@ -239,7 +308,8 @@ class ServerState:
             )
         self.scheduler.prefix_cache.clear()  # KV memory; and stale once weights come back
         if "weights" in tags and "weights" not in self.released:
-            for name, p in self.model.named_parameters():  # tied weights are listed once
+            # The base weights (tied ones are listed once); LoRA adapters are small and stay.
+            for name, p in base_names(self.model.named_parameters()).items():
                 self._released_shapes[name] = p.shape
                 p.data = torch.empty(0, dtype=p.dtype, device=p.device)
             if torch.cuda.is_initialized():  # the caching allocator keeps freed blocks: give
@@ -259,7 +329,7 @@ class ServerState:
                 f"(released: {sorted(self.released)})"
             )
         if "weights" in tags:
-            params = dict(self.model.named_parameters())
+            params = base_names(self.model.named_parameters())
             for name, shape in self._released_shapes.items():
                 p = params[name]
                 p.data = torch.zeros(shape, dtype=p.dtype, device=p.device)
@@ -267,6 +337,26 @@ class ServerState:
         self.released -= tags
         self.memory_stats["num_memory_resumes"] += 1
         return sorted(self.released)
+
+    # ---- LoRA adapters (on the worker thread) ----------------------------------------------
+
+    def load_adapter(self, name: str, config: dict, tensors) -> None:
+        """Load LoRA adapter ``name`` into the model (its layers are made beside the weights)."""
+        if "weights" in self.released:
+            raise BadInput(
+                "the weights are released: POST /resume_memory_occupation (and update the "
+                "weights) before loading a LoRA adapter"
+            )
+        self.scheduler.load_adapter(name, config, tensors)
+
+    def _check_lora(self, name: str, where: str) -> None:
+        if not self.settings.enable_lora:
+            raise BadInput(f"{where}: {NO_LORA}")
+        if name not in self.lora_adapters:
+            raise BadInput(
+                f"{where}: LoRA adapter {name!r} is not loaded (loaded: "
+                f"{sorted(self.lora_adapters)})"
+            )
 
     # ---- /generate -------------------------------------------------------------------------
 
@@ -291,6 +381,7 @@ class ServerState:
         k = len(prompts)
         params = _per_prompt("sampling_params", req.sampling_params, k)
         logprob = _per_prompt("return_logprob", req.return_logprob, k)
+        loras = _per_prompt("lora_path", req.lora_path, k)
         if isinstance(req.rid, list) and len(req.rid) != k:
             raise BadInput(f"rid: got {len(req.rid)} ids for {k} prompts")
         base = req.rid if isinstance(req.rid, str) else uuid.uuid4().hex
@@ -299,6 +390,8 @@ class ServerState:
             where = f"{field}[{i}]" if batched else field
             if not ids:
                 raise BadInput(f"{where} is empty")
+            if loras[i] is not None:
+                self._check_lora(loras[i], f"lora_path[{i}]" if batched else "lora_path")
             bad = next((t for t in ids if not 0 <= t < self.vocab_size), None)
             if bad is not None:
                 vocab = f"[0, {self.vocab_size})"
@@ -324,6 +417,7 @@ class ServerState:
                         input_ids=list(ids),
                         params=p,
                         return_logprob=logprob[i],
+                        lora_path=loras[i],
                     )
                 )
         return out, batched or len(out) > k
@@ -464,6 +558,8 @@ control_routes = APIRouter()
 """Abort, pause and continue, memory release and resume."""
 weight_routes = APIRouter()
 """Weight versions and the three weight-update paths (disk, tensor, distributed group)."""
+lora_routes = APIRouter()
+"""LoRA adapters: load (from a folder or from tensors) and unload."""
 
 
 @generation_routes.api_route("/generate", methods=["POST", "PUT"])
@@ -490,7 +586,7 @@ async def chat_completions(e: State, body: P.ChatCompletionRequest, request: Req
         limit = body.max_completion_tokens or body.max_tokens
         params = {"temperature": body.temperature, "top_p": body.top_p, "n": body.n}
         params |= {"stop": body.stop, "max_new_tokens": limit}
-        gen = P.GenerateRequest(input_ids=ids, sampling_params=params)
+        gen = P.GenerateRequest(input_ids=ids, sampling_params=params, lora_path=body.lora_path)
         return ids, e.build_requests(gen)[0]
 
     ids, reqs = await asyncio.to_thread(build)
@@ -560,6 +656,7 @@ def server_info(e: State) -> dict:
     state |= cache.stats | {"cache_entries": len(cache), "cache_mb": cache.bytes / 2**20}
     state |= e.memory_stats | {"memory_released": sorted(e.released)}
     return {
+        "loaded_lora_adapters": dict(e.lora_adapters),
         **redact(dataclasses.asdict(e.settings)),
         "model_path": e.settings.model,
         "tokenizer_path": e.settings.tokenizer or e.settings.model,
@@ -698,12 +795,20 @@ async def update_weight_version(e: State, body: P.UpdateWeightVersionRequest):
     return _result(True, msg, new_version=body.new_version)
 
 
+def _outside(e: ServerState, path: str, field: str) -> str | None:
+    """Why ``path`` may not be loaded from: it lies outside the server's ``weights_dir`` (None:
+    it may)."""
+    allowed = e.settings.weights_dir
+    if allowed and not Path(path).resolve().is_relative_to(Path(allowed).resolve()):
+        return f"{field} {path!r} is outside weights_dir {allowed!r}"
+    return None
+
+
 @weight_routes.post("/update_weights_from_disk")
 async def update_weights_from_disk(e: State, body: P.UpdateWeightsFromDiskRequest):
-    allowed = e.settings.weights_dir
-    if allowed and not Path(body.model_path).resolve().is_relative_to(Path(allowed).resolve()):
-        message = f"model_path {body.model_path!r} is outside weights_dir {allowed!r}"
-        return _result(False, message, num_paused_requests=0)
+    refused = _outside(e, body.model_path, "model_path")
+    if refused:
+        return _result(False, refused, num_paused_requests=0)
     try:  # load beside the running model, off the worker thread: generation goes on
         new = await asyncio.to_thread(load_model, body.model_path, e.settings.dtype, "cpu")
     except Exception as exc:
@@ -731,27 +836,45 @@ def _local(request: Request) -> bool:
         return False
 
 
+DECODERS = {
+    None: W.decode_named_tensors,
+    "safetensors": W.decode_named_tensors,
+    "flattened_bucket": W.decode_flattened_bucket,
+}
+"""The tensor payloads a request may carry, by ``load_format`` (kernel/engine/weights.py)."""
+
+
+async def _decode(
+    e: ServerState, request: Request, load_format: str | None, payloads: list[str], field: str
+) -> list[tuple[str, Any]]:
+    """The named tensors of ``payloads`` (the request's ``field``) in ``load_format``, decoded
+    off the event loop. Forbidden for a pickled payload from off this machine to a keyless
+    server (see the module docstring); ValueError for an unknown format or a bad payload."""
+    if load_format == "flattened_bucket" and not (e.settings.api_key or _local(request)):
+        raise Forbidden(
+            "load_format 'flattened_bucket' is a pickle: accepted only from this machine or "
+            "by a server started with --api_key"
+        )
+    decode = DECODERS.get(load_format)
+    if decode is None:
+        formats = [f for f in DECODERS if f]
+        raise ValueError(f"load_format {load_format!r} is not one of {formats}")
+    try:
+        chunks = [await asyncio.to_thread(decode, p) for p in payloads]
+    except ValueError as exc:
+        raise ValueError(f"{field}: {exc}") from exc
+    return [item for chunk in chunks for item in dict(chunk).items()]
+
+
 @weight_routes.post("/update_weights_from_tensor")
 async def update_weights_from_tensor(
     e: State, body: P.UpdateWeightsFromTensorRequest, request: Request
 ):
-    decoders = {None: W.decode_named_tensors, "safetensors": W.decode_named_tensors}
-    decoders["flattened_bucket"] = W.decode_flattened_bucket
-    decode = decoders.get(body.load_format)
-    if body.load_format == "flattened_bucket" and not (e.settings.api_key or _local(request)):
-        message = (
-            "load_format 'flattened_bucket' is a pickle: accepted only from this machine or "
-            "by a server started with --api_key"
-        )
-        return _error(403, message)
-    if decode is None:
-        formats = ["safetensors", "flattened_bucket"]
-        return _result(False, f"load_format {body.load_format!r} is not one of {formats}")
+    field = "serialized_named_tensors"
     try:
-        chunks = [await asyncio.to_thread(decode, p) for p in body.serialized_named_tensors]
+        named = await _decode(e, request, body.load_format, body.serialized_named_tensors, field)
     except ValueError as exc:
-        return _result(False, f"serialized_named_tensors: {exc}")
-    named = [item for chunk in chunks for item in dict(chunk).items()]
+        return _result(False, str(exc))
     return await _update(
         e.scheduler,
         lambda: W.apply_named_tensors(e.model, named),
@@ -825,6 +948,82 @@ async def update_weights_from_distributed(e: State, body: P.UpdateWeightsFromDis
     )
 
 
+def _lora_reply(e: ServerState, error: str | None = None) -> JSONResponse:
+    """SGLang's reply to a LoRA adapter change (HTTP 400 when it failed)."""
+    body = {"success": error is None, "error_message": error}
+    body["loaded_adapters"] = dict(e.lora_adapters)
+    return JSONResponse(body, status_code=200 if error is None else 400)
+
+
+async def _load_adapter(e: ServerState, name: str, source: str, read) -> JSONResponse:
+    """Load LoRA adapter ``name`` from ``await read()`` -- its (config, tensors) -- on the
+    worker thread between two steps; ``loaded_adapters`` shows it as ``source``."""
+    if not e.settings.enable_lora:
+        return _lora_reply(e, NO_LORA)
+    async with e.lora_lock:  # a name is checked and taken by one change at a time
+        if name in e.lora_adapters:
+            return _lora_reply(e, f"lora_name {name!r} is already loaded (unload it first)")
+        try:
+            config, tensors = await read()
+            load = e.scheduler.call(lambda: e.load_adapter(name, config, tensors))
+            await asyncio.wrap_future(load)
+        except Forbidden:
+            raise
+        except Exception as exc:  # a bad folder, config or tensor: the adapter is not loaded
+            log.warning("loading LoRA adapter %r failed: %s", name, exc)
+            return _lora_reply(e, f"loading LoRA adapter {name!r} failed: {exc}")
+        e.lora_adapters[name] = source
+    return _lora_reply(e)
+
+
+@lora_routes.post("/load_lora_adapter")
+async def load_lora_adapter(e: State, body: P.LoadLoRAAdapterRequest):
+    refused = _outside(e, body.lora_path, "lora_path")
+    if refused:
+        return _lora_reply(e, refused)
+
+    async def read():  # off the worker thread: generation goes on
+        return await asyncio.to_thread(read_adapter, body.lora_path)
+
+    return await _load_adapter(e, body.lora_name, body.lora_path, read)
+
+
+TENSORS_SOURCE = "<tensors>"
+"""What ``loaded_adapters`` shows for an adapter loaded from a request's tensors."""
+
+
+@lora_routes.post("/load_lora_adapter_from_tensors")
+async def load_lora_adapter_from_tensors(
+    e: State, body: P.LoadLoRAAdapterFromTensorsRequest, request: Request
+):
+    async def read():
+        payloads = [body.serialized_tensors]
+        named = await _decode(e, request, body.load_format, payloads, "serialized_tensors")
+        return body.config_dict, named
+
+    return await _load_adapter(e, body.lora_name, TENSORS_SOURCE, read)
+
+
+@lora_routes.post("/unload_lora_adapter")
+async def unload_lora_adapter(e: State, body: P.UnloadLoRAAdapterRequest):
+    name, s = body.lora_name, e.scheduler
+    async with e.lora_lock:
+        if name not in e.lora_adapters:
+            loaded = sorted(e.lora_adapters)
+            return _lora_reply(e, f"lora_name {name!r} is not loaded (loaded: {loaded})")
+        source = e.lora_adapters.pop(name)  # /generate refuses it from now on
+        # As SGLang, the requests it serves finish first. Paused ones cannot: they stay, and
+        # end as aborts at their next step unless it is loaded again before they continue.
+        while s.uses(name) and not s.paused:
+            await asyncio.sleep(0.01)
+        try:
+            await asyncio.wrap_future(s.call(lambda: s.unload_adapter(name)))
+        except Exception as exc:
+            e.lora_adapters[name] = source
+            return _lora_reply(e, f"unloading LoRA adapter {name!r} failed: {exc}")
+    return _lora_reply(e)
+
+
 def create_app(settings: ServerConfig) -> FastAPI:
     """The FastAPI app of one embedded server (load happens at start-up, not here)."""
     settings.validate()
@@ -851,7 +1050,11 @@ def create_app(settings: ServerConfig) -> FastAPI:
     async def _released(_: Request, exc: MemoryReleased):
         return _error(503, str(exc))
 
-    for router in (generation_routes, status_routes, control_routes, weight_routes):
+    @app.exception_handler(Forbidden)
+    async def _forbidden(_: Request, exc: Forbidden):
+        return _error(403, str(exc))
+
+    for router in (generation_routes, status_routes, control_routes, weight_routes, lora_routes):
         app.include_router(router)
     app.add_middleware(Guard, limit_mb=settings.max_request_mb, api_key=settings.api_key)
     return app

@@ -17,7 +17,14 @@
 - from distributed: tensors broadcast by rank 0 of a custom process group (kernel/sync).
 
 All three end in ``apply_named_tensors``, which checks every name, shape and value (no NaN or
-infinity) before it copies anything, so a bad payload leaves the model as it was.
+infinity) before it copies anything, so a bad payload leaves the model as it was. The names are
+the HF model's own also while it serves LoRA adapters (``base_names``).
+
+LoRA adapters (PEFT format: ``adapter_config.json`` and ``adapter_model.safetensors``, from a
+folder with ``read_adapter`` or as tensors) are served by peft: ``add_adapter`` wraps the model
+in a ``peft.PeftModel`` on the first (the HF model stays the same object, with peft's layers
+inside) and ``remove_adapter`` unwraps it after the last. Their tensors go through the same
+checks, so a bad adapter is refused whole.
 """
 
 from __future__ import annotations
@@ -25,11 +32,13 @@ from __future__ import annotations
 import base64
 import contextlib
 import io
+import json
 import pickle
 import threading
 import types
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 from torch import Tensor
@@ -57,19 +66,42 @@ def _items(named: NamedTensors) -> list[tuple[str, Tensor]]:
     return list(named.items()) if isinstance(named, Mapping) else list(named)
 
 
-def apply_named_tensors(model, named: NamedTensors) -> int:
-    """Copy tensors into the model's parameters and buffers by name; returns how many.
+def base_names(named: Iterable[tuple[str, Tensor]]) -> dict[str, Tensor]:
+    """An HF model's tensors by the names they have without LoRA adapters: where peft wraps a
+    layer, its ``...q_proj.base_layer.weight`` answers to ``...q_proj.weight``, and the
+    adapters' own tensors (``lora_A``, ``lora_B``, ...) are left out. A bare model's names stay."""
+    return {n.replace(".base_layer.", "."): t for n, t in named if ".lora_" not in n}
 
-    Names are the model's ``state_dict()`` keys (tied weights answer to both names). Values are
-    cast to the parameter's dtype and device. Unknown names, wrong shapes and NaN or infinite
-    values are refused (ValueError naming the tensors) before anything is copied.
+
+def apply_named_tensors(model, named: NamedTensors) -> int:
+    """Copy tensors into the HF model's parameters and buffers by name; returns how many.
+
+    Names are the model's ``state_dict()`` keys (tied weights answer to both names), those of
+    the bare model also while it serves LoRA adapters (``base_names``: the base weights change,
+    the adapters stay). Values are cast to the parameter's dtype and device. Unknown names,
+    wrong shapes and NaN or infinite values are refused (ValueError naming the tensors) before
+    anything is copied.
     """
     items = _items(named)
-    targets = model.state_dict(keep_vars=True)
-    errors = []
+    targets = base_names(model.state_dict(keep_vars=True).items())
+    _check(items, targets, "parameter")
+    with torch.no_grad():
+        for name, tensor in items:
+            targets[name].copy_(tensor)
+    return len(items)
+
+
+def _check(
+    items: list[tuple[str, Tensor]], targets: Mapping[str, Tensor], what: str, complete=False
+) -> None:
+    """Refuse (ValueError naming the tensors) names ``targets`` lacks, shapes other than its,
+    NaN or infinite values and, if ``complete``, a target left out."""
+    given = {name for name, _ in items}
+    errors = [f"missing {what} {n!r}" for n in targets if complete and n not in given]
     for name, tensor in items:
         if name not in targets:
-            errors.append(f"unknown parameter {name!r}")
+            like = next(iter(targets), None)
+            errors.append(f"unknown {what} {name!r} (the model's are named like {like!r})")
         elif tuple(tensor.shape) != tuple(targets[name].shape):
             errors.append(
                 f"{name}: shape {list(tensor.shape)} != the model's {list(targets[name].shape)}"
@@ -79,10 +111,6 @@ def apply_named_tensors(model, named: NamedTensors) -> int:
     if errors:
         more = f" (and {len(errors) - 3} more)" if len(errors) > 3 else ""
         raise ValueError("; ".join(errors[:3]) + more)
-    with torch.no_grad():
-        for name, tensor in items:
-            targets[name].copy_(tensor)
-    return len(items)
 
 
 def _finite(tensor: Tensor) -> bool:
@@ -279,3 +307,132 @@ def receive_broadcast(
         dist.broadcast(tensor, src=0, group=group)
         received.append((name, tensor))
     return received
+
+
+# ---- LoRA adapters (peft) ----------------------------------------------------------------------
+
+ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def read_adapter(path: str) -> tuple[dict, dict[str, Tensor]]:
+    """A PEFT adapter folder's config (``adapter_config.json``) and tensors
+    (``adapter_model.safetensors``); ValueError naming the folder if either is missing or bad."""
+    from safetensors.torch import load_file
+
+    folder = Path(path)
+    try:
+        config = json.loads((folder / ADAPTER_CONFIG).read_text())
+        tensors = load_file(folder / ADAPTER_WEIGHTS)
+    except Exception as exc:  # OSError, JSONDecodeError, SafetensorError: all a bad folder
+        raise ValueError(
+            f"{path}: not a PEFT adapter folder ({ADAPTER_CONFIG}, {ADAPTER_WEIGHTS}): {exc}"
+        ) from exc
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: {ADAPTER_CONFIG} holds no JSON object")
+    return config, tensors
+
+
+def _lora_config(config: dict):
+    """peft's LoraConfig of an ``adapter_config.json``, set up to serve; ValueError for anything
+    but plain LoRA matrices: a bias, ``modules_to_save`` or trainable tokens would write weights
+    that the base model and every other adapter share (SGLang serves none of them either)."""
+    from peft import PeftConfig, PeftType
+
+    try:
+        lora = PeftConfig.from_peft_type(**config)
+    except Exception as exc:  # unknown peft_type, bad values: the config's fault
+        raise ValueError(f"not a peft adapter config: {exc}") from exc
+    if lora.peft_type != PeftType.LORA:
+        raise ValueError(f"peft_type {config.get('peft_type')!r}: only LORA adapters are served")
+    shared = {
+        "bias": lora.bias != "none",
+        "modules_to_save": bool(lora.modules_to_save),
+        "trainable_token_indices": bool(getattr(lora, "trainable_token_indices", None)),
+        "layer_replication": bool(lora.layer_replication),
+    }
+    if any(shared.values()):
+        raise ValueError(
+            f"{[k for k, v in shared.items() if v]}: only LoRA matrices are served (these change "
+            "weights the base model and the other adapters share)"
+        )
+    lora.inference_mode = True
+    # The loaded tensors replace the initial ones; other inits (PiSSA, OLoRA, ...) would rewrite
+    # the base weights.
+    lora.init_lora_weights = True
+    return lora
+
+
+def add_adapter(model, name: str, config: dict, named: NamedTensors):
+    """Load LoRA adapter ``name`` (peft's name for it: a module name, no dots) into ``model``
+    (the served HF model, or the ``peft.PeftModel`` around it); returns the PeftModel to serve
+    with.
+
+    ``config`` is the adapter's ``adapter_config.json``, ``named`` its tensors under the names
+    of an adapter file (what ``peft.get_peft_model_state_dict`` gives, e.g.
+    ``base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight``), cast to the model's
+    dtype and device. They must be exactly those the config makes, in name and shape, and
+    finite, and the adapter must run in a mixed batch: anything wrong raises ValueError and
+    leaves the model as it was."""
+    from peft import PeftModel, get_peft_model_state_dict, set_peft_model_state_dict
+
+    lora, items = _lora_config(config), _items(named)
+    wrapped = isinstance(model, PeftModel)
+    base = model.get_base_model() if wrapped else model
+    # The adapter's dtype is the model's (peft would cast 16-bit adapters to float32 by default).
+    try:
+        if wrapped:
+            model.add_adapter(name, lora, autocast_adapter_dtype=False)
+        else:
+            model = PeftModel(model, lora, adapter_name=name, autocast_adapter_dtype=False)
+    except Exception as exc:
+        _strip(base, name, unwrap=not wrapped)
+        raise ValueError(f"config_dict does not fit the model: {exc}") from exc
+    model.eval()  # peft makes its new layers in training mode (dropout)
+    try:
+        expected = get_peft_model_state_dict(model, adapter_name=name, save_embedding_layers=False)
+        _check(items, expected, "adapter tensor", complete=True)
+        set_peft_model_state_dict(model, dict(items), adapter_name=name)
+        _probe(model, name)
+    except Exception:
+        model = remove_adapter(model, name)
+        raise
+    return model
+
+
+def _probe(model, name: str) -> None:
+    """One token through adapter ``name`` in a mixed batch, as the scheduler runs it: peft
+    loads some adapters it cannot batch (DoRA), which must fail here, not in a batch."""
+    ids = torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device)
+    try:
+        with torch.no_grad():
+            model(input_ids=ids, adapter_names=[name], use_cache=False)
+    except Exception as exc:
+        raise ValueError(f"the adapter cannot run in a mixed-adapter batch: {exc}") from exc
+
+
+def remove_adapter(model, name: str):
+    """``model`` (a ``peft.PeftModel``) without LoRA adapter ``name``; after the last one, the
+    bare HF model again (peft's ``unload`` puts back every layer it wrapped)."""
+    if list(model.peft_config) == [name]:
+        return model.unload()
+    model.delete_adapter(name)
+    return model
+
+
+def _strip(base, name: str, unwrap: bool) -> None:
+    """Undo what a failed injection of adapter ``name`` left in the HF model ``base``: peft
+    wraps layer after layer, and one may fail after others were wrapped. Its weights go, and
+    with ``unwrap`` (no other adapter was loaded) the wrapping layers too."""
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    for key, module in list(base.named_modules()):
+        if not isinstance(module, BaseTunerLayer):
+            continue
+        if unwrap:
+            parent, _, child = key.rpartition(".")
+            setattr(base.get_submodule(parent), child, module.get_base_layer())
+        else:
+            module.delete_adapter(name)
+    if unwrap and hasattr(base, "peft_config"):  # peft marks the model once it wrapped it all
+        del base.peft_config

@@ -33,7 +33,7 @@ def parse_version(version: str | None) -> int | None:
         return None
 
 
-OVERRIDABLE = ("rollout", "optim", "loss", "trainer", "engine", "resources")
+OVERRIDABLE = ("rollout", "optim", "loss", "trainer", "engine", "resources", "lora")
 
 
 @dataclass
@@ -78,6 +78,10 @@ class AgentSpec:
     resources: dict[str, Any] = field(default_factory=dict)
     """Placement of this agent's model on a cluster (GPUs for training and inference,
     colocation, parallel sizes); see kernel.cluster.plan.ResourceConfig and `kernel launch`."""
+    lora: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the run's lora section (rank, alpha, dropout, target_modules). On the agent
+    that owns a model, rank > 0 makes every trainable agent of that model train a LoRA adapter
+    of its own over the frozen base; on an agent sharing a model, its own adapter's settings."""
 
     def validate(self) -> AgentSpec:
         where = f"agents[{self.name!r}]"
@@ -90,8 +94,9 @@ class AgentSpec:
         if self.share_model_with is not None:
             own = [k for k in ("model", "tokenizer", *OVERRIDABLE) if getattr(self, k)]
             own += [k for k in ("update_every", "backend") if getattr(self, k) != _DEFAULTS[k]]
-            # Sampling settings are per agent even on a shared model; the rest belong to the model.
-            own = [k for k in own if k != "rollout"]
+            # Sampling and adapter settings are per agent even on a shared model; the rest belong
+            # to the model.
+            own = [k for k in own if k not in ("rollout", "lora")]
             if own:
                 raise ValueError(
                     f"{where} shares the model of {self.share_model_with!r}, so {', '.join(own)} "
@@ -177,6 +182,7 @@ class AgentHandle:
     max_context_len: int
     pool: EnginePool | None = None  # set: a failed engine is taken out and the request retried
     batcher: Any = None  # RequestBatcher shared by the agents of one model (None: one of its own)
+    lora_path: str | None = None  # the LoRA adapter the engines serve this agent with (None: base)
 
     def __post_init__(self) -> None:
         if not self.clients:
@@ -189,7 +195,7 @@ class AgentHandle:
         engine could serve it (the prompt group is then rolled out again later)."""
         params = {"max_new_tokens": self.max_response_len, **self.sampling, **(sampling or {})}
         try:
-            return await self.batcher.submit(input_ids, params)
+            return await self.batcher.submit(input_ids, params, lora_path=self.lora_path)
         except EpisodeAborted as e:
             raise EpisodeAborted(f"agent {self.name!r}: {e}") from e
 

@@ -6,6 +6,9 @@ every prompt group handed out but not yet trained (so a crash mid-step neither s
 repeats a prompt) and the samples queued for a later update, the step and each model's weight
 version.
 
+``export`` writes one agent's model out of a checkpoint as a folder any engine loads (a LoRA
+adapter merged into its base, or the adapter alone).
+
 A save writes ``step_N.tmp`` (state.json last), fsyncs it and renames it to ``step_N``, so a
 ``step_N`` folder is whole unless something damaged it later; a leftover ``.tmp`` (a crash
 mid-save) is ignored and removed by the next save, which keeps only itself and the checkpoint
@@ -154,3 +157,43 @@ def _check_safetensors(path: Path) -> None:
 def rng_state(state):
     """random.getstate() after a JSON round trip: lists back to tuples."""
     return tuple(tuple(x) if isinstance(x, list) else x for x in state)
+
+
+def export(checkpoint: Path, agent: str, out: Path, merge: bool = True) -> Path:
+    """Agent ``agent``'s model as ``checkpoint`` (a run's ``checkpoints/step_N``) saved it, as a
+    folder ``out`` that any engine or HF loader takes: a fully trained model's weights as they
+    are; a LoRA agent's adapter merged into its base (``merge``: one HF folder), or its PEFT
+    adapter folder alone (not ``merge``: serve it on the base with SGLang's --lora-paths).
+    The run's ``config.json`` says which model the agent plays."""
+    from kernel.models import check_model, load_causal_lm, load_tokenizer, materialize_model
+    from kernel.run.agents import agent_specs
+
+    run = checkpoint.parent.parent
+    config = _read_json(run / "config.json")
+    specs = {s.name: s for s in agent_specs(config["agents"])}
+    if agent not in specs:
+        raise ValueError(f"--agent {agent!r}: the run's agents are {sorted(specs)}")
+    spec = specs[agent]
+    owner = spec.share_model_with or agent
+    saved = checkpoint / "trainers" / owner
+    if not saved.is_dir():
+        raise ValueError(f"{saved}: missing (agent {agent!r}'s model did not train in this run)")
+    out.mkdir(parents=True, exist_ok=True)
+    adapter = saved / "adapters" / agent
+    if not (saved / "adapters").is_dir():  # a fully trained model: its HF files
+        for f in saved.iterdir():
+            if f.suffix in (".json", ".safetensors", ".jinja", ".txt", ".model"):
+                shutil.copy2(f, out / f.name)
+        return out
+    if not adapter.is_dir():
+        raise ValueError(f"{adapter}: missing (agent {agent!r} trained no adapter)")
+    if not merge:
+        shutil.copytree(adapter, out, dirs_exist_ok=True)
+        return out
+    from peft import PeftModel
+
+    base = materialize_model(check_model(specs[owner].model or config["model"]), run / "models")
+    merged = PeftModel.from_pretrained(load_causal_lm(base, dtype="float32"), adapter)
+    merged.merge_and_unload().save_pretrained(out)
+    load_tokenizer(base).save_pretrained(out)
+    return out

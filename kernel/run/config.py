@@ -31,6 +31,7 @@ from kernel.rewards import RewardConfig
 from kernel.run.agents import AgentSpec, agent_specs, model_groups
 from kernel.sync.push import SyncConfig
 from kernel.train.critic import CriticConfig
+from kernel.train.lora import LoraConfig
 from kernel.train.optim import OptimConfig
 from kernel.train.ray_trainer import RayConfig
 from kernel.train.torch_backend import TorchTrainerConfig
@@ -136,7 +137,7 @@ class TrainConfig:
     agents: list[str | AgentSpec | dict[str, Any]] = field(default_factory=lambda: ["default"])
     """The agents (ctx.agents[name]). A bare name shares the first agent's model; a spec
     {name, model, share_model_with, trainable, update_every, backend, rollout, optim, loss,
-    trainer, engine, resources} gets its own model, trainer and engines unless it names
+    trainer, engine, resources, lora} gets its own model, trainer and engines unless it names
     share_model_with (see kernel.run.agents.AgentSpec)."""
     num_steps: int = 10
     """Training steps (one step = one batch of prompt groups rolled out and trained on)."""
@@ -173,6 +174,11 @@ class TrainConfig:
     """Advantage estimation."""
     critic: CriticConfig = field(default_factory=CriticConfig)
     """The value model of advantage.estimator gae (one per trained model)."""
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    """LoRA instead of full fine-tuning (rank 0, the default: full). With rank > 0 (here, or
+    in the lora of the agent that owns a model) every trainable agent of the model trains an
+    adapter of its own over the one frozen base, and the model's engines serve each adapter
+    under its agent's name (multi-LoRA)."""
     loss: LossConfig = field(default_factory=LossConfig)
     """Policy loss."""
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -212,7 +218,10 @@ class TrainConfig:
         models = []
         for owner, members in groups.items():
             rollouts = {s.name: self.agent_rollout(s) for s in members}  # validates each
-            m = ModelPlan(owner, tuple(members), self.model_settings(members[0]), rollouts)
+            adapters = self.adapters(members)
+            frozen = [s.name for s in members if not s.trainable]
+            settings = self.model_settings(members[0], adapters, frozen)
+            m = ModelPlan(owner, tuple(members), settings, rollouts, adapters)
             temperatures = {rollouts[s.name].temperature for s in members if s.trainable}
             if len(temperatures) > 1:
                 raise ValueError(
@@ -227,6 +236,8 @@ class TrainConfig:
             backend = m.settings.backend
             if self.advantage.estimator == "gae" and backend == "megatron" and m.trained:
                 raise ValueError(f"agents[{owner!r}]: {CRITIC_BACKEND_ERROR}")
+            if m.trained_adapters:
+                self._check_lora(owner, backend)
             if backend == "megatron" and len(groups) > 1 and not self.ray.enabled:
                 raise ValueError(
                     "agents: the megatron backend trains one model per process; give the other "
@@ -254,13 +265,83 @@ class TrainConfig:
         """The agents as full specs (bare names expanded), the sharing graph checked."""
         return agent_specs(self.agents)
 
+    def adapters(self, members: list[AgentSpec]) -> dict[str, LoraConfig]:
+        """The LoRA adapters of the model ``members`` play (the owner first), by agent: when
+        the owner's rank is > 0, one per trainable agent (the owner's lora with the agent's
+        own overrides); and a frozen agent's whose lora names a ``path`` (served as it is, on
+        a model not trained in full)."""
+        owner = members[0]
+        base = _override(self.lora, owner.lora, f"agents[{owner.name!r}].lora")
+        full = not base.enabled and any(s.trainable for s in members)
+        adapters = {}
+        for s in members:
+            where = f"agents[{s.name!r}].lora"
+            lora = (_override(base, s.lora, where) if s.lora else base).resolved(where)
+            if full and s.lora:
+                raise ValueError(
+                    f"{where}: the model of {owner.name!r} trains in full (lora.rank 0): set "
+                    f"lora.rank on {owner.name!r} (or the run's lora) to give its agents adapters"
+                )
+            if ((s.trainable and base.enabled) or lora.path) and s.name in "lora_":
+                raise ValueError(  # peft may re-initialise such an adapter when it loads it
+                    f"agents[{s.name!r}]: a LoRA adapter is named after its agent, and a name "
+                    "inside peft's prefix 'lora_' is not safe: rename the agent"
+                )
+            if s.trainable and base.enabled:
+                if not lora.enabled:
+                    raise ValueError(
+                        f"{where}.rank is 0 on the LoRA model of {owner.name!r}: its base is "
+                        "frozen; freeze the agent (trainable: false) to serve the base"
+                    )
+                adapters[s.name] = lora
+            elif not s.trainable and lora.path:
+                adapters[s.name] = lora
+        return adapters
+
+    def _check_lora(self, owner: str, backend: str) -> None:
+        """What LoRA does not train with yet, refused before anything starts."""
+        where = f"agents[{owner!r}]"
+        if backend == "megatron":
+            raise ValueError(
+                f"{where}: LoRA (lora.rank > 0) trains on the torch backend; the megatron backend "
+                "trains full models only: set backend torch for this model, or lora.rank 0"
+            )
+        refused = {
+            "ray.enabled (LoRA trainers run in the run's own process)": self.ray.enabled,
+            "async_mode (an adapter is replaced by unload and load, which must not meet a "
+            "rollout)": self.async_mode,
+            "advantage.estimator gae (the critic shares no base with adapters)": (
+                self.advantage.estimator == "gae"
+            ),
+        }
+        for what, on in refused.items():
+            if on:
+                raise ValueError(f"{where}: LoRA (lora.rank > 0) does not train with {what}")
+
     def agent_rollout(self, spec: AgentSpec) -> RolloutConfig:
         """The rollout section with this agent's overrides."""
         return _override(self.rollout, spec.rollout, f"agents[{spec.name!r}].rollout")
 
-    def model_settings(self, owner: AgentSpec) -> ModelSettings:
-        """Everything about the model an owner agent plays (and any agent sharing it)."""
+    def model_settings(
+        self,
+        owner: AgentSpec,
+        adapters: dict[str, LoraConfig] | None = None,
+        frozen: Collection[str] = (),
+    ) -> ModelSettings:
+        """Everything about the model an owner agent plays (and any agent sharing it); the
+        engines of a model with LoRA ``adapters`` serve them (``EngineConfig.enable_lora``),
+        those of the ``frozen`` agents from their folders (``lora_paths``)."""
         where = f"agents[{owner.name!r}]"
+        engine = _override(self.engine, owner.engine, f"{where}.engine")
+        if adapters:  # trained ones are pushed at start; frozen ones load from their folders
+            targets = sorted({t for a in adapters.values() for t in a.target_modules})
+            engine = replace(
+                engine,
+                enable_lora=True,
+                max_lora_rank=max(a.rank for a in adapters.values()),
+                lora_target_modules=targets,
+                lora_paths=[f"{n}={a.path}" for n, a in adapters.items() if n in frozen],
+            )
         return ModelSettings(
             model=owner.model or self.model,
             backend=owner.backend,
@@ -270,7 +351,7 @@ class TrainConfig:
             trainer=_override(
                 backend_config(owner.backend, self.trainer), owner.trainer, f"{where}.trainer"
             ),
-            engine=_override(self.engine, owner.engine, f"{where}.engine"),
+            engine=engine,
         )
 
 
@@ -296,6 +377,7 @@ class ModelPlan:
     agents: tuple[AgentSpec, ...]
     settings: ModelSettings
     rollouts: dict[str, RolloutConfig]  # agent name -> its rollout section
+    adapters: dict[str, LoraConfig] = field(default_factory=dict)  # agent -> its LoRA adapter
 
     @property
     def temperature(self) -> float:
@@ -305,6 +387,12 @@ class ModelPlan:
     @property
     def trained(self) -> bool:
         return any(s.trainable for s in self.agents)
+
+    @property
+    def trained_adapters(self) -> dict[str, LoraConfig]:
+        """The LoRA adapters its trainer trains (those of its trainable agents)."""
+        trainable = {s.name for s in self.agents if s.trainable}
+        return {n: a for n, a in self.adapters.items() if n in trainable}
 
 
 @dataclass(frozen=True)

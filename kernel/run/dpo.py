@@ -181,7 +181,7 @@ def dpo(cfg: TrainConfig, dcfg: DPOConfig) -> dict[str, float]:
                     row |= scores("eval", margins(held_out, ref_held))
                 logger.log(row | {"time/elapsed_s": time.perf_counter() - t0})
                 progress.advance(task)
-    trainer.save_hf(Path(cfg.output_dir) / "model")
+    tuning.save(trainer, Path(cfg.output_dir))
     trainer.close()
     logger.close()
     return row

@@ -62,18 +62,22 @@ def train(
 
 
 def frozen(cfg: TrainConfig, checkpoint: str | None = None) -> TrainConfig:
-    """``cfg`` with every model frozen (no trainer is built); ``checkpoint`` (a run's
-    ``checkpoints/step_N``) serves each model as that step saved it (``trainers/<owner>``)."""
+    """``cfg`` with every agent frozen (no trainer is built); ``checkpoint`` (a run's
+    ``checkpoints/step_N``) serves each model as that step saved it (``trainers/<owner>``): the
+    trained weights, or for a LoRA model its base with each agent's adapter
+    (``adapters/<agent>``)."""
     agents = []
     for spec in cfg.agent_specs():
-        if spec.share_model_with is None:  # an owner: its model is frozen, or the checkpoint's
-            saved = Path(checkpoint or "") / "trainers" / spec.name
-            if checkpoint and not (saved / "config.json").exists():
+        saved = Path(checkpoint or "") / "trainers" / (spec.share_model_with or spec.name)
+        changes: dict[str, Any] = {"trainable": False}
+        if checkpoint and (saved / "adapters").is_dir():
+            if (saved / "adapters" / spec.name).is_dir():
+                changes["lora"] = {**spec.lora, "path": str(saved / "adapters" / spec.name)}
+        elif checkpoint and spec.share_model_with is None:  # an owner: the checkpoint's model
+            if not (saved / "config.json").exists():
                 raise ValueError(f"checkpoint {checkpoint} has no model for agent {spec.name!r}")
-            spec = dataclasses.replace(
-                spec, trainable=False, model=str(saved) if checkpoint else spec.model
-            )
-        agents.append(spec)
+            changes["model"] = str(saved)
+        agents.append(dataclasses.replace(spec, **changes))
     return dataclasses.replace(cfg, agents=agents).validate()
 
 

@@ -54,6 +54,7 @@ from kernel.run.config import ModelSettings, RunPlan, TrainConfig
 from kernel.run.evaluation import eval_data, evaluate
 from kernel.sample import Sample
 from kernel.sync.push import SyncConfig, WeightSync
+from kernel.train.lora import LoraConfig
 from kernel.train.ray_trainer import RayTrainer
 from kernel.train.thread import TrainerThread
 from kernel.train.trainer import Trainer, build_trainer
@@ -83,6 +84,7 @@ class RunningModel:
     colocate: bool = False  # engines on the trainer's GPUs (kernel launch)
     engine_ranks: list[list[int]] | None = None  # per engine, the trainer ranks on its GPUs
     temperature: float = 1.0  # the owner's sampling temperature: the trainer's and the check's
+    adapters: dict[str, LoraConfig] = field(default_factory=dict)  # LoRA: agent -> its adapter
 
     def __post_init__(self) -> None:
         if self.thread is None:
@@ -92,6 +94,11 @@ class RunningModel:
     def trained(self) -> set[str]:
         """The agents whose samples this model trains on."""
         return {s.name for s in self.agents if s.trainable}
+
+    @property
+    def trained_adapters(self) -> dict[str, LoraConfig]:
+        """LoRA: the adapters its trainer trains (its frozen agents' are served as loaded)."""
+        return {n: a for n, a in self.adapters.items() if n in self.trained}
 
     def trains_at(self, step: int) -> bool:
         return self.trainer is not None and step % self.settings.update_every == 0
@@ -204,6 +211,7 @@ class Runtime:
                     m.temperature,
                     m.thread.run,
                     m.engine_ranks,
+                    adapters=list(m.trained_adapters),
                 )
             ctx = RolloutContext(
                 agents=agent_handles(plan, models), config=recipe_config, run=cfg, step=start
@@ -225,9 +233,10 @@ class Runtime:
 
     async def _serve_trainer_weights(self) -> None:
         """Engines serve the trainers' weights from the first step on: a resumed run pushes its
-        checkpoints, a fresh one only labels the base weights with version 0."""
+        checkpoints, a fresh one only labels the base weights with version 0 (and loads its
+        LoRA adapters)."""
         for m in self.models:
-            if self.start > 0 and m.trainer is not None:
+            if m.trainer is not None and (self.start > 0 or m.trained_adapters):
                 await m.sync.push(m.trainer, m.version)
             else:
                 await asyncio.gather(*(c.update_weight_version(str(m.version)) for c in m.clients))
@@ -280,11 +289,14 @@ class Runtime:
             if m in due:
                 m.version += 1
                 # checked on the first prompt it trained on (SyncConfig.check_tokens)
-                probe = next((s.prompt_ids for s in m.own(samples)), None)
+                first = next(iter(m.own(samples)), None)
+                probe, agent = (first.prompt_ids, first.agent) if first else (None, None)
                 # no rollout runs beside a synchronous sync; colocated engines were paused
                 # for their release (train_step) and wait for this push's continue
                 idle = not self.cfg.async_mode and not m.colocate
-                metrics.append(await m.sync.push(m.trainer, m.version, probe, idle=idle))
+                metrics.append(
+                    await m.sync.push(m.trainer, m.version, probe, idle=idle, agent=agent)
+                )
             elif restarted[m.owner] and m.trainer is not None:
                 await m.sync.push(m.trainer, m.version)
             await m.pool.readmit(restarted[m.owner])
@@ -331,6 +343,7 @@ def plan_models(plan: RunPlan, out: Path, placement: dict[str, Any]) -> list[Run
             path=path,
             sync_config=cfg.sync,
             temperature=mp.temperature,
+            adapters=dict(mp.adapters),
         )
         where = placement.get(model.owner)
         if where is not None:
@@ -351,7 +364,7 @@ def place_trainer(cfg: TrainConfig, model: RunningModel, where) -> Trainer | Non
     if cfg.advantage.estimator == "gae":  # each trained model gets its own critic (IPPO)
         args += (cfg.critic, cfg.advantage)
     if not cfg.ray.enabled:
-        return build_trainer(*args)
+        return build_trainer(*args, adapters=model.trained_adapters or None)
     if where:
         options = where.trainer_options
     else:
@@ -367,7 +380,8 @@ def place_trainer(cfg: TrainConfig, model: RunningModel, where) -> Trainer | Non
 
 def agent_handles(plan: RunPlan, models: list[RunningModel]) -> dict[str, AgentHandle]:
     """ctx.agents, in the order of the run's agents: each agent samples from its model's engines
-    through the model's request batcher, with its own sampling defaults and chat template."""
+    through the model's request batcher, with its own sampling defaults and chat template (and
+    its LoRA adapter, by its name, where its model has adapters)."""
     agents = {}
     for m in models:
         window = m.settings.engine.batch_window_ms / 1000
@@ -385,6 +399,7 @@ def agent_handles(plan: RunPlan, models: list[RunningModel]) -> dict[str, AgentH
                 rollout.max_context_len,
                 pool=m.pool,
                 batcher=batcher,
+                lora_path=spec.name if spec.name in m.adapters else None,
             )
     return {name: agents[name] for name in (s.name for s in plan.agents)}
 

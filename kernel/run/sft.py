@@ -46,6 +46,7 @@ from kernel.models import check_model, load_tokenizer, materialize_model
 from kernel.run.config import ModelSettings, TrainConfig
 from kernel.run.runtime import with_template
 from kernel.sample import Sample, Status
+from kernel.train.lora import LoraConfig
 from kernel.train.trainer import build_trainer
 
 
@@ -193,6 +194,7 @@ class Tuning:
     path: str
     tokenizer: Any
     settings: ModelSettings
+    adapter: LoraConfig | None = None  # LoRA: the agent's adapter is tuned, the base frozen
 
     @classmethod
     def of(cls, cfg: TrainConfig, agent: str, flag: str) -> Tuning:
@@ -202,17 +204,26 @@ class Tuning:
         agent = agent or next(iter(specs))
         if agent not in specs:
             raise ValueError(f"{flag}: {agent!r} is not one of the agents {sorted(specs)}")
-        spec, settings = specs[agent], plan.model_of(agent).settings
+        spec, model = specs[agent], plan.model_of(agent)
+        settings = model.settings
         out = Path(cfg.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         path = materialize_model(check_model(settings.model), out / "models")
         tokenizer = with_template(load_tokenizer(spec.tokenizer or path), spec.chat_template)
-        return cls(agent, path, tokenizer, settings)
+        return cls(agent, path, tokenizer, settings, model.adapters.get(agent))
 
     def trainer(self, loss: LossConfig, steps: int, seed: int):
         """The agent's trainer (its backend and optimiser), one update per batch."""
         one_update = replace(self.settings.trainer, num_minibatches=1, ppo_epochs=1)
-        return build_trainer(self.path, self.settings.optim, loss, one_update, steps, 1.0, seed)
+        args = (self.path, self.settings.optim, loss, one_update, steps, 1.0, seed)
+        return build_trainer(*args, adapters={self.agent: self.adapter} if self.adapter else None)
+
+    def save(self, trainer, out_dir: Path) -> Path:
+        """The tuned model: an HF folder ``out_dir/model``, or with LoRA the agent's adapter as
+        a PEFT folder ``out_dir/adapters/<agent>`` (start RL from it with ``lora.path``)."""
+        if self.adapter is not None:
+            return trainer.save_adapters(out_dir / "adapters", [self.agent])[self.agent]
+        return trainer.save_hf(out_dir / "model")
 
 
 def sft(cfg: TrainConfig, scfg: SFTConfig) -> dict[str, float]:
@@ -244,7 +255,7 @@ def sft(cfg: TrainConfig, scfg: SFTConfig) -> dict[str, float]:
                     row["eval/nll"] = nll(trainer, held_out, scfg.batch_size)
                 logger.log(row | {"time/elapsed_s": time.perf_counter() - t0})
                 progress.advance(task)
-    trainer.save_hf(Path(cfg.output_dir) / "model")
+    tuning.save(trainer, Path(cfg.output_dir))
     trainer.close()
     logger.close()
     return row

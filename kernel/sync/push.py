@@ -26,6 +26,12 @@ Four transports, one sequence:
   GPU -- for a Ray trainer group (``trainer.weight_broadcaster()``), so the weights never pass
   through the driver.
 
+LoRA (``adapters``: a trainer of LoRA adapters, ``kernel.train.lora``): a push sends only the
+adapters that stepped since the last one (all of them to an engine that lacks one: at start, or
+restarted), each replacing its namesake on every engine as SGLang does it, unload then load:
+``/load_lora_adapter`` from a PEFT folder with the disk transport, else the tensors in the
+request (``/load_lora_adapter_from_tensors``; adapters are a few MiB). The base never moves.
+
 Every push bumps the engines' ``weight_version`` to the trainer's step (with the update's last
 call), so each rollout sample records which weights produced it, and ends with
 ``/continue_generation`` even when an update fails (the error is raised after generation is
@@ -211,7 +217,8 @@ class WeightSync:
     the trainer scores logprobs at (the model's rollout temperature); the check samples at it.
     ``run`` awaits a blocking call on the trainer's thread (default: any pool thread).
     ``engine_ranks`` (shared transport): per client, the trainer ranks on its TP ranks' GPUs,
-    whose payloads it receives (None: rank 0's for every client)."""
+    whose payloads it receives (None: rank 0's for every client). ``adapters``: the names of a
+    LoRA trainer's adapters, which its pushes send instead of the weights."""
 
     def __init__(
         self,
@@ -221,8 +228,11 @@ class WeightSync:
         temperature: float = 1.0,
         run: Callable[..., Awaitable] | None = None,
         engine_ranks: list[list[int]] | None = None,
+        adapters: list[str] | None = None,
     ):
         self.cfg = cfg.validate()
+        self.adapters = list(adapters or [])
+        self._served: dict[str, set[str]] = {}  # engine URL -> the adapters loaded on it
         self.clients = clients
         if engine_ranks is not None and len(engine_ranks) != len(clients):
             raise ValueError(
@@ -252,20 +262,27 @@ class WeightSync:
         return await asyncio.gather(*(make_call(c) for c in self.clients))
 
     async def push(
-        self, trainer, version: int, probe: list[int] | None = None, idle: bool = False
+        self,
+        trainer,
+        version: int,
+        probe: list[int] | None = None,
+        idle: bool = False,
+        agent: str | None = None,
     ) -> dict:
         """Update every engine to the trainer's current weights, labelled ``version``. With a
-        ``probe`` prompt (token ids) the check of these weights starts in the background:
-        await ``checked()`` before the trainer's weights change again. ``idle``: the caller
-        has no request in flight (a synchronous loop between rollouts), so the engines are not
-        paused and continued around the update (two round trips each; an engine applies an
-        update between two of its steps either way)."""
+        ``probe`` prompt (token ids; of ``agent``, whose adapter serves it with LoRA) the
+        check of these weights starts in the background: await ``checked()`` before the
+        trainer's weights change again. ``idle``: the caller has no request in flight (a
+        synchronous loop between rollouts), so the engines are not paused and continued around
+        the update (two round trips each; an engine applies an update between two of its steps
+        either way)."""
         await self.checked()  # a check still running reads the weights this push replaces
         t0 = time.perf_counter()
         if not idle:
             await self._all(lambda c: c.pause(self.cfg.pause_mode))
         try:
-            nbytes = await getattr(self, f"_push_{self.transport}")(trainer, str(version))
+            transport = "adapters" if self.adapters else self.transport
+            nbytes = await getattr(self, f"_push_{transport}")(trainer, str(version))
         finally:
             if not idle:
                 await self._all(lambda c: c.continue_generation())
@@ -273,7 +290,7 @@ class WeightSync:
         if probe and self.cfg.check_tokens:
             self._pushes += 1
             if (self._pushes - 1) % self.cfg.check_every == 0:
-                self._check = asyncio.ensure_future(self.check(trainer, probe, version))
+                self._check = asyncio.ensure_future(self.check(trainer, probe, version, agent))
         return metrics
 
     async def checked(self) -> dict[str, float]:
@@ -282,9 +299,12 @@ class WeightSync:
         task, self._check = self._check, None
         return {} if task is None else {"sync/check_logprob_diff": await task}
 
-    async def check(self, trainer, probe: list[int], version: int) -> float:
+    async def check(
+        self, trainer, probe: list[int], version: int, agent: str | None = None
+    ) -> float:
         """Every engine samples ``check_tokens`` tokens after ``probe`` (at the trainer's
-        temperature, through ``/generate``); the trainer scores the same tokens. Returns the
+        temperature, through ``/generate``, with ``agent``'s LoRA adapter if it has one); the
+        trainer scores the same tokens. Returns the
         largest mean |engine - trainer| logprob over the engines; raises SyncCheckError naming
         an engine that is not at ``version`` or differs by more than ``check_tolerance``. An
         engine that gives no reply (it died since the push) is skipped with a warning; none
@@ -294,8 +314,10 @@ class WeightSync:
             "top_p": 1.0,
             "max_new_tokens": self.cfg.check_tokens,
         }
+        lora = agent if agent in self.adapters else None
         replies = await asyncio.gather(
-            *(c.generate(probe, params) for c in self.clients), return_exceptions=True
+            *(c.generate(probe, params, lora_path=lora) for c in self.clients),
+            return_exceptions=True,
         )
         checked, results = [], []
         for client, reply in zip(self.clients, replies, strict=True):
@@ -314,7 +336,10 @@ class WeightSync:
             )
         samples = [
             Sample(
-                prompt_ids=list(probe), response_ids=r.output_ids, loss_mask=[1] * len(r.output_ids)
+                prompt_ids=list(probe),
+                response_ids=r.output_ids,
+                loss_mask=[1] * len(r.output_ids),
+                agent=agent or "default",
             )
             for r in results
         ]
@@ -343,6 +368,43 @@ class WeightSync:
         path = await self._run(trainer.save_hf, self.work_dir / "sync_weights")
         await self._all(lambda c: c.update_weights_from_disk(str(path), weight_version=version))
         return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
+
+    async def _push_adapters(self, trainer, version: str) -> int:
+        """A LoRA trainer's adapters that stepped since the last push (all of them if some
+        engine lacks one), each replacing its namesake on every engine; then the version."""
+        lacking = any(
+            set(self.adapters) - self._served.get(c.base_url, set()) for c in self.clients
+        )
+        names = await self._run(trainer.adapters_to_sync, lacking)
+        nbytes = 0
+        if self.transport == "disk":
+            folders = await self._run(trainer.save_adapters, self.work_dir / "sync_adapters", names)
+            for name, folder in folders.items():
+                await self._all(
+                    lambda c, n=name, f=folder: self._replace(c, n, c.load_lora_adapter(n, str(f)))
+                )
+                nbytes += sum(f.stat().st_size for f in folder.glob("*.safetensors"))
+        for name in names if self.transport != "disk" else []:
+            config, tensors = await self._run(trainer.adapter, name)
+            nbytes += sum(t.numel() * t.element_size() for _, t in tensors)
+            payload = await self._run(encode_named_tensors, tensors)
+            await self._all(
+                lambda c, n=name, cf=config, p=payload: self._replace(
+                    c, n, c.load_lora_adapter_from_tensors(n, cf, p)
+                )
+            )
+        await self._all(lambda c: c.update_weight_version(version))
+        return nbytes
+
+    async def _replace(self, client, name: str, load: Awaitable) -> None:
+        """Adapter ``name`` on ``client`` replaced by what ``load`` loads: unloaded first when it
+        is there (SGLang loads no name twice)."""
+        served = self._served.setdefault(client.base_url, set())
+        if name in served:
+            await client.unload_lora_adapter(name)
+            served.discard(name)
+        await load
+        served.add(name)
 
     async def _push_shared(self, trainer, version: str) -> int:
         """Per bucket, every trainer rank gathers it and copies it into its own shared buffer;
@@ -452,7 +514,10 @@ class WeightSync:
     async def reset(self, restarted: list[str]) -> None:
         """Engines at ``restarted`` URLs were restarted: leave the distributed transport's
         process group (the others first) so that the next push forms a new one with every
-        engine. A no-op for the other transports."""
+        engine. A no-op for the other transports. Restarted engines hold no LoRA adapter: the
+        next push sends them every one."""
+        for url in restarted:
+            self._served.pop(url, None)
         if self._broadcaster is None or not restarted:
             return
         live = [c for c in self.clients if c.base_url not in restarted]

@@ -13,6 +13,11 @@ Data parallel: when torch.distributed is initialised with world size > 1, the mo
 reference model) are sharded with FSDP2 ``fully_shard`` (runs on CPU over gloo and on GPUs over
 NCCL), one unit per decoder layer. Each rank passes its own share of the samples to
 ``train_step`` (``kernel.train.batching.shard_samples`` splits a global batch evenly).
+
+LoRA (``adapters``: agent -> ``kernel.train.lora.LoraConfig``): the base is loaded once and
+frozen, each agent trains an adapter of its own with an optimizer of its own: a step's samples
+are split by agent and each agent's adapter is updated on its own samples alone. The KL
+reference is the base itself (the adapters switched off), not a second copy. One rank only.
 """
 
 from __future__ import annotations
@@ -20,7 +25,9 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections import defaultdict
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,7 +43,10 @@ from kernel.sync.push import LocalBroadcaster
 from kernel.train import update
 from kernel.train.batching import MicroBatch
 from kernel.train.critic import Critic, CriticConfig
+from kernel.train.lora import Adapters, LoraConfig
 from kernel.train.optim import OptimConfig, build_optimizer
+
+BASE = "the base model"  # the KL reference of a LoRA trainer: its model with adapters off
 
 
 @dataclass
@@ -127,12 +137,15 @@ class TorchTrainer:
         seed: int = 0,
         critic: CriticConfig | None = None,
         advantage: AdvantageConfig | None = None,
+        adapters: dict[str, LoraConfig] | None = None,
     ):
         """``temperature``: the rollout's, which logits are divided by before the softmax (so
         the trainer's logprobs are those of the distribution the engine sampled from);
         ``seed``: of the mini-batch shuffling (the run's seed); ``critic``: a value model
         trained beside the policy, whose GAE (``advantage``'s gamma, lam, eps and
-        std_normalize) gives the advantages (``kernel.train.critic``)."""
+        std_normalize) gives the advantages (``kernel.train.critic``); ``adapters``: train a
+        LoRA adapter per agent named (its setting) over the frozen base instead of the whole
+        model."""
         update.configure(self, model_path, optim, loss, cfg, total_steps, temperature, seed)
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
@@ -143,6 +156,16 @@ class TorchTrainer:
         self.last_updates: list[dict[str, float]] = []  # the last train_step's, per update
 
         self.model = self._load(model_path)
+        self.lora: Adapters | None = None
+        if adapters:
+            if self.world_size > 1 or critic is not None:
+                raise ValueError(
+                    "lora: LoRA adapters train on one rank without a critic; this trainer has "
+                    f"{self.world_size} data-parallel ranks"
+                    + (" and a critic (advantage.estimator gae)" if critic else "")
+                )
+            self.lora = Adapters(self.model, adapters, optim, total_steps)
+            self.model = self.lora.model
         self.share_prompts = (  # FSDP gathers weights per forward: ranks must run the same ones
             cfg.share_prompts
             and self.world_size == 1
@@ -157,15 +180,19 @@ class TorchTrainer:
         self.model.train()
         self.ref_model = None
         if loss.kl_coef > 0:
-            self.ref_model = self._load(model_path).eval().requires_grad_(False)
+            self.ref_model = BASE if self.lora else self._load(model_path).eval()
+            if self.lora is None:
+                self.ref_model.requires_grad_(False)
         if self.world_size > 1:
             self._shard(self.model)
             if self.ref_model is not None:
                 self._shard(self.ref_model)
 
-        self.optimizer, self.scheduler = build_optimizer(
-            self.model.parameters(), optim, total_steps
-        )
+        if self.lora is not None:
+            self._use(self.lora.names[0])
+        else:  # the parameters as the optimizer holds them (FSDP's shards, once sharded)
+            self.params = list(self.model.parameters())
+            self.optimizer, self.scheduler = build_optimizer(self.params, optim, total_steps)
         self.critic = None
         if critic is not None:
             if self.world_size > 1:
@@ -200,6 +227,9 @@ class TorchTrainer:
 
     def logits(self, model, mb: MicroBatch) -> Tensor:
         """Logits (N, V) at the N positions that predict a response token."""
+        if model is BASE:
+            with self.model.disable_adapter():
+                return self.logits(self.model, mb)
         if mb.prompts is not None:
             return self._shared_logits(model, mb)
         dev = self.device
@@ -257,8 +287,61 @@ class TorchTrainer:
     # ---------------------------------------------------------------- training: kernel.train.update
 
     def train_step(self, samples: list[Sample], version: int | None = None) -> dict[str, float]:
-        """Train on this rank's ``samples`` (made by weights ``version``); global metrics."""
-        return update.train_step(self, samples, version)
+        """Train on this rank's ``samples`` (made by weights ``version``); global metrics. With
+        LoRA each agent's adapter trains on that agent's samples (metrics ``<agent>/...`` when
+        there are several)."""
+        if self.lora is None:
+            return update.train_step(self, samples, version)
+        by_agent: dict[str, list[Sample]] = defaultdict(list)
+        for s in samples:
+            by_agent[s.agent].append(s)
+        unknown = sorted(set(by_agent) - set(self.lora.names), key=str)
+        if unknown:
+            raise ValueError(
+                f"samples of {unknown}, which have no LoRA adapter in this trainer "
+                f"(adapters: {self.lora.names})"
+            )
+        metrics, updates = {}, []
+        for name in self.lora.names:
+            if name not in by_agent:
+                continue
+            self._use(name)
+            out = update.train_step(self, by_agent[name], version)
+            self.lora.steps[name] = self.step
+            if out.get("n_updates"):
+                self.lora.stepped.add(name)
+            updates += self.last_updates
+            scope = "" if len(self.lora.names) == 1 else f"{name}/"
+            metrics |= {f"{scope}{k}": v for k, v in out.items()}
+        self.last_updates = updates
+        return metrics
+
+    def _use(self, name: str) -> None:
+        """Train adapter ``name`` next: it becomes the active one, its optimizer the one that
+        steps."""
+        self.lora.use(name)
+        (self.optimizer, self.scheduler), self.params = (
+            self.lora.optimizers[name],
+            self.lora.params[name],
+        )
+        self.step = self.lora.steps[name]
+
+    @contextmanager
+    def _serving(self, agent: str | None):
+        """The model as it serves ``agent``: its adapter, or the bare base for an agent without
+        one (a frozen agent of a LoRA model)."""
+        if self.lora is None:
+            yield
+        elif agent in self.lora.configs:
+            active = self.lora.active
+            self.lora.use(agent)
+            try:
+                yield
+            finally:
+                self.lora.use(active)
+        else:
+            with self.model.disable_adapter():
+                yield
 
     def forward_backward(
         self,
@@ -271,8 +354,20 @@ class TorchTrainer:
 
     def compute_logprobs(self, samples: list[Sample]) -> list[list[float]]:
         """Each sample's response-token logprobs under the current weights (every rank calls
-        it under data parallelism, with its own samples)."""
-        return update.compute_logprobs(self, samples)
+        it under data parallelism, with its own samples); with LoRA, under its agent's
+        adapter."""
+        if self.lora is None:
+            return update.compute_logprobs(self, samples)
+        out: list[list[float]] = [[] for _ in samples]
+        by_agent: dict[str | None, list[int]] = defaultdict(list)
+        for i, s in enumerate(samples):
+            by_agent[s.agent].append(i)
+        for agent, rows in by_agent.items():
+            with self._serving(agent):
+                scored = update.compute_logprobs(self, [samples[i] for i in rows])
+            for i, lp in zip(rows, scored, strict=True):
+                out[i] = lp
+        return out
 
     def optim_step(self) -> dict[str, float]:
         """Clip the gradient norm, step AdamW and the schedule, zero the gradients.
@@ -280,7 +375,7 @@ class TorchTrainer:
         A non-finite gradient norm skips the update (the gradients are dropped).
         """
         max_norm = self.optim_cfg.grad_clip if self.optim_cfg.grad_clip > 0 else math.inf
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        norm = torch.nn.utils.clip_grad_norm_(self.params, max_norm)
         if hasattr(norm, "full_tensor"):  # a DTensor under FSDP
             norm = norm.full_tensor()
         grad_norm = float(norm)
@@ -315,10 +410,32 @@ class TorchTrainer:
 
         return StateDictOptions(full_state_dict=True, **kwargs)
 
+    def adapters_to_sync(self, every: bool = False) -> list[str]:
+        """The LoRA adapters that stepped since the last call (``every``: all of them), which
+        a weight sync then sends; none for a full model."""
+        if self.lora is None:
+            return []
+        names = self.lora.names if every else [n for n in self.lora.names if n in self.lora.stepped]
+        self.lora.stepped.clear()
+        return names
+
+    def adapter(self, name: str) -> tuple[dict, list[tuple[str, Tensor]]]:
+        """LoRA adapter ``name``: its adapter_config.json and its tensors, as PEFT names them."""
+        return self.lora.config_dict(name), list(self.lora.state_dict(name).items())
+
+    def save_adapters(self, out_dir: str | Path, names: list[str]) -> dict[str, Path]:
+        """LoRA adapters ``names`` as PEFT folders ``out_dir/<name>``, by name."""
+        return self.lora.save(Path(out_dir), names)
+
     def save_hf(self, out_dir: str | Path) -> Path:
         """Save an HF checkpoint (config, safetensors, tokenizer) that any engine can load."""
         from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
+        if self.lora is not None:
+            raise ValueError(
+                "a LoRA trainer's weights are its adapters over the unchanged base: save them "
+                "with save_adapters (a checkpoint holds them under adapters/)"
+            )
         out = Path(out_dir)
         state = get_model_state_dict(self.model, options=self._options(cpu_offload=True))
         if self.rank == 0:
@@ -329,21 +446,25 @@ class TorchTrainer:
         return out
 
     def save(self, out_dir: str | Path) -> Path:
-        """A training checkpoint: the HF checkpoint plus optimiser, schedule, step and RNG."""
+        """A training checkpoint: the HF checkpoint (with LoRA, the adapters alone, under
+        ``adapters/``) plus optimiser, schedule, step and RNG."""
         from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
 
-        out = self.save_hf(out_dir)
-        optim_state = get_optimizer_state_dict(
-            self.model, self.optimizer, options=self._options(cpu_offload=True)
-        )
+        trainer_state = {"step": self.step, "world_size": self.world_size}
+        if self.lora is not None:
+            out = Path(out_dir)
+            self.lora.save(out / "adapters")
+            state = {"adapters": self.lora.optimizer_state()}
+            trainer_state["adapter_steps"] = self.lora.steps
+        else:
+            out = self.save_hf(out_dir)
+            optim_state = get_optimizer_state_dict(
+                self.model, self.optimizer, options=self._options(cpu_offload=True)
+            )
+            state = {"optimizer": optim_state, "scheduler": self.scheduler.state_dict()}
         if self.rank == 0:
-            torch.save(
-                {"optimizer": optim_state, "scheduler": self.scheduler.state_dict()},
-                out / "optimizer.pt",
-            )
-            (out / "trainer_state.json").write_text(
-                json.dumps({"step": self.step, "world_size": self.world_size})
-            )
+            torch.save(state, out / "optimizer.pt")
+            (out / "trainer_state.json").write_text(json.dumps(trainer_state))
         rng = {"torch": torch.get_rng_state()}
         if self.device.type == "cuda":
             rng["cuda"] = torch.cuda.get_rng_state(self.device)
@@ -355,13 +476,49 @@ class TorchTrainer:
 
     def load(self, ckpt_dir: str | Path) -> None:
         """Restore a checkpoint written by ``save`` (any world size) into this trainer."""
+        ckpt = Path(ckpt_dir)
+        if self.lora is not None or (ckpt / "adapters").is_dir():
+            self._load_adapters(ckpt)
+        else:
+            self._load_weights(ckpt)
+        rng_file = ckpt / f"rng_rank{self.rank}.pt"
+        if rng_file.exists():
+            rng = torch.load(rng_file, weights_only=True)
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and self.device.type == "cuda":
+                torch.cuda.set_rng_state(rng["cuda"], self.device)
+        if self.critic is not None:
+            self.critic.load(ckpt)
+        self._barrier()
+
+    def _load_adapters(self, ckpt: Path) -> None:
+        """A LoRA checkpoint's adapters, their optimizers and steps (``save`` with LoRA)."""
+        if self.lora is None:
+            raise ValueError(
+                f"{ckpt}: holds LoRA adapters (adapters/), but this trainer fine-tunes the "
+                "whole model: resume with the run's lora settings"
+            )
+        if not (ckpt / "adapters").is_dir():
+            raise ValueError(
+                f"{ckpt}: holds the whole model's weights, but this trainer trains LoRA "
+                "adapters: resume without lora (lora.rank 0)"
+            )
+        self.lora.load(ckpt / "adapters")
+        state = torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True)
+        self.lora.load_optimizer_state(state["adapters"])
+        steps = json.loads((ckpt / "trainer_state.json").read_text())["adapter_steps"]
+        self.lora.steps.update(steps)
+        self.lora.stepped.clear()
+        self._use(self.lora.names[0])
+
+    def _load_weights(self, ckpt: Path) -> None:
+        """The whole model's weights, optimizer state, schedule and step."""
         from safetensors.torch import load_file
         from torch.distributed.checkpoint.state_dict import (
             set_model_state_dict,
             set_optimizer_state_dict,
         )
 
-        ckpt = Path(ckpt_dir)
         files = sorted(ckpt.glob("*.safetensors"))
         if not files or not (ckpt / "optimizer.pt").exists():
             raise FileNotFoundError(
@@ -392,15 +549,6 @@ class TorchTrainer:
         )
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = json.loads((ckpt / "trainer_state.json").read_text())["step"]
-        rng_file = ckpt / f"rng_rank{self.rank}.pt"
-        if rng_file.exists():
-            rng = torch.load(rng_file, weights_only=True)
-            torch.set_rng_state(rng["torch"])
-            if "cuda" in rng and self.device.type == "cuda":
-                torch.cuda.set_rng_state(rng["cuda"], self.device)
-        if self.critic is not None:
-            self.critic.load(ckpt)
-        self._barrier()
 
     def _barrier(self) -> None:
         if self.world_size > 1:

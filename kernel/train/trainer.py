@@ -19,6 +19,7 @@ from kernel.advantages import AdvantageConfig
 from kernel.loss import LossConfig
 from kernel.sample import Sample
 from kernel.train.critic import CriticConfig
+from kernel.train.lora import LoraConfig
 from kernel.train.megatron_backend import MegatronTrainer, MegatronTrainerConfig
 from kernel.train.optim import OptimConfig
 from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
@@ -46,7 +47,7 @@ class Trainer(Protocol):
         """This process's end of the distributed weight sync (kernel.sync.push)."""
 
     def save_hf(self, out_dir: str | Path) -> Path:
-        """The weights as an HF folder (disk weight sync)."""
+        """The weights as an HF folder (disk weight sync of a full model)."""
 
     def save(self, out_dir: str | Path) -> Path:
         """A checkpoint: weights, optimiser, schedule, RNG."""
@@ -82,15 +83,19 @@ def build_trainer(
     seed: int = 0,
     critic: CriticConfig | None = None,
     advantage: AdvantageConfig | None = None,
+    adapters: dict[str, LoraConfig] | None = None,
 ) -> Trainer:
     """The trainer of one model in this process (one rank of it when torch.distributed is
     initialised); ``settings``, made by ``backend_config``, say which backend. ``temperature``
     is the agent's rollout temperature (the trainer's logprobs divide the logits by it),
     ``seed`` the run's; ``critic`` (with ``advantage``'s GAE settings) adds a value model
-    (``kernel.train.critic``: torch backend only)."""
+    (``kernel.train.critic``: torch backend only); ``adapters`` (agent -> LoRA setting) trains
+    a LoRA adapter per agent instead of the whole model (torch backend only)."""
     if isinstance(settings, MegatronTrainerConfig):
         if critic is not None:
             raise ValueError(CRITIC_BACKEND_ERROR)
+        if adapters:
+            raise ValueError("LoRA adapters train on the torch backend only")
         return MegatronTrainer(model_path, optim, loss, settings, total_steps, temperature, seed)
     args = (model_path, optim, loss, settings, total_steps, temperature, seed)
-    return TorchTrainer(*args, critic=critic, advantage=advantage)
+    return TorchTrainer(*args, critic=critic, advantage=advantage, adapters=adapters)

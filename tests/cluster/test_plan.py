@@ -129,6 +129,33 @@ def test_an_engine_api_key_reaches_sglang_by_flag_and_the_embedded_server_by_env
     assert "k-123" not in " ".join(cmd) and env == {"TANDEM_API_KEY": "k-123"}
 
 
+def test_lora_engines_get_sglangs_lora_flags_and_the_embedded_servers_theirs(tmp_path):
+    """Real SGLang starts with no adapter and loads them at run time, so it is told the most
+    adapters per batch, the largest rank and the target layers; the embedded server needs only
+    the first two flags."""
+    from kernel.cluster.run import _engine_command
+
+    lora = {"enable_lora": True, "max_loras_per_batch": 2, "max_lora_rank": 16}
+    lora["lora_target_modules"] = ["q_proj", "v_proj"]
+    spec = {"name": "doctor", "model": "/ckpt/doctor", "engine": lora}
+    cfg = recipe_config("takes_two", "--agents", json.dumps([spec, "patient"]))
+    (doctor,) = make_plan(cfg, ONE).groups
+    cmd, _ = _engine_command("sglang", cfg, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
+    at = cmd.index("--enable-lora")
+    assert cmd[at:] == [
+        "--enable-lora", "--max-loras-per-batch", "2", "--max-lora-rank", "16",
+        "--lora-target-modules", "q_proj", "v_proj",
+    ]  # fmt: skip
+    cmd, _ = _engine_command("embedded", cfg, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
+    assert cmd[cmd.index("--enable_lora") + 1] == "True"
+    assert cmd[cmd.index("--max_loras_per_batch") + 1] == "2"
+    spec["engine"] = {"enable_lora": True}  # no rank, no targets: SGLang could load none
+    cfg = recipe_config("takes_two", "--agents", json.dumps([spec, "patient"]))
+    (doctor,) = make_plan(cfg, ONE).groups
+    with pytest.raises(ValueError, match=r"engine\.max_lora_rank"):
+        _engine_command("sglang", cfg, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
+
+
 def test_takes_two_on_two_nodes():
     plan = make_plan(TAKES_TWO, TWO)
     doctor, patient = plan.groups
