@@ -167,8 +167,8 @@ def engine_memory(args, path: str, tmp: Path) -> dict:
     from kernel.engine.server import ServerConfig
     from kernel.engine.weights import encode_named_tensors
 
-    donor = _trainer(path, ["a"], args.rank, 1)  # the adapter each name loads
-    config, tensors = donor.adapter("a")
+    donor = _trainer(path, ["donor"], args.rank, 1)  # the adapter each name loads
+    config, tensors = donor.adapter("donor")
     payload = encode_named_tensors(tensors)
     del donor
     out: dict[str, dict] = {"lora": {}, "full": {}}
@@ -237,7 +237,7 @@ def main(argv: list[str] | None = None) -> None:
         result["engine_memory_gb"] = engine_memory(args, path, Path(tmp))
 
     full, lora = result["step_sync"]["full"], result["step_sync"]["lora"]
-    print(f"\nSmolLM2-135M, LoRA rank {args.rank} (ours) against full fine-tuning (baseline):")
+    print(f"\n{args.model}, LoRA rank {args.rank} (ours) against full fine-tuning (baseline):")
     print(
         f"train step   lora {lora['step_s']:.2f} s   full {full['step_s']:.2f} s   "
         f"full / lora {full['step_s'] / lora['step_s']:.2f}"
