@@ -40,23 +40,13 @@ EST_ENGINE_GB = 1.0
 
 
 def _samples(n: int, prompt_len: int, response_len: int, vocab: int, agent: str, seed: int):
-    import random
+    """bench_train's random batch (fixed lengths), as ``agent``'s samples."""
+    import dataclasses
 
-    from kernel.sample import Sample, Status
+    from bench_train import make_batch
 
-    rng = random.Random(seed)
-    return [
-        Sample(
-            prompt_ids=[rng.randrange(vocab) for _ in range(prompt_len)],
-            response_ids=[rng.randrange(vocab) for _ in range(response_len)],
-            loss_mask=[1] * response_len,
-            advantage=rng.gauss(0.0, 1.0),
-            status=Status.COMPLETED,
-            agent=agent,
-            group_id=i,
-        )
-        for i in range(n)
-    ]
+    batch = make_batch(n, vocab, (prompt_len, prompt_len), (response_len, response_len), seed)
+    return [dataclasses.replace(s, agent=agent) for s in batch]
 
 
 def _trainer(path: str, adapters: list[str], rank: int, steps: int):
@@ -224,10 +214,9 @@ def main(argv: list[str] | None = None) -> None:
         arm, n = args._child.split(":")
         return child_memory(arm, int(n), args.model, args.rank, args.threads)
     args.agents = [int(x) for x in args.agents.split(",")]
-    from kernel.models import check_model, materialize_model
+    from provenance import stamp  # python scripts/bench_lora.py puts scripts/ on the path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from provenance import stamp
+    from kernel.models import check_model, materialize_model
 
     with tempfile.TemporaryDirectory() as tmp:
         path = materialize_model(check_model(args.model), tmp)

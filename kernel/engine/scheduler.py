@@ -30,6 +30,8 @@ only under the same adapter. ``max_loras_per_batch`` bounds the distinct adapter
 batch: a request that would pass it waits, and later ones that fit go first (``_take``). An
 adapter is unloaded between steps too; a row still using it then ends as an abort at its next
 step (after ``/pause_generation``, unless it is loaded again before ``/continue_generation``).
+An unloaded adapter's layers are kept for the next load of the same config (a weight sync
+unloads and loads): that load only copies the tensors in.
 
 So a new request joins at the next step rather than waiting for the batch to drain. When the
 engine is idle, a request that came alone waits up to ``gather_window_s`` for others (until
@@ -45,6 +47,7 @@ position ids count only real tokens and the attention mask hides the left paddin
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -62,7 +65,7 @@ from torch import Tensor
 
 from kernel.engine.prefix_cache import BLOCK, PrefixCache
 from kernel.engine.protocol import SamplingParams
-from kernel.engine.weights import NamedTensors, add_adapter, remove_adapter
+from kernel.engine.weights import NamedTensors, add_adapter, refill_adapter, remove_adapter
 from kernel.models import cache_kwargs
 
 log = logging.getLogger(__name__)
@@ -211,6 +214,8 @@ class Scheduler:
         self.max_batch_size = max_batch_size
         self.max_loras_per_batch = max_loras_per_batch
         self._peft_names: dict[str, str] = {}  # served LoRA adapter name -> peft's name of it
+        self._configs: dict[str, str] = {}  # peft's name of a served adapter -> its config (JSON)
+        self._parked: dict[str, str] = {}  # ... of an unloaded one whose layers stay, for a reload
         self._loads = 0  # adapters loaded so far (each gets a new peft name)
         self.gather_window_s = gather_window_s
         self.context_length = context_length
@@ -315,23 +320,41 @@ class Scheduler:
     def load_adapter(self, name: str, config: dict, tensors: NamedTensors) -> None:
         """(Worker thread, or before ``start``.) Load LoRA adapter ``name`` (see
         ``kernel.engine.weights.add_adapter``; ValueError if it is loaded already); the prefix
-        cache is flushed."""
+        cache is flushed. An unloaded adapter of the same config (a weight sync unloads, then
+        loads) lends its layers: only the tensors are copied in (``refill_adapter``), ~8x
+        faster than making peft's layers anew for SmolLM2's 210 projections."""
         if name in self._peft_names:
             raise ValueError(f"lora_name {name!r} is already loaded")
-        # Inside the model peft names it lora<n>: a served name may hold dots (a bare path
-        # names itself), which peft's module names cannot.
-        inner = f"lora{self._loads}"
-        self.model = add_adapter(self.model, inner, config, tensors)
-        self._loads += 1
+        key = json.dumps(config, sort_keys=True, default=str)
+        inner = next((i for i, k in self._parked.items() if k == key), None)
+        if inner is not None:
+            refill_adapter(self.model, inner, tensors)
+            del self._parked[inner]
+        else:
+            self._drop_parked()
+            # Inside the model peft names it lora<n>: a served name may hold dots (a bare path
+            # names itself), which peft's module names cannot.
+            inner = f"lora{self._loads}"
+            self.model = add_adapter(self.model, inner, config, tensors)
+            self._loads += 1
         self._peft_names[name] = inner
+        self._configs[inner] = key
         self.prefix_cache.clear()  # a name loaded again must not find its old KV
 
     def unload_adapter(self, name: str) -> None:
-        """(Worker thread.) Drop LoRA adapter ``name``; back to the bare model after the last."""
+        """(Worker thread.) Stop serving LoRA adapter ``name``. Its layers stay, parked out of
+        every forward, for the next load of its config; a load of another config frees them."""
         if name not in self._peft_names:
             raise ValueError(f"lora_name {name!r} is not loaded (loaded: {sorted(self.adapters)})")
-        self.model = remove_adapter(self.model, self._peft_names.pop(name))
+        inner = self._peft_names.pop(name)
+        self._parked[inner] = self._configs.pop(inner)
         self.prefix_cache.clear()
+
+    def _drop_parked(self) -> None:
+        """Free the layers of unloaded adapters; back to the bare model when none is served."""
+        for inner in list(self._parked):
+            self.model = remove_adapter(self.model, inner)
+            del self._parked[inner]
 
     def load(self) -> dict[str, int]:
         with self._lock:
@@ -505,7 +528,7 @@ class Scheduler:
         appending to ``cache``. With LoRA adapters loaded each row names its own (peft's
         mixed-adapter batch); a bare model takes no names."""
         inner = self._peft_names
-        if inner:
+        if self.model is not self.base:  # peft's: every row names its adapter, or none
             inputs["adapter_names"] = [inner[name] if name else BASE_ADAPTER for name in adapters]
         return self.model(**inputs, **cache_kwargs(self.base, cache), use_cache=True)
 

@@ -400,6 +400,18 @@ def add_adapter(model, name: str, config: dict, named: NamedTensors):
     return model
 
 
+def refill_adapter(model, name: str, named: NamedTensors) -> None:
+    """New tensors for LoRA adapter ``name``, already in ``model`` (a ``peft.PeftModel``) with
+    the config they belong to: the checks of ``add_adapter``, then a copy; no layer is made.
+    ValueError leaves the adapter as it was."""
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
+    items = _items(named)
+    expected = get_peft_model_state_dict(model, adapter_name=name, save_embedding_layers=False)
+    _check(items, expected, "adapter tensor", complete=True)
+    set_peft_model_state_dict(model, dict(items), adapter_name=name)
+
+
 def _probe(model, name: str) -> None:
     """One token through adapter ``name`` in a mixed batch, as the scheduler runs it: peft
     loads some adapters it cannot batch (DoRA), which must fail here, not in a batch."""

@@ -214,6 +214,32 @@ def test_a_name_loads_once_and_is_unknown_after_its_unload(servers, adapters):
     assert reply["loaded_adapters"] == {"alpha": str(adapters["alpha"])}
 
 
+def test_a_reload_of_the_same_config_serves_the_new_tensors_and_parked_layers_stay_out(
+    servers, adapters, references, reference_logprobs
+):
+    """A weight sync unloads an adapter and loads new tensors of the same config under its
+    name: the engine copies them into the layers it kept (no new peft layers), and serves
+    exactly the new adapter; while no adapter is served, base rows are the bare model's."""
+    url = servers["wide"]
+
+    def bare():
+        reply = generate(url, PROMPT)
+        return reply["output_ids"], logprobs(reply)
+
+    base = bare()
+    unload(url, "alpha")  # nothing served now: alpha's layers are parked
+    assert bare() == base  # bit for bit
+    load(url, "alpha", adapters["beta"])  # another config: new layers, alpha's parked ones go
+    assert_serves(generate(url, PROMPT, "alpha"), references["beta"], PROMPT, reference_logprobs)
+    unload(url, "alpha")
+    load(url, "again", adapters["beta"])  # the same config: beta's layers, refilled
+    assert_serves(generate(url, PROMPT, "again"), references["beta"], PROMPT, reference_logprobs)
+    assert bare() == base
+    unload(url, "again")
+    load(url, "alpha", adapters["alpha"])  # back as the module's other tests expect
+    assert_serves(generate(url, PROMPT, "alpha"), references["alpha"], PROMPT, reference_logprobs)
+
+
 def test_loading_from_tensors_equals_loading_from_the_folder(servers, adapters):
     """The same adapter loaded from its folder, from base64 safetensors and from SGLang's
     flattened_bucket (shared memory, this machine) serves bit-identical logprobs."""
