@@ -15,9 +15,10 @@ Through Tandem's own trainer, weight sync and embedded engine, the way a run use
    engines of one full model each (started and measured, not multiplied). A full-model count
    that would not fit in the free memory is skipped, and said so.
 
-Prints our figure, the baseline and the ratio for each; ``--out DIR`` writes ``result.json``
-(commit and machine included). Run alone on the machine:
-``.venv/bin/python scripts/bench_lora.py --out docs/results/bench/lora``.
+Prints our figure, the baseline and the ratio for each; ``--publish lora_smollm2`` keeps them
+(commit and machine included) as ``docs/results/bench/lora_smollm2/DATE-COMMIT.json``, its
+``headline`` the full ÷ LoRA ratios. Run alone on the machine:
+``.venv/bin/python scripts/bench_lora.py --publish lora_smollm2``.
 """
 
 from __future__ import annotations
@@ -207,15 +208,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--response_len", type=int, default=128)
     parser.add_argument("--agents", type=str, default="1,2,4,8", help="N for the memory table")
     parser.add_argument("--threads", type=int, default=2, help="torch threads of the trainer")
-    parser.add_argument("--out", type=str, default=None, help="folder for result.json")
     parser.add_argument("--_child", type=str, default=None, help=argparse.SUPPRESS)
+    from provenance import add_output_flags, stamp, write_outputs  # scripts/ is on the path
+
+    add_output_flags(parser)
     args = parser.parse_args(argv)
     if args._child:
         arm, n = args._child.split(":")
         return child_memory(arm, int(n), args.model, args.rank, args.threads)
     args.agents = [int(x) for x in args.agents.split(",")]
-    from provenance import stamp  # python scripts/bench_lora.py puts scripts/ on the path
-
     from kernel.models import check_model, materialize_model
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -245,11 +246,17 @@ def main(argv: list[str] | None = None) -> None:
             ratio = f"{base / mine:.1f}" if base else "not run"
             base_s = f"{base:.2f}" if base else "not run"
             print(f"{side} N={n}   lora {mine:.2f} GiB   full {base_s} GiB   full / lora {ratio}")
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "result.json").write_text(json.dumps(result, indent=1))
-        print(out / "result.json")
+    result["headline"] = {
+        "sync bytes, full ÷ LoRA": full["sync_mb"] / lora["sync_mb"],
+        "sync time, full ÷ LoRA": full["sync_s"] / lora["sync_s"],
+        "train step time, full ÷ LoRA": full["step_s"] / lora["step_s"],
+    }
+    for side, label in (("trainer_memory_gb", "trainer"), ("engine_memory_gb", "engine")):
+        for n in args.agents:
+            mine, base = result[side]["lora"][n], result[side]["full"][n]
+            if base:
+                result["headline"][f"{label} memory of {n} agents, full ÷ LoRA"] = base / mine
+    write_outputs(args, result)
 
 
 if __name__ == "__main__":
