@@ -27,11 +27,17 @@ Version = Annotated[str, Field(max_length=MAX_VERSION_CHARS)]
 
 
 def _surrogate(value: Any, where: str) -> str | None:
-    """The path and position of the first lone surrogate in ``value``'s strings, or None."""
+    """The path and position of the first lone surrogate in ``value``'s strings, or None. At C
+    speed: a weight payload is tens of MiB of base64 (a loop over its characters took 1.6 s
+    for 25 MiB), and UTF-8 refuses exactly the surrogates."""
     if isinstance(value, str):
-        for i, ch in enumerate(value):
-            if "\ud800" <= ch <= "\udfff":
-                return f"{where}: invalid Unicode: a lone surrogate ({ch!a}) at position {i}"
+        if value.isascii():
+            return None
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            ch = value[e.start]
+            return f"{where}: invalid Unicode: a lone surrogate ({ch!a}) at position {e.start}"
     elif isinstance(value, dict):
         for k, v in value.items():
             found = _surrogate(v, f"{where}.{k}" if where else str(k))
