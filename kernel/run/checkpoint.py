@@ -29,6 +29,8 @@ from pathlib import Path
 from safetensors import SafetensorError, safe_open
 
 from kernel.metrics import fsync_path
+from kernel.models import check_model, load_causal_lm, load_tokenizer, materialize_model
+from kernel.run.agents import agent_specs
 
 log = logging.getLogger(__name__)
 
@@ -165,9 +167,6 @@ def export(checkpoint: Path, agent: str, out: Path, merge: bool = True) -> Path:
     are; a LoRA agent's adapter merged into its base (``merge``: one HF folder), or its PEFT
     adapter folder alone (not ``merge``: serve it on the base with SGLang's --lora-paths).
     The run's ``config.json`` says which model the agent plays."""
-    from kernel.models import check_model, load_causal_lm, load_tokenizer, materialize_model
-    from kernel.run.agents import agent_specs
-
     run = checkpoint.parent.parent
     config = _read_json(run / "config.json")
     specs = {s.name: s for s in agent_specs(config["agents"])}
