@@ -84,3 +84,16 @@ def test_a_lora_checkpoint_evaluates_and_exports_merged(tmp_path):
     adapter = ckpt / "trainers" / "solver" / "adapters" / "solver"
     ref = PeftModel.from_pretrained(base, adapter)(input_ids=ids).logits
     assert torch.allclose(merged, ref, atol=1e-4)
+
+
+def test_adapters_sync_from_disk_as_real_sglang_loads_them(tmp_path):
+    """sync.transport disk: each stepped adapter is written as a PEFT folder and loaded with
+    /load_lora_adapter (real SGLang's way); the engine then serves what the trainer trained."""
+    flags = [f"--output_dir={tmp_path}", "--num_steps=2", "--sync.transport=disk", *CHECKED]
+    rows = train(load_train_config(flags, yaml_path=TINY))
+    assert rows[-1]["sync/check_logprob_diff"] < 1e-4
+    for role in ROLES:
+        assert rows[-1][f"train/{role}/logprob_diff"] < 1e-4, role
+        assert (
+            tmp_path / "sync" / "solver" / "sync_adapters" / role / "adapter_config.json"
+        ).exists()

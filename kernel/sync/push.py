@@ -381,7 +381,9 @@ class WeightSync:
             folders = await self._run(trainer.save_adapters, self.work_dir / "sync_adapters", names)
             for name, folder in folders.items():
                 await self._all(
-                    lambda c, n=name, f=folder: self._replace(c, n, c.load_lora_adapter(n, str(f)))
+                    lambda c, n=name, f=folder: self._replace(
+                        c, n, lambda: c.load_lora_adapter(n, str(f))
+                    )
                 )
                 nbytes += sum(f.stat().st_size for f in folder.glob("*.safetensors"))
         for name in names if self.transport != "disk" else []:
@@ -390,20 +392,20 @@ class WeightSync:
             payload = await self._run(encode_named_tensors, tensors)
             await self._all(
                 lambda c, n=name, cf=config, p=payload: self._replace(
-                    c, n, c.load_lora_adapter_from_tensors(n, cf, p)
+                    c, n, lambda: c.load_lora_adapter_from_tensors(n, cf, p)
                 )
             )
         await self._all(lambda c: c.update_weight_version(version))
         return nbytes
 
-    async def _replace(self, client, name: str, load: Awaitable) -> None:
-        """Adapter ``name`` on ``client`` replaced by what ``load`` loads: unloaded first when it
-        is there (SGLang loads no name twice)."""
+    async def _replace(self, client, name: str, load: Callable[[], Awaitable]) -> None:
+        """Adapter ``name`` on ``client`` replaced by what ``load()`` loads: unloaded first when
+        it is there (SGLang loads no name twice)."""
         served = self._served.setdefault(client.base_url, set())
         if name in served:
             await client.unload_lora_adapter(name)
             served.discard(name)
-        await load
+        await load()
         served.add(name)
 
     async def _push_shared(self, trainer, version: str) -> int:
