@@ -7,8 +7,9 @@ a table with a pair of markers, and this script fills in what lies between them:
 
     <!-- results:learning -->            every published run, one row each
     <!-- results:learning NAME NAME -->  only these runs, in this order
-    <!-- results:multi_agent -->         each run published with --against: workflow against
-                                         its single-agent baseline, final scores by item
+    <!-- results:against -->             each run published with --against (a workflow
+                                         against its single-agent baseline, LoRA against full
+                                         fine-tuning): final scores by item
     <!-- results:seeds NAME -->          one run's per-seed rows
     <!-- results:bench -->               every benchmark's headline figures (below)
     ...                                  (generated: do not edit)
@@ -35,6 +36,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -73,6 +75,13 @@ def _steps(r: dict) -> str:
     return f"{steps}" + (" (capped)" if r.get("capped") else "")
 
 
+def _setup(r: dict) -> str:
+    """A run's recipe, preset and the settings its command changed (the flags after --)."""
+    argv = shlex.split(r["command"])
+    flags = " ".join(argv[argv.index("--") + 1 :]) if "--" in argv else ""
+    return f"{r['recipe']} ({r['preset']}{'; ' + flags if flags else ''})"
+
+
 def _link(name: str, where: Path) -> str:
     """A run's folder as a link relative to the Markdown file ``where`` (repository-relative)."""
     return f"[{name}]({os.path.relpath(RESULTS / name, (ROOT / where).parent)})"
@@ -103,7 +112,7 @@ def learning_table(names: list[str], where: Path) -> str:
         return [
             [
                 _link(name, where),
-                f"{r['recipe']} ({r['preset']})",
+                _setup(r),
                 r["metric"],
                 f"{len(r['seeds'])} × {_steps(r)}",
                 str(r["n_eval"]),
@@ -119,12 +128,13 @@ def learning_table(names: list[str], where: Path) -> str:
     return _table(header, names, rows)
 
 
-def multi_agent_table(names: list[str], where: Path) -> str:
-    """Each run published with --against: its final headline score against the baseline's, by
-    item, with the two-level interval, and both runs' generated tokens per step."""
-    header = ["workflow (run)", "baseline (run)", "skill metric", "seeds", "held-out n"]
-    header += ["baseline", "workflow", "difference [95% interval]"]
-    header += ["tokens / step (workflow, baseline)"]
+def against_table(names: list[str], where: Path) -> str:
+    """Each run published with --against (a workflow against its single-agent baseline, LoRA
+    against full fine-tuning): its final headline score against the baseline's, by item, with
+    the two-level interval, and both runs' generated tokens per step."""
+    header = ["run", "baseline (run)", "skill metric", "seeds", "held-out n"]
+    header += ["baseline", "run", "difference [95% interval]"]
+    header += ["tokens / step (run, baseline)"]
 
     def rows(name: str, r: dict) -> list[list[str]]:
         vs = r.get("against")
@@ -133,7 +143,7 @@ def multi_agent_table(names: list[str], where: Path) -> str:
         s, base = vs["headline"], vs["base_headline"]
         return [
             [
-                f"{r['preset']}: {r['agent']} ({_link(name, where)})",
+                f"{_setup(r)}: {r['agent']} ({_link(name, where)})",
                 f"{Path(vs['run']).name}: {base['agent']}",
                 r["metric"],
                 f"{len(r['seeds'])}, {len(vs['seeds'])}",
@@ -227,7 +237,7 @@ def bench_table(names: list[str], where: Path) -> str:
     return "\n".join(lines)
 
 
-TABLES = {"learning": learning_table, "multi_agent": multi_agent_table, "seeds": seeds_table}
+TABLES = {"learning": learning_table, "against": against_table, "seeds": seeds_table}
 TABLES["bench"] = bench_table
 
 

@@ -23,6 +23,7 @@ import torch
 from kernel.loss import LossConfig
 from kernel.metrics import LogConfig, MetricsLogger
 from kernel.run.checkpoint import checkpoints, resume_from
+from kernel.run.config import ModelPlan
 from kernel.run.runtime import RunningModel, Runtime
 from kernel.train.optim import OptimConfig
 from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
@@ -113,7 +114,7 @@ def trainer(tmp_path_factory):
 
 @pytest.fixture
 def model(trainer):
-    m = RunningModel("default", [], None, None, trainer=trainer)
+    m = RunningModel(ModelPlan("default", (), None, {}), None, trainer=trainer)
     yield m
     m.thread.close()
 

@@ -50,11 +50,10 @@ from kernel.redact import redact
 from kernel.rollout import GroupResult, RolloutManager, RolloutStats
 from kernel.run.agents import AgentHandle, AgentSpec
 from kernel.run.checkpoint import checkpoints, resume_from, rng_state, save
-from kernel.run.config import ModelSettings, RunPlan, TrainConfig
+from kernel.run.config import ModelPlan, ModelSettings, RunPlan, TrainConfig
 from kernel.run.evaluation import eval_data, evaluate
 from kernel.sample import Sample
 from kernel.sync.push import SyncConfig, WeightSync
-from kernel.train.lora import LoraConfig
 from kernel.train.ray_trainer import RayTrainer
 from kernel.train.thread import TrainerThread
 from kernel.train.trainer import Trainer, build_trainer
@@ -67,9 +66,7 @@ class RunningModel:
     """One model of the started run: the agents it plays, its trainer, engines and weight
     version."""
 
-    owner: str  # the agent whose spec defines the model
-    agents: list[AgentSpec]  # the owner first, then the agents sharing its model
-    settings: ModelSettings
+    plan: ModelPlan  # the owner, its agents, settings, sampling temperature and LoRA adapters
     pool: EnginePool
     path: str = ""  # the model's folder (or name), as its engines and trainer load it
     tokenizer: Any = None
@@ -83,22 +80,29 @@ class RunningModel:
     sync_config: SyncConfig = field(default_factory=SyncConfig)  # transport, buckets, check
     colocate: bool = False  # engines on the trainer's GPUs (kernel launch)
     engine_ranks: list[list[int]] | None = None  # per engine, the trainer ranks on its GPUs
-    temperature: float = 1.0  # the owner's sampling temperature: the trainer's and the check's
-    adapters: dict[str, LoraConfig] = field(default_factory=dict)  # LoRA: agent -> its adapter
 
     def __post_init__(self) -> None:
         if self.thread is None:
             self.thread = TrainerThread(f"trainer-{self.owner}")
 
     @property
+    def owner(self) -> str:
+        """The agent whose spec defines the model."""
+        return self.plan.owner
+
+    @property
+    def agents(self) -> tuple[AgentSpec, ...]:
+        """The owner first, then the agents sharing its model."""
+        return self.plan.agents
+
+    @property
+    def settings(self) -> ModelSettings:
+        return self.plan.settings
+
+    @property
     def trained(self) -> set[str]:
         """The agents whose samples this model trains on."""
         return {s.name for s in self.agents if s.trainable}
-
-    @property
-    def trained_adapters(self) -> dict[str, LoraConfig]:
-        """LoRA: the adapters its trainer trains (its frozen agents' are served as loaded)."""
-        return {n: a for n, a in self.adapters.items() if n in self.trained}
 
     def trains_at(self, step: int) -> bool:
         return self.trainer is not None and step % self.settings.update_every == 0
@@ -208,10 +212,10 @@ class Runtime:
                     m.sync_config,
                     m.clients,
                     out / "sync" / m.owner,
-                    m.temperature,
+                    m.plan.temperature,
                     m.thread.run,
                     m.engine_ranks,
-                    adapters=list(m.trained_adapters),
+                    adapters=list(m.plan.trained_adapters),
                 )
             ctx = RolloutContext(
                 agents=agent_handles(plan, models), config=recipe_config, run=cfg, step=start
@@ -236,7 +240,7 @@ class Runtime:
         checkpoints, a fresh one only labels the base weights with version 0 (and loads its
         LoRA adapters)."""
         for m in self.models:
-            if m.trainer is not None and (self.start > 0 or m.trained_adapters):
+            if m.trainer is not None and (self.start > 0 or m.plan.trained_adapters):
                 await m.sync.push(m.trainer, m.version)
             else:
                 await asyncio.gather(*(c.update_weight_version(str(m.version)) for c in m.clients))
@@ -335,16 +339,7 @@ def plan_models(plan: RunPlan, out: Path, placement: dict[str, Any]) -> list[Run
         path = materialize_model(check_model(mp.settings.model), out / "models")
         logs = out / "logs" / mp.owner
         pool = EnginePool(mp.settings.engine, path, logs, cfg.seed + 1000 * i, weights_dir=out)
-        model = RunningModel(
-            mp.owner,
-            list(mp.agents),
-            mp.settings,
-            pool,
-            path=path,
-            sync_config=cfg.sync,
-            temperature=mp.temperature,
-            adapters=dict(mp.adapters),
-        )
+        model = RunningModel(mp, pool, path=path, sync_config=cfg.sync)
         where = placement.get(model.owner)
         if where is not None:
             model.colocate, model.engine_ranks = where.colocate, where.engine_ranks
@@ -360,11 +355,11 @@ def place_trainer(cfg: TrainConfig, model: RunningModel, where) -> Trainer | Non
         return None
     settings = model.settings
     args = (model.path, settings.optim, settings.loss, settings.trainer, cfg.num_steps)
-    args += (model.temperature, cfg.seed)
+    args += (model.plan.temperature, cfg.seed)
     if cfg.advantage.estimator == "gae":  # each trained model gets its own critic (IPPO)
         args += (cfg.critic, cfg.advantage)
     if not cfg.ray.enabled:
-        return build_trainer(*args, adapters=model.trained_adapters or None)
+        return build_trainer(*args, adapters=model.plan.trained_adapters or None)
     if where:
         options = where.trainer_options
     else:
@@ -399,7 +394,7 @@ def agent_handles(plan: RunPlan, models: list[RunningModel]) -> dict[str, AgentH
                 rollout.max_context_len,
                 pool=m.pool,
                 batcher=batcher,
-                lora_path=spec.name if spec.name in m.adapters else None,
+                lora_path=spec.name if spec.name in m.plan.adapters else None,
             )
     return {name: agents[name] for name in (s.name for s in plan.agents)}
 

@@ -49,6 +49,7 @@ again -- returns ``sync/check_logprob_diff`` or raises. ``check_every`` thins it
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -370,30 +371,38 @@ class WeightSync:
         return sum(f.stat().st_size for f in Path(path).glob("*.safetensors"))
 
     async def _push_adapters(self, trainer, version: str) -> int:
-        """A LoRA trainer's adapters that stepped since the last push (all of them if some
-        engine lacks one), each replacing its namesake on every engine; then the version."""
-        lacking = any(
-            set(self.adapters) - self._served.get(c.base_url, set()) for c in self.clients
-        )
-        names = await self._run(trainer.adapters_to_sync, lacking)
+        """A LoRA trainer's adapters that stepped since the last push, each replacing its
+        namesake on every engine, and to an engine lacking some (start, restart) those too;
+        then the version."""
+        stepped = set(await self._run(trainer.adapters_to_sync))
+        needs = {
+            c.base_url: stepped | (set(self.adapters) - self._served.get(c.base_url, set()))
+            for c in self.clients
+        }
+        names = [n for n in self.adapters if any(n in need for need in needs.values())]
+
+        async def to_each(name: str, load) -> None:  # load(client): its load call
+            await asyncio.gather(
+                *(
+                    self._replace(c, name, functools.partial(load, c))
+                    for c in self.clients
+                    if name in needs[c.base_url]
+                )
+            )
+
         nbytes = 0
         if self.transport == "disk":
             folders = await self._run(trainer.save_adapters, self.work_dir / "sync_adapters", names)
             for name, folder in folders.items():
-                await self._all(
-                    lambda c, n=name, f=folder: self._replace(
-                        c, n, lambda: c.load_lora_adapter(n, str(f))
-                    )
-                )
+                await to_each(name, lambda c, n=name, f=folder: c.load_lora_adapter(n, str(f)))
                 nbytes += sum(f.stat().st_size for f in folder.glob("*.safetensors"))
         for name in names if self.transport != "disk" else []:
             config, tensors = await self._run(trainer.adapter, name)
             nbytes += sum(t.numel() * t.element_size() for _, t in tensors)
             payload = await self._run(encode_named_tensors, tensors)
-            await self._all(
-                lambda c, n=name, cf=config, p=payload: self._replace(
-                    c, n, lambda: c.load_lora_adapter_from_tensors(n, cf, p)
-                )
+            await to_each(
+                name,
+                lambda c, n=name, cf=config, p=payload: c.load_lora_adapter_from_tensors(n, cf, p),
             )
         await self._all(lambda c: c.update_weight_version(version))
         return nbytes

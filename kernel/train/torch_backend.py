@@ -111,6 +111,14 @@ def _full_attention_cache(model) -> bool:
     return {type(layer).__name__ for layer in layers} == {"DynamicLayer"}
 
 
+def _rows_by_agent(samples: list[Sample]) -> dict[str | None, list[int]]:
+    """LoRA: the samples' indices by agent (each agent's go through its own adapter)."""
+    rows: dict[str | None, list[int]] = defaultdict(list)
+    for i, s in enumerate(samples):
+        rows[s.agent].append(i)
+    return rows
+
+
 def _resolve_device(name: str, rank: int) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
@@ -292,9 +300,7 @@ class TorchTrainer:
         there are several)."""
         if self.lora is None:
             return update.train_step(self, samples, version)
-        by_agent: dict[str, list[Sample]] = defaultdict(list)
-        for s in samples:
-            by_agent[s.agent].append(s)
+        by_agent = _rows_by_agent(samples)
         unknown = sorted(set(by_agent) - set(self.lora.names), key=str)
         if unknown:
             raise ValueError(
@@ -306,7 +312,7 @@ class TorchTrainer:
             if name not in by_agent:
                 continue
             self._use(name)
-            out = update.train_step(self, by_agent[name], version)
+            out = update.train_step(self, [samples[i] for i in by_agent[name]], version)
             self.lora.steps[name] = self.step
             if out.get("n_updates"):
                 self.lora.stepped.add(name)
@@ -359,10 +365,7 @@ class TorchTrainer:
         if self.lora is None:
             return update.compute_logprobs(self, samples)
         out: list[list[float]] = [[] for _ in samples]
-        by_agent: dict[str | None, list[int]] = defaultdict(list)
-        for i, s in enumerate(samples):
-            by_agent[s.agent].append(i)
-        for agent, rows in by_agent.items():
+        for agent, rows in _rows_by_agent(samples).items():
             with self._serving(agent):
                 scored = update.compute_logprobs(self, [samples[i] for i in rows])
             for i, lp in zip(rows, scored, strict=True):
@@ -410,12 +413,12 @@ class TorchTrainer:
 
         return StateDictOptions(full_state_dict=True, **kwargs)
 
-    def adapters_to_sync(self, every: bool = False) -> list[str]:
-        """The LoRA adapters that stepped since the last call (``every``: all of them), which
-        a weight sync then sends; none for a full model."""
+    def adapters_to_sync(self) -> list[str]:
+        """The LoRA adapters that stepped since the last call, which a weight sync then sends;
+        none for a full model."""
         if self.lora is None:
             return []
-        names = self.lora.names if every else [n for n in self.lora.names if n in self.lora.stepped]
+        names = [n for n in self.lora.names if n in self.lora.stepped]
         self.lora.stepped.clear()
         return names
 

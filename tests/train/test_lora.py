@@ -9,6 +9,7 @@ files peft itself loads to the same logprobs.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 
 import pytest
@@ -149,3 +150,72 @@ def test_lora_errors_name_what_is_wrong(char_model_dir, make_samples):
         t.train_step(of("carol", make_samples(2)))
     with pytest.raises(ValueError, match="save them with save_adapters"):
         t.save_hf("unused")
+
+
+def test_a_push_sends_what_stepped_and_every_adapter_to_a_restarted_engine(
+    char_model_dir, make_samples, tmp_path
+):
+    """kernel.sync.push with LoRA over two real engines: the first push loads both adapters on
+    both; after alice's step only alice travels; after an engine's restart (WeightSync.reset)
+    it gets both again while the other gets only what stepped. After each push every engine
+    serves each adapter as the trainer scores it."""
+    from kernel.engine.client import EngineClient
+    from kernel.engine.launch import free_port, launch_server
+    from kernel.engine.server import ServerConfig
+    from kernel.sync.push import SyncConfig, WeightSync
+
+    loads: dict[str, list[str]] = {}
+
+    class Recording(EngineClient):  # the real client, noting which adapters it sends
+        async def load_lora_adapter_from_tensors(self, name, *args, **kwargs):
+            loads.setdefault(self.base_url, []).append(name)
+            return await super().load_lora_adapter_from_tensors(name, *args, **kwargs)
+
+    t = trainer(char_model_dir)
+    a, b = of("alice", make_samples(8, seed=1)), of("bob", make_samples(8, seed=2))
+    settings = {"model": char_model_dir, "enable_lora": True, "max_batch_size": 8}
+    procs = [
+        launch_server(
+            ServerConfig(port=free_port(), num_threads=1, **settings), tmp_path / f"{i}.log"
+        )
+        for i in range(2)
+    ]
+
+    async def main(urls: list[str]) -> list[list[list[str]]]:
+        clients = [Recording(url) for url in urls]
+        sync = WeightSync(
+            SyncConfig(transport="tensor"), clients, tmp_path, adapters=["alice", "bob"]
+        )
+        sent = []
+        try:
+            for version, (batch, restarted) in enumerate(
+                [(None, []), (a, []), (b, [urls[1]])], start=1
+            ):
+                if batch is not None:
+                    t.train_step(batch)
+                if restarted:  # a restarted engine holds no adapter
+                    await clients[1].unload_lora_adapter("alice")
+                    await clients[1].unload_lora_adapter("bob")
+                    await sync.reset(restarted)
+                loads.clear()
+                await sync.push(t, version)
+                sent.append([sorted(loads.get(url, [])) for url in urls])
+                for agent in ("alice", "bob"):
+                    assert await sync.check(t, [1, 20, 30, 40, 5], version, agent) < 1e-4
+        finally:
+            for c in clients:
+                await c.aclose()
+        return sent
+
+    try:
+        for p in procs:
+            p.wait_healthy(deadline_s=180)
+        sent = asyncio.run(main([p.url for p in procs]))
+    finally:
+        for p in procs:
+            p.stop()
+    assert sent == [
+        [["alice", "bob"], ["alice", "bob"]],  # start: every engine lacks both
+        [["alice"], ["alice"]],  # only alice stepped
+        [["bob"], ["alice", "bob"]],  # bob stepped; the restarted engine gets both
+    ]
