@@ -21,7 +21,6 @@ hub dataset name), so one code path serves all. All rows are validated at load t
 from __future__ import annotations
 
 import copy
-import dataclasses
 import json
 import os
 from collections import deque
@@ -395,7 +394,7 @@ class DataBuffer:
             "seed": self.config.seed,
             "shuffle": self.config.shuffle,
             "num_prompts": len(self._rows),
-            "queued": [_sample_state(s) for q in self._queues.values() for s in q],
+            "queued": [s.state() for q in self._queues.values() for s in q],
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -417,10 +416,5 @@ class DataBuffer:
         self._next_group_id = state["next_group_id"]
         self._requeued = sorted((q["group_id"], q["row"]) for q in state["requeued"])
         self._queues = {}
-        self.put(Sample(**{**q, "status": Status(q["status"])}) for q in state.get("queued", []))
+        self.put(Sample.from_state(q) for q in state.get("queued", []))
         self._order = self._permutation(self.epoch)
-
-
-def _sample_state(s: Sample) -> dict[str, Any]:
-    """A queued sample as JSON-ready fields (metadata values JSON cannot hold become text)."""
-    return json.loads(json.dumps({**dataclasses.asdict(s), "status": s.status.value}, default=str))

@@ -10,7 +10,9 @@ only when the kernel itself reads it. All invariants are checked in ``Sample.val
 
 from __future__ import annotations
 
+import dataclasses
 import enum
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -81,6 +83,17 @@ class Sample:
             "index": self.index,
             "metadata": dict(self.metadata),
         }
+
+    def state(self) -> dict[str, Any]:
+        """Its fields as JSON-ready values (metadata values JSON cannot hold become text), as a
+        checkpoint or a queue between jobs keeps it (``from_state`` reads it back)."""
+        return json.loads(
+            json.dumps({**dataclasses.asdict(self), "status": self.status.value}, default=str)
+        )
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> Sample:
+        return cls(**{**state, "status": Status(state["status"])})
 
     def validate(self) -> Sample:
         """Check every invariant in one place; raise SampleError naming the sample and field."""

@@ -13,5 +13,5 @@ case "${1:-}" in
   --slow) tier=(-m slow); shift ;;
   --all) tier=(); shift ;;
 esac
-bash scripts/setup.sh "${TANDEM_EXTRAS:-dev,math,code,dialogue,router,ray,models,logging,megatron,retriever,peers,lora}"
+bash scripts/setup.sh "${TANDEM_EXTRAS:-dev,math,code,dialogue,router,ray,models,logging,megatron,retriever,peers,lora,jobs}"
 exec .venv/bin/python -m pytest -q "${tier[@]}" "$@"

@@ -342,8 +342,8 @@ def make_plan(config, cluster: ClusterConfig) -> Plan:
     specs = agent_specs(config) if isinstance(config, list) else config.agent_specs()
     default_model = None if isinstance(config, list) else config.model
     groups = []
-    for owner, members in model_groups(specs).items():
-        head = members[0]
+    for owner, members in model_groups([s for s in specs if not s.remote]).items():
+        head = members[0]  # a remote agent's model is placed by the job that plays it
         groups.append(
             _Group(
                 owner=owner,

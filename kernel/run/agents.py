@@ -78,6 +78,9 @@ class AgentSpec:
     resources: dict[str, Any] = field(default_factory=dict)
     """Placement of this agent's model on a cluster (GPUs for training and inference,
     colocation, parallel sizes); see kernel.cluster.plan.ResourceConfig and `kernel launch`."""
+    remote: bool = False
+    """Played by another Tandem job (kernel.jobs; queue.url): this job runs no model for it,
+    sends its turns to that job's engines and commits its samples for that job to train on."""
     lora: dict[str, Any] = field(default_factory=dict)
     """Overrides of the run's lora section (rank, alpha, dropout, target_modules). On the agent
     that owns a model, rank > 0 makes every trainable agent of that model train a LoRA adapter
@@ -91,6 +94,11 @@ class AgentSpec:
             raise ValueError(f"{where}.update_every must be >= 1, got {self.update_every}")
         if self.backend not in BACKENDS:
             raise ValueError(f"{where}.backend must be one of {BACKENDS}, got {self.backend!r}")
+        if self.remote and (self.share_model_with or self.lora or not self.trainable):
+            raise ValueError(
+                f"{where}.remote: the agent is trained (or frozen, with or without LoRA) by its "
+                "own job; share_model_with, lora and trainable belong in that job's settings"
+            )
         if self.share_model_with is not None:
             own = [k for k in ("model", "tokenizer", *OVERRIDABLE) if getattr(self, k)]
             own += [k for k in ("update_every", "backend") if getattr(self, k) != _DEFAULTS[k]]
@@ -129,6 +137,11 @@ def agent_specs(agents: list) -> list[AgentSpec]:
             raise ValueError(
                 f"agents[{s.name!r}].share_model_with names {s.share_model_with!r}, "
                 f"which is not an agent of this run ({names})"
+            )
+        if other.remote and other is not s:
+            raise ValueError(
+                f"agents[{s.name!r}] shares the model of {other.name!r}, which another job plays "
+                "(remote): a remote agent's model is that job's"
             )
         if other.share_model_with is not None:
             raise ValueError(

@@ -25,6 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 from kernel.advantages import TEAM_ESTIMATORS, AdvantageConfig
 from kernel.buffer import DataConfig
 from kernel.engine.pool import EngineConfig
+from kernel.jobs import QueueConfig
 from kernel.loss import LossConfig
 from kernel.metrics import LogConfig
 from kernel.rewards import RewardConfig
@@ -195,6 +196,9 @@ class TrainConfig:
     """Metrics destinations."""
     ray: RayConfig = field(default_factory=RayConfig)
     """Training on Ray actors (a trainer group per model)."""
+    queue: QueueConfig = field(default_factory=QueueConfig)
+    """Agents as independent jobs (kernel.jobs): the Redis server this job meets its partner
+    jobs at; agents marked ``remote`` are played by them."""
 
     def validate(self) -> TrainConfig:
         """Every check, before anything starts; raises ValueError naming the flag."""
@@ -214,7 +218,12 @@ class TrainConfig:
         if not 0 <= self.max_minutes < float("inf"):
             raise ValueError(f"max_minutes must be >= 0, got {self.max_minutes}")
         specs = self.agent_specs()
-        groups = model_groups(specs)
+        groups = model_groups([s for s in specs if not s.remote])
+        remote = tuple(
+            ModelPlan(s.name, (s,), self.model_settings(s), {s.name: self.agent_rollout(s)})
+            for s in specs
+            if s.remote
+        )
         models = []
         for owner, members in groups.items():
             rollouts = {s.name: self.agent_rollout(s) for s in members}  # validates each
@@ -259,7 +268,49 @@ class TrainConfig:
             raise ValueError("async_mode needs max_staleness >= 1 (its samples are one step old)")
         if not self.data.path:
             raise ValueError("data.path is empty: give a .jsonl/.parquet file or a dataset name")
-        return RunPlan(self, tuple(models), tuple(specs))
+        self._check_jobs(specs, models)
+        return RunPlan(self, tuple(models), tuple(specs), remote)
+
+    def _check_jobs(self, specs: list[AgentSpec], models: list[ModelPlan]) -> None:
+        """Agents as independent jobs: what a producing job (remote agents) and a consuming
+        job (queue.consume) need, refused before anything starts."""
+        remote = [s.name for s in specs if s.remote]
+        if remote and not self.queue.url:
+            raise ValueError(
+                f"agents {remote} are remote (played by another job): queue.url must name the "
+                "Redis server the jobs share"
+            )
+        if remote and len(remote) == len(specs):
+            raise ValueError("every agent is remote: a job plays at least one agent itself")
+        if (remote or self.queue.consume) and self.max_minutes:
+            raise ValueError(
+                "max_minutes with agents as independent jobs: the jobs of a run take the same "
+                "num_steps (a partner would wait for batches that never come)"
+            )
+        if remote and self.async_mode:
+            raise ValueError(
+                "async_mode with remote agents: use queue.max_lag to let this job run ahead of "
+                "its partners"
+            )
+        if not self.queue.consume:
+            return
+        refused = {
+            "remote agents (a consuming job trains on the batches another job rolls out)": remote,
+            "frozen agents (it only trains)": [s.name for s in specs if not s.trainable],
+            "eval.path (it runs no rollout: evaluate in the job that rolls out)": self.eval.path,
+            "async_mode": self.async_mode,
+        }
+        for what, on in refused.items():
+            if on:
+                raise ValueError(f"queue.consume: a consuming job has no {what}")
+        for m in models:  # the producing job reaches each model at one URL
+            e = m.settings.engine
+            if not (e.router_url or e.start_router or (len(e.urls) or e.num_engines) == 1):
+                raise ValueError(
+                    f"queue.consume: the model of {m.owner!r} has several engines: give them a "
+                    "router (engine.start_router, or engine.router_url) for the producing job "
+                    "to reach them at one URL"
+                )
 
     def agent_specs(self) -> list[AgentSpec]:
         """The agents as full specs (bare names expanded), the sharing graph checked."""
@@ -403,10 +454,12 @@ class RunPlan:
     cfg: TrainConfig
     models: tuple[ModelPlan, ...]
     agents: tuple[AgentSpec, ...]
+    remote: tuple[ModelPlan, ...] = ()  # agents another job plays (kernel.jobs): not started here
 
     def model_of(self, agent: str) -> ModelPlan:
-        """The model ``agent`` plays (its own, or the one it shares)."""
-        return next(m for m in self.models if agent in m.rollouts)
+        """The model ``agent`` plays (its own, or the one it shares; a remote agent's is the
+        other job's, described here for its tokenizer, sampling and engine client)."""
+        return next(m for m in (*self.models, *self.remote) if agent in m.rollouts)
 
     def rollout(self, agent: str) -> RolloutConfig:
         """An agent's rollout settings, its overrides applied."""

@@ -68,6 +68,9 @@ def frozen(cfg: TrainConfig, checkpoint: str | None = None) -> TrainConfig:
     (``adapters/<agent>``)."""
     agents = []
     for spec in cfg.agent_specs():
+        if spec.remote:  # another job's agent: served by that job as it is
+            agents.append(spec)
+            continue
         saved = Path(checkpoint or "") / "trainers" / (spec.share_model_with or spec.name)
         changes: dict[str, Any] = {"trainable": False}
         if checkpoint and (saved / "adapters").is_dir():
@@ -110,16 +113,25 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
         t_first = time.monotonic()  # max_minutes counts from here
         for step in range(rt.start, cfg.num_steps):
             t_step, cpu_step, requests = time.perf_counter(), time.thread_time(), rt.requests
-            # 1-2. rollout with rewards (in async mode it was started during the last step)
-            batch = await (next_batch or rt.rollout(step))
+            # 1-2. rollout with rewards (in async mode it was started during the last step); a
+            # job whose partners are other jobs waits for them to train far enough first, and
+            # a consuming job takes the batch another job rolled out for it (kernel.jobs)
+            waited = await rt.wait_for_partners(step) if rt.remote else 0.0
+            if cfg.queue.consume:
+                batch = await rt.fetch(step)
+            else:
+                batch = await (next_batch or rt.rollout(step))
             elapsed = time.monotonic() - t_first
             last = step + 1 == cfg.num_steps or 0 < cfg.max_minutes * 60 <= elapsed
             async_next = cfg.async_mode and not last
             next_batch = asyncio.ensure_future(rt.rollout(step + 1)) if async_next else None
             samples, stale = _drop_stale(batch.samples, models, cfg.max_staleness)
 
-            # 3. advantages, per (prompt, agent[, turn])
-            adv_metrics = compute_advantages(samples, cfg.advantage)
+            # 3. advantages, per (prompt, agent[, turn]) (a consuming job's came with its
+            # batch); the remote agents' samples go to their jobs
+            adv_metrics = {} if cfg.queue.consume else compute_advantages(samples, cfg.advantage)
+            if rt.remote:
+                adv_metrics |= await rt.commit(step, samples) | {"queue/wait_s": waited}
 
             # 4. train each model due this step on the samples of the agents it plays, and on
             # those it kept from the steps it sat out (update_every; TIS corrects the stale
@@ -137,6 +149,8 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
 
             # 5. weight sync of the models that trained (and of restarted engines)
             sync_metrics = await rt.sync(due, samples)
+            if cfg.queue.consume:
+                await rt.trained(step)
             if last:  # no rollout left to run the last checks beside
                 checks = [c | after for c, after in zip(checks, await rt.checked(), strict=True)]
 
@@ -215,7 +229,12 @@ def _drop_stale(samples: list[Sample], models: list[RunningModel], max_staleness
     """Keep samples whose oldest weight version is within max_staleness of the current version
     of their agent's model."""
     version = {spec.name: m.version for m in models for spec in m.agents}
-    kept = [s for s in samples if _staleness(s, version[s.agent]) <= max_staleness]
+    # a remote agent's samples are judged by the job that trains it (kernel.jobs)
+    kept = [
+        s
+        for s in samples
+        if s.agent not in version or _staleness(s, version[s.agent]) <= max_staleness
+    ]
     return kept, len(samples) - len(kept)
 
 
@@ -247,8 +266,9 @@ def _agent_metrics(
         row[f"{agent}/truncated"] = mean(float(s.status is Status.TRUNCATED) for s in mine)
         row[f"{agent}/failed"] = mean(float(s.status is Status.FAILED) for s in mine)
         row[f"{agent}/samples"] = float(len(mine))
-        row[f"{agent}/staleness"] = mean(_staleness(s, version[agent]) for s in mine)
-        row[f"{agent}/queued"] = float(buffer.pending(agent))
+        if agent in version:  # not a remote agent (kernel.jobs)
+            row[f"{agent}/staleness"] = mean(_staleness(s, version[agent]) for s in mine)
+            row[f"{agent}/queued"] = float(buffer.pending(agent))
     episodes: dict[tuple, dict] = {}
     tokens: dict[tuple, int] = {}  # every agent's dialogue tokens of the episode
     for s in samples:

@@ -26,6 +26,7 @@ import copy
 import json
 import logging
 import random
+import time
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -35,6 +36,7 @@ import torch
 
 from kernel.buffer import DataBuffer
 from kernel.engine.batcher import RequestBatcher
+from kernel.engine.client import ClientConfig
 from kernel.engine.pool import EnginePool
 from kernel.hooks import (
     RolloutContext,
@@ -44,6 +46,7 @@ from kernel.hooks import (
     load_reward,
     package_file,
 )
+from kernel.jobs import JobQueue, RemoteEngine
 from kernel.metrics import MetricsLogger
 from kernel.models import check_model, load_tokenizer, materialize_model
 from kernel.redact import redact
@@ -153,6 +156,9 @@ class Runtime:
     logger: MetricsLogger
     start: int  # the first step to run (after a checkpoint's, when resumed)
     last_checkpoint: Path | None = None  # this run's last save, or its resume: the next keeps it
+    queue: JobQueue | None = None  # agents as independent jobs (kernel.jobs): the run's Redis
+    remote: tuple[str, ...] = ()  # the agents other jobs play (kernel.jobs)
+    queue: JobQueue | None = None  # agents as independent jobs (kernel.jobs): the run's Redis
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -217,16 +223,26 @@ class Runtime:
                     m.engine_ranks,
                     adapters=list(m.plan.trained_adapters),
                 )
-            ctx = RolloutContext(
-                agents=agent_handles(plan, models), config=recipe_config, run=cfg, step=start
-            )
+            queue = JobQueue(cfg.queue) if cfg.queue.url else None
+            remote = {  # agents other jobs play: only their tokenizers here
+                r.owner: load_tokenizer(
+                    r.agents[0].tokenizer
+                    or materialize_model(check_model(r.settings.model), out / "models")
+                )
+                for r in plan.remote
+            }
+            handles = agent_handles(plan, models, queue, remote)
+            ctx = RolloutContext(agents=handles, config=recipe_config, run=cfg, step=start)
             manager = RolloutManager(
                 generate, reward, cfg.reward, cfg.rollout.concurrency, cfg.rollout.timeout_s
             )
-            runtime = cls(cfg, models, buffer, ctx, manager, logger, start, ckpt)
+            runtime = cls(
+                cfg, models, buffer, ctx, manager, logger, start, ckpt, queue, tuple(remote)
+            )
             watchers = [asyncio.ensure_future(m.pool.watch()) for m in models]
             try:
                 await runtime._serve_trainer_weights()
+                await runtime._meet_partners()
                 yield runtime
             finally:
                 for w in watchers:
@@ -245,7 +261,66 @@ class Runtime:
             else:
                 await asyncio.gather(*(c.update_weight_version(str(m.version)) for c in m.clients))
 
+    async def _meet_partners(self) -> None:
+        """Agents as independent jobs: a new run first checks that the run's Redis keys are its
+        own; a consuming job then publishes where its agents are served and how many steps
+        they have trained."""
+        if self.queue is None:
+            return
+        if not self.cfg.queue.consume:
+            if self.start == 0:
+                await self.queue.check_fresh(list(self.remote))
+            return
+        for m in self.models:
+            url = m.generators[0].base_url  # its router, or its one engine (RunPlan checked)
+            for agent in sorted(m.trained):
+                if self.start == 0:
+                    await self.queue.check_consumer_fresh([agent])
+                await self.queue.publish(agent, url, self.start)
+
+    async def wait_for_partners(self, step: int) -> float:
+        """Before the rollout of ``step``: until the jobs of the remote agents have trained
+        ``step - queue.max_lag`` steps. Returns the seconds waited."""
+        t0 = time.perf_counter()
+        for agent in self.remote:
+            await self.queue.wait_done(agent, step - self.cfg.queue.max_lag)
+        return time.perf_counter() - t0
+
+    async def commit(self, step: int, samples: list[Sample]) -> dict[str, float]:
+        """The remote agents' samples of ``step`` (advantages computed here) committed as their
+        jobs' batch ``step``, one per agent, empty or not; a step already committed (a resumed
+        run repeating it) keeps its first batch."""
+        repeated = 0
+        for agent in self.remote:
+            mine = [s for s in samples if s.agent == agent]
+            repeated += not await self.queue.commit(agent, step, mine)
+        return {"queue/repeated_batches": float(repeated)}
+
+    async def fetch(self, step: int) -> Batch:
+        """queue.consume: the batches of ``step`` that another job committed for this job's
+        agents, in place of a rollout."""
+        t0 = time.perf_counter()
+        agents = sorted({a for m in self.models for a in m.trained})
+        samples = [s for a in agents for s in await self.queue.fetch(a, step)]
+        groups: dict[int, list[Sample]] = {}
+        for s in samples:
+            groups.setdefault(s.group_id, []).append(s)
+        results = [GroupResult(group=[g[0]], samples=g) for g in groups.values()]
+        episodes = len({(s.group_id, s.index) for s in samples})
+        stats = RolloutStats(episodes=episodes, seconds=time.perf_counter() - t0)
+        return Batch(results, [], stats, {"rollout/groups": float(len(results))})
+
+    async def trained(self, step: int) -> None:
+        """queue.consume: ``step`` is trained and its weights are on this job's engines."""
+        for m in self.models:
+            for agent in sorted(m.trained):
+                await self.queue.mark_done(agent, step + 1)
+
     async def _close(self) -> None:
+        for agent in self.remote:
+            await self.ctx.agents[agent].clients[0].aclose()
+        if self.queue is not None:
+            await self.queue.aclose()
         for m in self.models:
             if m.sync is not None:
                 await m.sync.aclose()
@@ -327,6 +402,9 @@ class Runtime:
         }
         root = Path(self.cfg.output_dir) / "checkpoints"
         self.last_checkpoint = await save(root, step, self.models, state, self.last_checkpoint)
+        if self.queue is not None and self.cfg.queue.consume:  # batches before it: not needed
+            for agent in sorted({a for m in self.models for a in m.trained}):
+                await self.queue.trim(agent, step)
         return self.last_checkpoint
 
 
@@ -373,11 +451,30 @@ def place_trainer(cfg: TrainConfig, model: RunningModel, where) -> Trainer | Non
     return RayTrainer(model.owner, *args, **options)
 
 
-def agent_handles(plan: RunPlan, models: list[RunningModel]) -> dict[str, AgentHandle]:
+def agent_handles(
+    plan: RunPlan,
+    models: list[RunningModel],
+    queue: JobQueue | None = None,
+    remote: dict[str, Any] | None = None,
+) -> dict[str, AgentHandle]:
     """ctx.agents, in the order of the run's agents: each agent samples from its model's engines
     through the model's request batcher, with its own sampling defaults and chat template (and
-    its LoRA adapter, by its name, where its model has adapters)."""
+    its LoRA adapter, by its name, where its model has adapters); an agent another job plays,
+    from that job's engines (kernel.jobs.RemoteEngine), with its tokenizer from ``remote``."""
     agents = {}
+    for r in plan.remote:
+        spec, rollout, engine = r.agents[0], r.rollouts[r.owner], r.settings.engine
+        config = ClientConfig(timeout_s=engine.request_timeout_s, api_key=engine.api_key)
+        client = RemoteEngine(queue, spec.name, config)
+        agents[spec.name] = AgentHandle(
+            spec.name,
+            [client],
+            with_template(remote[spec.name], spec.chat_template),
+            {"temperature": rollout.temperature, "top_p": rollout.top_p},
+            rollout.max_response_len,
+            rollout.max_context_len,
+            batcher=RequestBatcher([client], None, engine.batch_window_ms / 1000),
+        )
     for m in models:
         window = m.settings.engine.batch_window_ms / 1000
         m.batcher = batcher = RequestBatcher(m.generators, m.pool, window)

@@ -204,6 +204,8 @@ class Tuning:
         agent = agent or next(iter(specs))
         if agent not in specs:
             raise ValueError(f"{flag}: {agent!r} is not one of the agents {sorted(specs)}")
+        if specs[agent].remote:
+            raise ValueError(f"{flag}: {agent!r} is remote: tune it in the job that plays it")
         spec, model = specs[agent], plan.model_of(agent)
         settings = model.settings
         out = Path(cfg.output_dir)
