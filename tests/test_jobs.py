@@ -10,15 +10,22 @@ remote agent's calls follow its job to the URL it publishes after a restart.
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from kernel.engine.launch import free_port
 from kernel.jobs import JobQueue, QueueConfig, QueueTimeout, redis_command
 from kernel.sample import Sample, Status
+from tests.test_loop import _engines_of
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class Redis:
@@ -167,3 +174,68 @@ def test_calls_wait_for_redis_to_come_back_and_fail_naming_it_when_it_does_not(t
 def test_queue_settings_are_checked_naming_the_flag(settings, words):
     with pytest.raises(ValueError, match=words):
         QueueConfig(**settings).validate()
+
+
+def _train(out: Path, *flags: str) -> subprocess.Popen:
+    """``kernel train`` of the tiny takes_two preset into ``out`` (its stderr in out.err)."""
+    cmd = [sys.executable, "-m", "kernel", "train", "--recipe=takes_two", "--preset=tiny"]
+    cmd += ["--num_steps=4", "--save_every=1", "--seed=3", "--eval.every=0", "--eval.path="]
+    err = open(out.with_suffix(".err"), "ab")  # noqa: SIM115 (the child keeps it)
+    return subprocess.Popen([*cmd, f"--output_dir={out}", *flags], cwd=ROOT, stderr=err)
+
+
+def _rows(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def _finish(run: subprocess.Popen, out: Path) -> None:
+    assert run.wait(timeout=900) == 0, out.with_suffix(".err").read_text()[-3000:]
+
+
+@pytest.mark.slow
+def test_takes_two_as_two_jobs_survives_a_killed_patient_job(tmp_path, redis_server):
+    """takes_two as two jobs, MrlX's shape: the doctor's job rolls out with the patient's job's
+    engines and commits the patient's samples; the patient's job trains on them. The patient's
+    job is SIGKILLed after its first step and resumed: the doctor's calls follow it to its new
+    engines, and every batch is trained on once, the same prompts in the same steps as the
+    doctor's job and as one job running both agents."""
+    queue = [f"--queue.url={redis_server.url}", "--queue.name=takes_two_test"]
+    patient_agent = {"name": "patient", "model": "tiny-smollm2-llama"}
+    both = [{"name": "doctor"}, {**patient_agent, "remote": True}]
+    doctor_dir, patient_dir = tmp_path / "doctor", tmp_path / "patient"
+    doctor = _train(doctor_dir, f"--agents={json.dumps(both)}", *queue)
+    consume = [f"--agents={json.dumps([patient_agent])}", "--queue.consume=true", *queue]
+    patient = _train(patient_dir, *consume)
+    deadline = time.monotonic() + 600
+    while not _rows(patient_dir):
+        assert patient.poll() is None, patient_dir.with_suffix(".err").read_text()[-3000:]
+        assert doctor.poll() is None, doctor_dir.with_suffix(".err").read_text()[-3000:]
+        assert time.monotonic() < deadline, "the patient's job trained no step"
+        time.sleep(0.05)
+    os.kill(patient.pid, signal.SIGKILL)
+    patient.wait()
+    deadline = time.monotonic() + 20
+    while _engines_of(patient_dir):  # its engine dies with it
+        assert time.monotonic() < deadline, f"orphaned engines: {_engines_of(patient_dir)}"
+        time.sleep(0.2)
+    patient = _train(patient_dir, *consume, "--resume=true")
+    _finish(doctor, doctor_dir)
+    _finish(patient, patient_dir)
+    one_job = tmp_path / "one_job"
+    _finish(_train(one_job, f"--agents={json.dumps([{'name': 'doctor'}, patient_agent])}"), one_job)
+
+    d, p, one = _rows(doctor_dir), _rows(patient_dir), _rows(one_job)
+    assert [r["step"] for r in p] == [r["step"] for r in d] == list(range(4))
+    assert [r["data/rows"] for r in p] == [r["data/rows"] for r in d]
+    assert [r["data/rows"] for r in d] == [r["data/rows"] for r in one]
+    assert [r["patient/samples"] for r in p] == [r["patient/samples"] for r in d]
+    assert [r["train/n_samples"] for r in p] == [r["patient/samples"] for r in d]
+    assert all(r["queue/repeated_batches"] == 0 for r in d)
+    assert sum(r["queue/wait_s"] for r in d) > 0  # the doctor's job waited for the patient's
+    print("step | doctor reward (two jobs, one job) | patient reward (two jobs, one job)")
+    for a, b in zip(d, one, strict=True):
+        print(
+            f"{a['step']} | {a['doctor/reward']:.3f}, {b['doctor/reward']:.3f} | "
+            f"{a['patient/reward']:.3f}, {b['patient/reward']:.3f}"
+        )

@@ -65,7 +65,13 @@ from torch import Tensor
 
 from kernel.engine.prefix_cache import BLOCK, PrefixCache
 from kernel.engine.protocol import SamplingParams
-from kernel.engine.weights import NamedTensors, add_adapter, refill_adapter, remove_adapter
+from kernel.engine.weights import (
+    NamedTensors,
+    add_adapter,
+    mixed_forward,
+    refill_adapter,
+    remove_adapter,
+)
 from kernel.models import cache_kwargs
 
 log = logging.getLogger(__name__)
@@ -217,6 +223,9 @@ class Scheduler:
         self._configs: dict[str, str] = {}  # peft's name of a served adapter -> its config (JSON)
         self._parked: dict[str, str] = {}  # ... of an unloaded one whose layers stay, for a reload
         self._loads = 0  # adapters loaded so far (each gets a new peft name)
+        self.onednn = any(  # the server switched the Linear layers to oneDNN (use_onednn_linears)
+            getattr(m.forward, "__func__", None) is _onednn_forward for m in model.modules()
+        )
         self.gather_window_s = gather_window_s
         self.context_length = context_length
         self.weight_version = weight_version
@@ -337,6 +346,8 @@ class Scheduler:
             inner = f"lora{self._loads}"
             self.model = add_adapter(self.model, inner, config, tensors)
             self._loads += 1
+            if self.onednn:  # its A and B through oneDNN too, as the base's layers
+                use_onednn_linears(self.model)
         self._peft_names[name] = inner
         self._configs[inner] = key
         self.prefix_cache.clear()  # a name loaded again must not find its old KV
@@ -525,12 +536,22 @@ class Scheduler:
 
     def _forward(self, adapters: list[str | None], cache, **inputs):
         """One forward of the served model over rows served by ``adapters`` (one per row),
-        appending to ``cache``. With LoRA adapters loaded each row names its own (peft's
-        mixed-adapter batch); a bare model takes no names."""
-        inner = self._peft_names
-        if self.model is not self.base:  # peft's: every row names its adapter, or none
-            inputs["adapter_names"] = [inner[name] if name else BASE_ADAPTER for name in adapters]
-        return self.model(**inputs, **cache_kwargs(self.base, cache), use_cache=True)
+        appending to ``cache``. With LoRA adapters loaded, rows of one adapter (or all of the
+        base) run peft's plain path, that adapter active (or none); rows of several, peft's
+        mixed-adapter batch, each naming its own (a gather and a scatter per layer: SmolLM2's
+        decode is 1.3x slower so). A bare model takes no names."""
+        inputs |= cache_kwargs(self.base, cache)
+        if self.model is self.base:
+            return self.model(**inputs, use_cache=True)
+        names = [self._peft_names[name] if name else BASE_ADAPTER for name in adapters]
+        if len(set(names)) > 1:
+            return mixed_forward(self.model, **inputs, adapter_names=names, use_cache=True)
+        if names[0] == BASE_ADAPTER:
+            with self.model.disable_adapter():
+                return self.model(**inputs, use_cache=True)
+        if self.model.active_adapter != names[0]:
+            self.model.set_adapter(names[0])
+        return self.model(**inputs, use_cache=True)
 
     def _prefill_inputs(
         self, seqs: list[list[int]], hits: list[tuple[int, Tensor | None]]

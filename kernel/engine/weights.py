@@ -417,10 +417,28 @@ def _probe(model, name: str) -> None:
     loads some adapters it cannot batch (DoRA), which must fail here, not in a batch."""
     ids = torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device)
     try:
-        with torch.no_grad():
-            model(input_ids=ids, adapter_names=[name], use_cache=False)
+        mixed_forward(model, input_ids=ids, adapter_names=[name], use_cache=False)
     except Exception as exc:
         raise ValueError(f"the adapter cannot run in a mixed-adapter batch: {exc}") from exc
+
+
+def mixed_forward(model, **inputs):
+    """``model(**inputs)`` (a peft mixed-adapter batch: ``adapter_names``, one per row) under
+    no_grad. peft passes the names to its layers by forward pre-hooks, which it does not remove
+    when the forward raises (peft 0.21: its context manager has no finally); left in place they
+    would hand those names to every later forward that passes none: they are removed here."""
+    try:
+        with torch.no_grad():
+            return model(**inputs)
+    except BaseException:
+        for module in model.modules():
+            for key, hook in list(module._forward_pre_hooks.items()):
+                if getattr(getattr(hook, "func", None), "__name__", "").endswith(
+                    "_pre_forward_hook"
+                ):
+                    del module._forward_pre_hooks[key]
+                    module._forward_pre_hooks_with_kwargs.pop(key, None)
+        raise
 
 
 def remove_adapter(model, name: str):
