@@ -1,6 +1,6 @@
-"""Agents as independent jobs (kernel/jobs.py) against a real Redis server on 127.0.0.1.
+"""Agents as independent jobs (kernel/run/jobs.py) against a real Redis server on 127.0.0.1.
 
-The server is started by the tests as the launch script starts it (kernel.jobs.redis_command:
+The server is started by the tests as the launch script starts it (kernel.run.jobs.redis_command:
 append-only file, fsync on every write) and killed with SIGKILL where a test says so: a
 committed batch survives the kill, a step is committed once however often a resumed producer
 repeats it, calls wait for a Redis that comes back and fail naming it when it does not, and a
@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from kernel.engine.launch import free_port
-from kernel.jobs import JobQueue, QueueConfig, QueueTimeout, redis_command
+from kernel.run.jobs import JobQueue, QueueConfig, QueueTimeout, redis_command
 from kernel.sample import Sample, Status
 from tests.test_loop import _engines_of
 
@@ -160,6 +161,55 @@ def test_calls_wait_for_redis_to_come_back_and_fail_naming_it_when_it_does_not(t
         asyncio.run(main())
     finally:
         server.stop()
+
+
+TINY = ROOT / "recipes" / "takes_two" / "presets" / "tiny.yaml"
+URL = "--queue.url=redis://127.0.0.1:6379/0"
+REMOTE = '--agents=[{"name": "doctor"}, {"name": "patient", "remote": true}]'
+CONSUME = ["--queue.consume=true", '--agents=[{"name": "patient"}]', URL]
+NO_EVAL = ["--eval.every=0", "--eval.path="]
+
+
+@pytest.mark.parametrize(
+    "flags, words",
+    [
+        ([REMOTE], "agents ['patient'] are remote (played by another job): queue.url"),
+        ([REMOTE, URL, "--async_mode=true"], "use queue.max_lag"),
+        ([REMOTE, URL, "--max_minutes=5"], "max_minutes with agents as independent jobs"),
+        ([URL, '--agents=[{"name": "patient", "remote": true}]'], "every agent is remote"),
+        (
+            ['--agents=[{"name": "patient", "remote": true, "trainable": false}]'],
+            "agents['patient'].remote: the agent is trained (or frozen",
+        ),
+        (
+            [URL, '--agents=[{"name": "doctor", "remote": true}, "nurse"]'],
+            "agents['nurse'] shares the model of 'doctor', which another job plays",
+        ),
+        (CONSUME, "queue.consume: a consuming job has no eval.path"),
+        ([*CONSUME, *NO_EVAL, "--engine.num_engines=2"], "several engines: give them a router"),
+        (
+            [*CONSUME[:1], URL, *NO_EVAL, '--agents=[{"name": "patient", "trainable": false}]'],
+            "a consuming job has no frozen agents",
+        ),
+    ],
+)
+def test_jobs_settings_are_refused_before_start_naming_the_flag(flags, words):
+    from kernel.run.config import load_train_config
+
+    with pytest.raises(ValueError, match=re.escape(words)):
+        load_train_config(flags, yaml_path=TINY).validate()
+
+
+def test_a_consuming_job_with_one_engine_or_a_router_is_planned():
+    from kernel.run.config import load_train_config
+
+    for extra in ([], ["--engine.num_engines=2", "--engine.start_router=true"]):
+        plan = load_train_config([*CONSUME, *NO_EVAL, *extra], yaml_path=TINY).plan()
+        assert [m.owner for m in plan.models] == ["patient"] and plan.remote == ()
+    plan = load_train_config([REMOTE, URL], yaml_path=TINY).plan()
+    assert [m.owner for m in plan.models] == ["doctor"]
+    assert [r.owner for r in plan.remote] == ["patient"]
+    assert plan.rollout("patient").max_response_len == 16  # the preset's, for its handle
 
 
 @pytest.mark.parametrize(

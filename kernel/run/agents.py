@@ -79,7 +79,7 @@ class AgentSpec:
     """Placement of this agent's model on a cluster (GPUs for training and inference,
     colocation, parallel sizes); see kernel.cluster.plan.ResourceConfig and `kernel launch`."""
     remote: bool = False
-    """Played by another Tandem job (kernel.jobs; queue.url): this job runs no model for it,
+    """Played by another Tandem job (kernel.run.jobs; queue.url): this job runs no model for it,
     sends its turns to that job's engines and commits its samples for that job to train on."""
     lora: dict[str, Any] = field(default_factory=dict)
     """Overrides of the run's lora section (rank, alpha, dropout, target_modules). On the agent

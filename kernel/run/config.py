@@ -25,11 +25,11 @@ from pydantic import TypeAdapter, ValidationError
 from kernel.advantages import TEAM_ESTIMATORS, AdvantageConfig
 from kernel.buffer import DataConfig
 from kernel.engine.pool import EngineConfig
-from kernel.jobs import QueueConfig
 from kernel.loss import LossConfig
 from kernel.metrics import LogConfig
 from kernel.rewards import RewardConfig
 from kernel.run.agents import AgentSpec, agent_specs, model_groups
+from kernel.run.jobs import QueueConfig
 from kernel.sync.push import SyncConfig
 from kernel.train.critic import CriticConfig
 from kernel.train.lora import LoraConfig
@@ -197,7 +197,7 @@ class TrainConfig:
     ray: RayConfig = field(default_factory=RayConfig)
     """Training on Ray actors (a trainer group per model)."""
     queue: QueueConfig = field(default_factory=QueueConfig)
-    """Agents as independent jobs (kernel.jobs): the Redis server this job meets its partner
+    """Agents as independent jobs (kernel.run.jobs): the Redis server this job meets its partner
     jobs at; agents marked ``remote`` are played by them."""
 
     def validate(self) -> TrainConfig:
@@ -454,7 +454,7 @@ class RunPlan:
     cfg: TrainConfig
     models: tuple[ModelPlan, ...]
     agents: tuple[AgentSpec, ...]
-    remote: tuple[ModelPlan, ...] = ()  # agents another job plays (kernel.jobs): not started here
+    remote: tuple[ModelPlan, ...] = ()  # agents other jobs play (kernel.run.jobs): not started
 
     def model_of(self, agent: str) -> ModelPlan:
         """The model ``agent`` plays (its own, or the one it shares; a remote agent's is the

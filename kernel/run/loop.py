@@ -115,7 +115,7 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
             t_step, cpu_step, requests = time.perf_counter(), time.thread_time(), rt.requests
             # 1-2. rollout with rewards (in async mode it was started during the last step); a
             # job whose partners are other jobs waits for them to train far enough first, and
-            # a consuming job takes the batch another job rolled out for it (kernel.jobs)
+            # a consuming job takes the batch another job rolled out for it (kernel.run.jobs)
             waited = await rt.wait_for_partners(step) if rt.remote else 0.0
             if cfg.queue.consume:
                 batch = await rt.fetch(step)
@@ -229,7 +229,7 @@ def _drop_stale(samples: list[Sample], models: list[RunningModel], max_staleness
     """Keep samples whose oldest weight version is within max_staleness of the current version
     of their agent's model."""
     version = {spec.name: m.version for m in models for spec in m.agents}
-    # a remote agent's samples are judged by the job that trains it (kernel.jobs)
+    # a remote agent's samples are judged by the job that trains it (kernel.run.jobs)
     kept = [
         s
         for s in samples
@@ -266,7 +266,7 @@ def _agent_metrics(
         row[f"{agent}/truncated"] = mean(float(s.status is Status.TRUNCATED) for s in mine)
         row[f"{agent}/failed"] = mean(float(s.status is Status.FAILED) for s in mine)
         row[f"{agent}/samples"] = float(len(mine))
-        if agent in version:  # not a remote agent (kernel.jobs)
+        if agent in version:  # not a remote agent (kernel.run.jobs)
             row[f"{agent}/staleness"] = mean(_staleness(s, version[agent]) for s in mine)
             row[f"{agent}/queued"] = float(buffer.pending(agent))
     episodes: dict[tuple, dict] = {}

@@ -46,7 +46,6 @@ from kernel.hooks import (
     load_reward,
     package_file,
 )
-from kernel.jobs import JobQueue, RemoteEngine
 from kernel.metrics import MetricsLogger
 from kernel.models import check_model, load_tokenizer, materialize_model
 from kernel.redact import redact
@@ -55,6 +54,7 @@ from kernel.run.agents import AgentHandle, AgentSpec
 from kernel.run.checkpoint import checkpoints, resume_from, rng_state, save
 from kernel.run.config import ModelPlan, ModelSettings, RunPlan, TrainConfig
 from kernel.run.evaluation import eval_data, evaluate
+from kernel.run.jobs import JobQueue, RemoteEngine
 from kernel.sample import Sample
 from kernel.sync.push import SyncConfig, WeightSync
 from kernel.train.ray_trainer import RayTrainer
@@ -156,9 +156,9 @@ class Runtime:
     logger: MetricsLogger
     start: int  # the first step to run (after a checkpoint's, when resumed)
     last_checkpoint: Path | None = None  # this run's last save, or its resume: the next keeps it
-    queue: JobQueue | None = None  # agents as independent jobs (kernel.jobs): the run's Redis
-    remote: tuple[str, ...] = ()  # the agents other jobs play (kernel.jobs)
-    queue: JobQueue | None = None  # agents as independent jobs (kernel.jobs): the run's Redis
+    queue: JobQueue | None = None  # agents as independent jobs (kernel.run.jobs): the run's Redis
+    remote: tuple[str, ...] = ()  # the agents other jobs play (kernel.run.jobs)
+    queue: JobQueue | None = None  # agents as independent jobs (kernel.run.jobs): the run's Redis
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -460,7 +460,7 @@ def agent_handles(
     """ctx.agents, in the order of the run's agents: each agent samples from its model's engines
     through the model's request batcher, with its own sampling defaults and chat template (and
     its LoRA adapter, by its name, where its model has adapters); an agent another job plays,
-    from that job's engines (kernel.jobs.RemoteEngine), with its tokenizer from ``remote``."""
+    from that job's engines (kernel.run.jobs.RemoteEngine), with its tokenizer from ``remote``."""
     agents = {}
     for r in plan.remote:
         spec, rollout, engine = r.agents[0], r.rollouts[r.owner], r.settings.engine

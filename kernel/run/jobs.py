@@ -54,7 +54,7 @@ POLL_S = 0.2  # how often a wait looks again
 
 @dataclass
 class QueueConfig:
-    """Agents as independent jobs (kernel.jobs): how this job meets its partner jobs."""
+    """Agents as independent jobs (kernel.run.jobs): how this job meets its partner jobs."""
 
     url: str = ""
     """Redis server the jobs of a run share (redis://host:port/db); empty: one job runs every
