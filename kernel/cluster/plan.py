@@ -58,6 +58,11 @@ class ResourceConfig:
     KV cache (colocated, SGLang releases it during training; keep room for the trainer)."""
     nodes: list[int] | None = None
     """Nodes this model may use (None: any, filled in order)."""
+    pool: str | None = None
+    """A GPU pool shared with the other models that name it (Dr.MAS): each trains and serves on
+    all of its GPUs (colocated), and they take turns -- while one trains, every engine of the
+    pool has given its memory up. The first model naming a pool sizes it (train_gpus, or an
+    even share); the others leave train_gpus unset or equal."""
 
     def validate(self) -> ResourceConfig:
         """Raise ValueError naming the first field with a bad value."""
@@ -77,6 +82,11 @@ class ResourceConfig:
             raise ValueError(
                 f"infer_gpus={self.infer_gpus} but colocate is true: colocated engines run on the "
                 "train_gpus; leave infer_gpus unset"
+            )
+        if self.pool is not None and (not self.pool or self.infer_gpus is not None):
+            raise ValueError(
+                f"pool {self.pool!r}: a pool's models serve on its training GPUs (colocated): "
+                "name it with a non-empty string and leave infer_gpus unset"
             )
         if self.nodes is not None and (not self.nodes or min(self.nodes) < 0):
             raise ValueError(
@@ -112,6 +122,9 @@ class ClusterConfig:
     model's own engine.sglang_args follow them."""
     startup_timeout_s: float = 600.0
     """How long an engine or router may take to answer /health after it is started."""
+    gpu_memory_gb: float = 80.0
+    """Memory of each GPU, for the arithmetic of a shared pool (resources.pool): its models'
+    engines and trainer states are resident on each of its GPUs at once."""
 
     def validate(self) -> ClusterConfig:
         """Raise ValueError naming the first field with a bad value."""
@@ -125,6 +138,8 @@ class ClusterConfig:
             )
         if self.startup_timeout_s <= 0:
             raise ValueError(f"cluster.startup_timeout_s must be > 0, got {self.startup_timeout_s}")
+        if self.gpu_memory_gb <= 0:
+            raise ValueError(f"cluster.gpu_memory_gb must be > 0, got {self.gpu_memory_gb}")
         for f in fields(self):
             if f.name.endswith("_port") and not 0 < getattr(self, f.name) < 65536:
                 raise ValueError(
@@ -179,6 +194,7 @@ class ModelPlan:
     metrics_port: int
     master_port: int | None  # torch.distributed rendezvous on trainer rank 0's node
     sync_transport: str  # shared (colocated) | distributed | none (frozen model)
+    pool: str | None = None  # the GPU pool it shares with other models, taking turns
 
     def engine_ranks(self) -> list[list[int]] | None:
         """Colocated: per engine, the trainer rank on the GPU of each of its TP ranks (the
@@ -233,6 +249,7 @@ class Plan:
             "engines",
             "router",
             "sync",
+            "pool",
         ):
             models.add_column(col)
         for g in self.groups:
@@ -256,6 +273,7 @@ class Plan:
                 engines,
                 f"n0:{g.router_port} (metrics :{g.metrics_port})",
                 g.sync_transport,
+                g.pool or "-",
             )
         gpus = Table(title=f"GPUs ({self.cluster.nodes} x {self.cluster.gpus_per_node})")
         gpus.add_column("node/gpu")
@@ -357,16 +375,27 @@ def make_plan(config, cluster: ClusterConfig) -> Plan:
                 where=f"agents[{owner!r}].resources",
             )
         )
-    _size(groups, cluster)
+    pools = _pools(groups)
+    _size([g for g in groups if g.res.pool is None or pools[g.res.pool][0] is g], cluster)
+    for members in pools.values():
+        for g in members[1:]:
+            g.train, g.infer = members[0].train, members[0].infer
     free = {n: list(range(cluster.gpus_per_node)) for n in range(cluster.nodes)}
     engine_ports = dict.fromkeys(range(cluster.nodes), cluster.engine_base_port)
     plans = []
+    pool_blocks: dict[str, list] = {}  # a pool's trainer GPU blocks, taken by its first model
     for i, g in enumerate(groups):
         r = g.res
         _check_heads(g)
         tp, pp = g.tp, g.pp
         trainer = []
-        for b, (node, gpus) in enumerate(_take(free, g, g.train // tp, tp, "the trainer")):
+        if r.pool is None:
+            blocks = _take(free, g, g.train // tp, tp, "the trainer")
+        elif r.pool not in pool_blocks:
+            blocks = pool_blocks[r.pool] = _take(free, g, g.train // tp, tp, "the pool")
+        else:
+            blocks = pool_blocks[r.pool]
+        for b, (node, gpus) in enumerate(blocks):
             for t, gpu in enumerate(gpus):
                 rank = b * tp + t
                 dp = (rank // tp) % (g.train // (tp * pp))
@@ -400,11 +429,99 @@ def make_plan(config, cluster: ClusterConfig) -> Plan:
                 metrics_port=cluster.metrics_base_port + i,
                 master_port=cluster.master_base_port + i if trainer else None,
                 sync_transport="none" if not trainer else "shared" if r.colocate else "distributed",
+                pool=r.pool,
             )
         )
     plan = Plan(cluster, plans)
     _check_ports(plan)
+    for name in pools:
+        _check_pool_memory(name, [p for p in plans if p.pool == name], groups, cluster)
     return plan
+
+
+def _pools(groups: list[_Group]) -> dict[str, list[_Group]]:
+    """The models of each shared pool (in the order of the agents), checked: every one trains
+    (its engines serve on its training GPUs), at the size the first one gives the pool, with
+    the same trainer tensor-parallel size (the pool's GPUs are taken in its blocks)."""
+    pools: dict[str, list[_Group]] = {}
+    for g in groups:
+        if g.res.pool is not None:
+            pools.setdefault(g.res.pool, []).append(g)
+    for name, members in pools.items():
+        head = members[0]
+        for g in members:
+            if not g.trainable:
+                raise ValueError(
+                    f"{g.where}.pool {name!r}: a frozen model has no training turn; give it "
+                    "GPUs of its own (leave pool unset)"
+                )
+            g.res.colocate = True
+            if g is head:
+                continue
+            if g.res.train_gpus not in (None, head.res.train_gpus):
+                raise ValueError(
+                    f"{g.where}.train_gpus = {g.res.train_gpus}, but pool {name!r} has the size "
+                    f"{head.owner!r} gives it ({head.res.train_gpus}): leave it unset"
+                )
+            if g.tp != head.tp:
+                raise ValueError(
+                    f"agents[{g.owner!r}].trainer.tensor_parallel = {g.tp}, but pool {name!r} "
+                    f"is taken in blocks of {head.tp} (agents[{head.owner!r}]'s): make them equal"
+                )
+    return pools
+
+
+def _param_count(model: str | None) -> int | None:
+    """A local model's parameter count from its config.json (None when there is none to read):
+    embeddings (twice when untied), attention and the gated MLP of each layer."""
+    path = Path(model or "") / "config.json"
+    if not model or not path.is_file():
+        return None
+    c = json.loads(path.read_text())
+    try:
+        h, layers, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+        heads = c["num_attention_heads"]
+        kv = c.get("num_key_value_heads") or heads
+        head_dim = c.get("head_dim") or h // heads
+        inter = c["intermediate_size"]
+    except KeyError:
+        return None
+    attention = 2 * h * heads * head_dim + 2 * h * kv * head_dim
+    embeddings = vocab * h * (1 if c.get("tie_word_embeddings") else 2)
+    return embeddings + layers * (attention + 3 * h * inter)
+
+
+TRAINER_BYTES_PER_PARAM = 16  # fp32 weights, gradients and AdamW's two moments
+
+
+def _check_pool_memory(name: str, members: list[ModelPlan], groups, cluster) -> None:
+    """A pool's GPU holds at once every model's engine (its mem_fraction_static of the GPU)
+    and every trainer's state (weights, gradients, AdamW moments, split over its ranks); a
+    trainer's activations come on top during its turn, when the engines have released."""
+    gb = cluster.gpu_memory_gb
+    parts, need = [], 0.0
+    for m in members:
+        engine = m.mem_fraction_static * gb
+        parts.append(f"engine of {m.owner} {m.mem_fraction_static:g} x {gb:g} = {engine:.1f} GB")
+        need += engine
+    unknown = []
+    for m in members:
+        params = _param_count(next(g.model for g in groups if g.owner == m.owner))
+        if params is None:
+            unknown.append(m.owner)
+            continue
+        state = params * TRAINER_BYTES_PER_PARAM / len(m.trainer) / 2**30
+        parts.append(f"trainer of {m.owner} {state:.1f} GB")
+        need += state
+    if need <= gb:
+        return
+    raise ValueError(
+        f"pool {name!r}: each of its GPUs holds {' + '.join(parts)} = {need:.1f} GB > "
+        f"cluster.gpu_memory_gb = {gb:g} (a trainer: {TRAINER_BYTES_PER_PARAM} bytes a "
+        "parameter over its ranks"
+        + (f"; those of {unknown} not counted: no local config.json" if unknown else "")
+        + "): lower the engines' resources.mem_fraction_static, or give the pool more GPUs"
+    )
 
 
 def _size(groups: list[_Group], cluster: ClusterConfig) -> None:

@@ -56,6 +56,9 @@ class ModelPlacement:
     engine_ranks: list[list[int]] | None = None
     """Colocated: per engine, the trainer ranks on its TP ranks' GPUs (their shared weights are
     its payloads)."""
+    pool: str | None = None
+    """The GPU pool it shares with other models (resources.pool): they train in turns, every
+    engine of the pool released meanwhile."""
 
 
 class ServiceActor:
@@ -122,7 +125,9 @@ def run_plan(cfg, plan, on_step=None) -> list[dict]:
             )
         _write(out, record)
 
-        placement = {g.owner: _placement(cfg, g, nodes, has_gpus) for g in plan.groups if g.trainer}
+        placement = {
+            g.owner: _placement(cfg, g, nodes, has_gpus, plan) for g in plan.groups if g.trainer
+        }
         return train(_placed_config(cfg, plan, engines, routers), on_step, placement)
     finally:
         _stop(services)
@@ -262,11 +267,13 @@ def _start_router(cfg, g, urls, node, plan, services: list, record: dict) -> str
     return config.url
 
 
-def _placement(cfg, g, nodes, has_gpus: bool) -> ModelPlacement:
-    """Group ``g``'s trainer ranks as RayTrainer options, its colocation and sync."""
+def _placement(cfg, g, nodes, has_gpus: bool, plan) -> ModelPlacement:
+    """Group ``g``'s trainer ranks as RayTrainer options, its colocation, pool and sync. The
+    trainers of a shared pool split each GPU's Ray reservation (they take turns on it)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     device = getattr(_owner_settings(cfg, g).trainer, "device", None)  # megatron: none
+    sharing = sum(x.pool == g.pool for x in plan.groups) if g.pool else 1
     options = {
         "world_size": len(g.trainer),
         "scheduling": [
@@ -275,10 +282,10 @@ def _placement(cfg, g, nodes, has_gpus: bool) -> ModelPlacement:
         "gpus": [r.gpu for r in g.trainer],
         "master_port": g.master_port,
         "num_cpus": cfg.ray.num_cpus_per_rank,
-        "num_gpus": 1 if has_gpus else 0,
+        "num_gpus": 1 / sharing if has_gpus else 0,
         "backend": "gloo" if device == "cpu" else None,  # None: each rank's CUDA decides
     }
-    return ModelPlacement(options, g.colocate, g.sync_transport, g.engine_ranks())
+    return ModelPlacement(options, g.colocate, g.sync_transport, g.engine_ranks(), g.pool)
 
 
 def _placed_config(cfg, plan, engines: dict[str, list[str]], routers: dict[str, str]):

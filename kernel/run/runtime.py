@@ -82,6 +82,7 @@ class RunningModel:
     clients: list = field(default_factory=list)
     sync_config: SyncConfig = field(default_factory=SyncConfig)  # transport, buckets, check
     colocate: bool = False  # engines on the trainer's GPUs (kernel launch)
+    pool: str | None = None  # a GPU pool shared with other models, in turns (kernel launch)
     engine_ranks: list[list[int]] | None = None  # per engine, the trainer ranks on its GPUs
 
     def __post_init__(self) -> None:
@@ -355,8 +356,50 @@ class Runtime:
 
     async def train(self, due: list[RunningModel], batches: dict[str, list[Sample]]) -> list[dict]:
         """Train the models due on their batches: off the event loop, so an async rollout keeps
-        going, and concurrently; colocated engines give their GPU memory up meanwhile."""
-        return list(await asyncio.gather(*(m.train_step(batches[m.owner]) for m in due)))
+        going, and concurrently; colocated engines give their GPU memory up meanwhile. The
+        models of a shared GPU pool take turns (``_take_turns``)."""
+        pools: dict[str, list[RunningModel]] = {}
+        for m in self.models:
+            if m.pool is not None:
+                pools.setdefault(m.pool, []).append(m)
+
+        async def alone(m: RunningModel) -> dict[str, dict]:
+            return {m.owner: await m.train_step(batches[m.owner])}
+
+        parts = [alone(m) for m in due if m.pool is None]
+        parts += [
+            self._take_turns(members, [m for m in members if m in due], batches)
+            for members in pools.values()
+            if any(m in due for m in members)
+        ]
+        metrics = {k: v for part in await asyncio.gather(*parts) for k, v in part.items()}
+        return [metrics[m.owner] for m in due]
+
+    async def _take_turns(
+        self, members: list[RunningModel], due: list[RunningModel], batches
+    ) -> dict[str, dict]:
+        """A shared pool's models due train one after another on its GPUs (Dr.MAS), every
+        engine of the pool paused and released meanwhile: those of a model in training give
+        up weights and KV cache (the sync after refills them and continues them), the others
+        their KV cache only, resumed and continued at the end of the turns."""
+        clients = [c for m in members for c in m.clients]
+        waiting = [c for m in members if m not in due for c in m.clients]
+        await asyncio.gather(*(c.pause("abort") for c in clients))
+        await asyncio.gather(
+            *(
+                c.release_memory_occupation(None if m in due else ["kv_cache"])
+                for m in members
+                for c in m.clients
+            )
+        )
+        out = {}
+        try:
+            for m in due:
+                out[m.owner] = await m.thread.run(m.trainer.train_step, batches[m.owner], m.version)
+        finally:
+            await asyncio.gather(*(c.resume_memory_occupation() for c in clients))
+            await asyncio.gather(*(c.continue_generation() for c in waiting))
+        return out
 
     async def sync(self, due: list[RunningModel], samples: list[Sample]) -> list[dict]:
         """Push the weights of the models that trained to their engines, and the current ones to
@@ -421,6 +464,7 @@ def plan_models(plan: RunPlan, out: Path, placement: dict[str, Any]) -> list[Run
         where = placement.get(model.owner)
         if where is not None:
             model.colocate, model.engine_ranks = where.colocate, where.engine_ranks
+            model.pool = where.pool
             model.sync_config = replace(cfg.sync, transport=where.sync_transport)
         models.append(model)
     return models

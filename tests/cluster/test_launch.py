@@ -159,6 +159,47 @@ def test_launch_colocated_releases_and_resumes_engine_memory_around_training(
     check_all_stopped(tmp_path)
 
 
+def test_launch_a_shared_pool_trains_two_models_in_turns_on_the_same_gpus(tmp_path, fake_gpu_ray):
+    """Dr.MAS's shared pool: the doctor's and the patient's models each train on both GPUs and
+    serve there, taking turns. The patient trains every second step; at the others its engines
+    give up only their KV cache while the doctor trains, and serve its weights unchanged after
+    (its next step's samples still carry the trainer's logprobs)."""
+    pool = {"pool": "p", "mem_fraction_static": 0.4}
+    agents = [
+        {"name": "doctor", "model": "tiny-char", "resources": {**pool, "train_gpus": 2}},
+        {"name": "patient", "model": "tiny-char", "update_every": 2, "resources": pool},
+    ]
+    flags = [f"--output_dir={tmp_path}", f"--num_steps={STEPS}", f"--agents={json.dumps(agents)}"]
+    flags += ["--data.prompts_per_step=2", "--trainer.device=cpu", "--sync.check_every=1"]
+    cfg = load_train_config(flags, yaml_path=ROOT / "kernel" / "presets" / "toy_duo.yaml")
+    plan = make_plan(cfg, cluster(2))
+    doctor, patient = plan.groups
+    assert [e.gpus for e in doctor.engines] == [e.gpus for e in patient.engines] == [[0], [1]]
+    assert [r.gpu for r in doctor.trainer] == [r.gpu for r in patient.trainer] == [0, 1]
+    released = []
+
+    def on_step(row):
+        engines = started(tmp_path)["engines"]
+        states = {e["owner"]: [] for e in engines}
+        for e in engines:
+            s = _server_state(e["url"])
+            states[e["owner"]].append((s["num_memory_releases"], s["memory_released"]))
+        released.append(states)
+
+    rows = run_plan(cfg, plan, on_step=on_step)
+    assert [r["step"] for r in rows] == list(range(STEPS))
+    # every engine of the pool gives its memory up at every step's turns, and has it back after
+    assert released == [
+        {"doctor": [(s + 1, [])] * 2, "patient": [(s + 1, [])] * 2} for s in range(STEPS)
+    ]
+    assert [r["weight_version/doctor"] for r in rows] == [1, 2, 3]
+    assert [r["weight_version/patient"] for r in rows] == [1, 1, 2]  # trained at steps 0 and 2
+    # step 2 trained the patient on samples its engines made after step 1's KV-only release
+    assert all(r["train/doctor/logprob_diff"] < 1e-4 for r in rows)
+    assert rows[2]["train/patient/logprob_diff"] < 1e-4
+    check_all_stopped(tmp_path)
+
+
 def test_launch_trains_megatron_at_the_planned_tensor_parallel_size(tmp_path, fake_gpu_ray):
     """backend megatron: the trainer section's TP=2 sizes the plan and reaches the trainer (the
     two Ray ranks split every layer), its weights are gathered into HF layout for the

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,6 +86,71 @@ def test_takes_two_on_one_node():
     assert (doctor.router_port, patient.router_port) == (30000, 30001)
     assert (doctor.master_port, patient.master_port) == (29500, 29501)
     assert (doctor.model, patient.model) == ("doctor-ckpt", "patient-ckpt")
+
+
+# takes_two in one shared pool (Dr.MAS): both models train and serve on the same 8 GPUs, in turns.
+def pooled(doctor: dict | None = None, patient: dict | None = None, model: str = "") -> list:
+    """takes_two's two models in pool "p" (``model``: both agents' checkpoint)."""
+    return [
+        AgentSpec(name, model=model or f"{name}-ckpt", resources={"pool": "p", **(res or {})})
+        for name, res in (("doctor", doctor), ("patient", patient))
+    ]
+
+
+def test_takes_two_in_one_shared_pool_on_one_node():
+    low = {"mem_fraction_static": 0.4, "engine_tensor_parallel": 2}
+    plan = make_plan(pooled(low, low), ONE)
+    doctor, patient = plan.groups
+    assert (doctor.pool, patient.pool) == ("p", "p") and doctor.colocate and patient.colocate
+    assert [(r.node, r.gpu) for r in doctor.trainer] == [(0, g) for g in range(8)]
+    assert [(r.node, r.gpu) for r in patient.trainer] == [(0, g) for g in range(8)]
+    assert [e.gpus for e in doctor.engines] == [e.gpus for e in patient.engines]
+    assert [e.gpus for e in doctor.engines] == [[0, 1], [2, 3], [4, 5], [6, 7]]
+    assert [e.port for e in doctor.engines + patient.engines] == list(range(30010, 30018))
+    roles = plan.gpu_roles()
+    assert roles["node0/gpu3"] == [
+        "doctor train r3", "doctor engine 1", "patient train r3", "patient engine 1"
+    ]  # fmt: skip
+    assert "| p " in plan.table().replace("│", "|")  # the models table names the pool
+
+
+def test_a_shared_pool_that_cannot_hold_its_models_is_refused_with_the_arithmetic(tmp_path):
+    from kernel.models import build_tiny_model
+
+    with pytest.raises(ValueError) as e:  # two engines of 0.8 of the GPU each
+        make_plan(pooled(), ONE)
+    assert str(e.value).startswith(
+        "pool 'p': each of its GPUs holds engine of doctor 0.8 x 80 = 64.0 GB + engine of "
+        "patient 0.8 x 80 = 64.0 GB = 128.0 GB > cluster.gpu_memory_gb = 80"
+    )
+    assert "those of ['doctor', 'patient'] not counted: no local config.json" in str(e.value)
+    model = str(build_tiny_model(tmp_path / "tiny", "qwen2"))  # a local config: its trainer counts
+    small = ClusterConfig(nodes=1, gpus_per_node=1, gpu_memory_gb=0.001)
+    low = {"mem_fraction_static": 0.1}
+    with pytest.raises(ValueError, match=r"trainer of doctor [0-9.]+ GB") as e:
+        make_plan(pooled(low, low, model), small)
+    assert "trainer of patient" in str(e.value) and "not counted" not in str(e.value)
+    plan = make_plan(pooled(low, low, model), ONE)  # 80 GB: it fits
+    assert [len(g.trainer) for g in plan.groups] == [8, 8]
+
+
+@pytest.mark.parametrize(
+    ("doctor", "patient", "words"),
+    [
+        ({"train_gpus": 4}, {"train_gpus": 2}, "pool 'p' has the size 'doctor' gives it (4)"),
+        ({}, {"infer_gpus": 2}, "a pool's models serve on its training GPUs"),
+    ],
+)
+def test_shared_pool_settings_are_checked_naming_the_agent(doctor, patient, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        make_plan(pooled(doctor, patient), ONE)
+
+
+def test_a_frozen_model_has_no_turn_in_a_shared_pool():
+    specs = pooled()
+    specs[1] = AgentSpec("patient", model="p", trainable=False, resources={"pool": "p"})
+    with pytest.raises(ValueError, match="a frozen model has no training turn"):
+        make_plan(specs, ONE)
 
 
 def test_sglang_command_adds_the_models_own_flags_after_the_clusters(tmp_path):
