@@ -29,9 +29,14 @@ lists the server PIDs while they run. Ray is imported inside the functions.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import os
+import signal
 import sys
+import threading
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -39,6 +44,7 @@ from typing import Any
 from kernel.engine.launch import LaunchedProcess, server_command, server_env
 from kernel.engine.router import RouterConfig, wait_for_workers
 from kernel.models import materialize_model
+from kernel.run.checkpoint import checkpoints
 from kernel.run.loop import train
 from kernel.train.ray_trainer import RayConfig
 
@@ -128,13 +134,89 @@ def run_plan(cfg, plan, on_step=None) -> list[dict]:
         placement = {
             g.owner: _placement(cfg, g, nodes, has_gpus, plan) for g in plan.groups if g.trainer
         }
-        return train(_placed_config(cfg, plan, engines, routers), on_step, placement)
+        with _watch_nodes(nodes, plan, out):
+            return train(_placed_config(cfg, plan, engines, routers), on_step, placement)
     finally:
         _stop(services)
         if started_ray:
             import ray
 
             ray.shutdown()
+
+
+class NodeLost(RuntimeError):
+    """A node of the plan died while the run ran; the message names it and what it held."""
+
+
+@contextlib.contextmanager
+def _watch_nodes(nodes: list[tuple[str, str]], plan, out: Path, period_s: float = 1.0):
+    """While the loop runs, a thread looks at Ray's nodes every ``period_s``; when a node of
+    the plan is no longer alive it interrupts the run as Ctrl-C does (SIGINT: the loop stops
+    every process it started, the last checkpoint stays), and the run raises NodeLost naming
+    the node, what it held and how to resume. A run that fails otherwise first waits up to
+    ``LOST_GRACE_S`` for Ray to tell whether a node died under it (its health checks take
+    seconds): if one did, that is the error."""
+    import ray
+
+    def dead() -> list[int]:
+        alive = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+        return [k for k, (node_id, _) in enumerate(nodes) if node_id not in alive]
+
+    lost: list[int] = []
+    lock, stop, ended = threading.Lock(), threading.Event(), [False]
+
+    def watch() -> None:
+        while not stop.wait(period_s):
+            if found := dead():
+                with lock:
+                    if not ended[0]:
+                        lost.extend(found)
+                        os.kill(os.getpid(), signal.SIGINT)
+                return
+
+    thread = threading.Thread(target=watch, name="tandem-node-watch", daemon=True)
+    thread.start()
+    try:
+        yield
+    except BaseException as exc:
+        with lock:
+            ended[0] = True
+        interrupted = isinstance(exc, (KeyboardInterrupt, asyncio.CancelledError))
+        deadline = time.monotonic() + (0 if interrupted else LOST_GRACE_S)
+        while not lost and not (found := dead()) and time.monotonic() < deadline:
+            time.sleep(period_s)
+        lost = lost or found
+        if not lost:
+            raise
+        raise NodeLost(_lost_message(lost, nodes, plan, out)) from (None if interrupted else exc)
+    finally:
+        with lock:
+            ended[0] = True
+        stop.set()
+        thread.join(timeout=5)
+
+
+LOST_GRACE_S = 20.0  # Ray's default health checks notice a dead raylet in ~15 s
+
+
+def _lost_message(lost: list[int], nodes, plan, out: Path) -> str:
+    held: dict[int, list[str]] = {k: [] for k in lost}
+    for gpu, roles in plan.gpu_roles().items():
+        node, index = gpu.split("/")
+        k = int(node.removeprefix("node"))
+        if k in held and roles:
+            held[k].append(f"{index}: {', '.join(roles)}")
+    found = checkpoints(out)
+    where = f"its last checkpoint, {found[-1]}" if found else "the start (no checkpoint yet)"
+    died = "; ".join(
+        f"node {k} of the plan (Ray node {nodes[k][0][:12]} at {nodes[k][1]}) died while the "
+        f"run ran; it held {'; '.join(held[k]) or 'nothing'}"
+        for k in sorted(set(lost))
+    )
+    return (
+        f"{died}. The run stopped everything it started. Resume from {where} with --resume "
+        f"true once the Ray cluster has cluster.nodes = {plan.cluster.nodes} nodes again"
+    )
 
 
 def _get(refs):
