@@ -70,10 +70,11 @@ def _cluster(address: str) -> ClusterConfig:
 
 def test_a_run_across_two_nodes_stops_when_one_dies_and_resumes_losing_nothing(tmp_path, two_nodes):
     cluster, worker = two_nodes
+    frozen = {"model": "tiny-char", "trainable": False, "resources": {"infer_gpus": 1}}
     agents = [  # the doctor trains on node 0's two GPUs; both engines serve on node 1
         {"name": "doctor", "model": "tiny-char", "resources": {"train_gpus": 2, "infer_gpus": 1}},
-        {"name": "patient", "model": "tiny-char", "trainable": False, "resources": {"infer_gpus": 1}},
-    ]  # fmt: skip
+        {"name": "patient", **frozen},
+    ]
     flags = [f"--output_dir={tmp_path}", f"--num_steps={STEPS}", f"--agents={json.dumps(agents)}"]
     flags += ["--save_every=1", "--trainer.device=cpu", "--sync.check_every=1"]
     flags += ["--data.prompts_per_step=2"]
