@@ -414,8 +414,9 @@ class Runtime:
                 first = next(iter(m.own(samples)), None)
                 probe, agent = (first.prompt_ids, first.agent) if first else (None, None)
                 # no rollout runs beside a synchronous sync; colocated engines were paused
-                # for their release (train_step) and wait for this push's continue
-                idle = not self.cfg.async_mode and not m.colocate
+                # for their release (train_step) and wait for this push's continue; a
+                # consuming job's engines serve another job's rollouts (kernel.run.jobs)
+                idle = not (self.cfg.async_mode or m.colocate or self.cfg.queue.consume)
                 metrics.append(
                     await m.sync.push(m.trainer, m.version, probe, idle=idle, agent=agent)
                 )
