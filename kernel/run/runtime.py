@@ -268,14 +268,15 @@ class Runtime:
         they have trained."""
         if self.queue is None:
             return
+        fresh = self.start == 0 and not self.cfg.resume  # a resume may find no checkpoint yet
         if not self.cfg.queue.consume:
-            if self.start == 0:
+            if fresh:
                 await self.queue.check_fresh(list(self.remote))
             return
         for m in self.models:
             url = m.generators[0].base_url  # its router, or its one engine (RunPlan checked)
             for agent in sorted(m.trained):
-                if self.start == 0:
+                if fresh:
                     await self.queue.check_consumer_fresh([agent])
                 await self.queue.publish(agent, url, self.start)
 
