@@ -50,6 +50,9 @@ def main(argv: list[str] | None = None) -> None:
         # Longer than the clients' keep-alive expiry (httpx: 5 s), so the server never closes
         # an idle pooled connection just as a client reuses it between training steps.
         timeout_keep_alive=75,
+        # A stopped server (SIGTERM: its run ends, or its parent died) gives requests still in
+        # flight 5 s; without a limit, requests held by a paused scheduler kept it alive for ever.
+        timeout_graceful_shutdown=5,
     )
 
 

@@ -82,7 +82,7 @@ class RunningModel:
     clients: list = field(default_factory=list)
     sync_config: SyncConfig = field(default_factory=SyncConfig)  # transport, buckets, check
     colocate: bool = False  # engines on the trainer's GPUs (kernel launch)
-    pool: str | None = None  # a GPU pool shared with other models, in turns (kernel launch)
+    gpu_pool: str | None = None  # GPUs shared with other models, in turns (kernel launch)
     engine_ranks: list[list[int]] | None = None  # per engine, the trainer ranks on its GPUs
 
     def __post_init__(self) -> None:
@@ -361,13 +361,13 @@ class Runtime:
         models of a shared GPU pool take turns (``_take_turns``)."""
         pools: dict[str, list[RunningModel]] = {}
         for m in self.models:
-            if m.pool is not None:
-                pools.setdefault(m.pool, []).append(m)
+            if m.gpu_pool is not None:
+                pools.setdefault(m.gpu_pool, []).append(m)
 
         async def alone(m: RunningModel) -> dict[str, dict]:
             return {m.owner: await m.train_step(batches[m.owner])}
 
-        parts = [alone(m) for m in due if m.pool is None]
+        parts = [alone(m) for m in due if m.gpu_pool is None]
         parts += [
             self._take_turns(members, [m for m in members if m in due], batches)
             for members in pools.values()
@@ -466,7 +466,7 @@ def plan_models(plan: RunPlan, out: Path, placement: dict[str, Any]) -> list[Run
         where = placement.get(model.owner)
         if where is not None:
             model.colocate, model.engine_ranks = where.colocate, where.engine_ranks
-            model.pool = where.pool
+            model.gpu_pool = where.pool
             model.sync_config = replace(cfg.sync, transport=where.sync_transport)
         models.append(model)
     return models

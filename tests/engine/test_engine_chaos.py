@@ -131,3 +131,28 @@ def test_64_clients_with_aborts_pauses_and_reloads(server, tiny_model_dir):
     took = asyncio.run(stop_under_load())
     print(f"chaos: {len(chaos_log)} actions; shutdown under load took {took:.2f} s")
     assert server.popen.returncode is not None and server.popen.returncode != -9, took
+
+
+def test_a_paused_server_with_waiting_requests_stops_on_sigterm(server):
+    """A server stopped (SIGTERM: its run ends, or its parent died) while paused with requests
+    waiting ends within its graceful-shutdown limit: before the limit it waited for them for
+    ever (a killed job's engine, held by a partner job's requests, outlived it)."""
+    url = server.url
+    assert httpx.post(f"{url}/pause_generation", json={"mode": "in_place"}, timeout=10).is_success
+
+    async def main() -> tuple[int, float]:
+        async with httpx.AsyncClient(timeout=120) as c:
+            body = {"input_ids": [5] * 8, "sampling_params": {"max_new_tokens": 8}}
+            tasks = [asyncio.create_task(c.post(f"{url}/generate", json=body)) for _ in range(4)]
+            await asyncio.sleep(1.0)
+            assert not any(t.done() for t in tasks)  # held by the pause
+            t0 = time.perf_counter()
+            server.popen.terminate()
+            rc = await asyncio.to_thread(server.popen.wait, 60)
+            took = time.perf_counter() - t0
+            for t in tasks:
+                t.cancel()
+            return rc, took
+
+    rc, took = asyncio.run(main())
+    assert rc is not None and took < 30, took
