@@ -153,9 +153,8 @@ def _watch_nodes(nodes: list[tuple[str, str]], plan, out: Path, period_s: float 
     """While the loop runs, a thread looks at Ray's nodes every ``period_s``; when a node of
     the plan is no longer alive it interrupts the run as Ctrl-C does (SIGINT: the loop stops
     every process it started, the last checkpoint stays), and the run raises NodeLost naming
-    the node, what it held and how to resume. A run that fails otherwise first waits up to
-    ``LOST_GRACE_S`` for Ray to tell whether a node died under it (its health checks take
-    seconds): if one did, that is the error."""
+    the node, what it held and how to resume. A run that fails otherwise first looks for up
+    to ``LOST_GRACE_S`` whether Ray saw a node of it die: if one did, that is the error."""
     import ray
 
     def dead() -> list[int]:
@@ -196,7 +195,7 @@ def _watch_nodes(nodes: list[tuple[str, str]], plan, out: Path, period_s: float 
         thread.join(timeout=5)
 
 
-LOST_GRACE_S = 20.0  # Ray's default health checks notice a dead raylet in ~15 s
+LOST_GRACE_S = 3.0  # a death Ray has not noticed by then is left to the SIGINT path
 
 
 def _lost_message(lost: list[int], nodes, plan, out: Path) -> str:

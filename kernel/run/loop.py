@@ -26,6 +26,10 @@ samples carry the weight versions that made them, the staleness is logged and bo
 truncated importance sampling (``loss.tis_cap``, else ``loss.stale_tis_cap`` for batches with
 stale samples) corrects the lag.
 
+With agents as independent jobs (``kernel.run.jobs``) a job whose partner agents are remote
+waits for their jobs before each rollout and commits their samples after the advantages; a
+consuming job takes each step's batch from the queue instead of rolling out.
+
 What the loop acts on -- per model its engines, trainer, weight sync and schedule; the data
 buffer, agent handles, rollout manager and logger -- is started, held and stopped by
 ``kernel.run.runtime.Runtime``; checkpoints are described there.

@@ -159,7 +159,6 @@ class Runtime:
     last_checkpoint: Path | None = None  # this run's last save, or its resume: the next keeps it
     queue: JobQueue | None = None  # agents as independent jobs (kernel.run.jobs): the run's Redis
     remote: tuple[str, ...] = ()  # the agents other jobs play (kernel.run.jobs)
-    queue: JobQueue | None = None  # agents as independent jobs (kernel.run.jobs): the run's Redis
 
     @classmethod
     @contextlib.asynccontextmanager
