@@ -435,7 +435,7 @@ def make_plan(config, cluster: ClusterConfig) -> Plan:
     plan = Plan(cluster, plans)
     _check_ports(plan)
     for name in pools:
-        _check_pool_memory(name, [p for p in plans if p.pool == name], groups, cluster)
+        _check_pool_memory(name, [p for p in plans if p.pool == name], cluster)
     return plan
 
 
@@ -494,7 +494,7 @@ def _param_count(model: str | None) -> int | None:
 TRAINER_BYTES_PER_PARAM = 16  # fp32 weights, gradients and AdamW's two moments
 
 
-def _check_pool_memory(name: str, members: list[ModelPlan], groups, cluster) -> None:
+def _check_pool_memory(name: str, members: list[ModelPlan], cluster) -> None:
     """A pool's GPU holds at once every model's engine (its mem_fraction_static of the GPU)
     and every trainer's state (weights, gradients, AdamW moments, split over its ranks); a
     trainer's activations come on top during its turn, when the engines have released."""
@@ -506,7 +506,7 @@ def _check_pool_memory(name: str, members: list[ModelPlan], groups, cluster) -> 
         need += engine
     unknown = []
     for m in members:
-        params = _param_count(next(g.model for g in groups if g.owner == m.owner))
+        params = _param_count(m.model)
         if params is None:
             unknown.append(m.owner)
             continue

@@ -209,6 +209,7 @@ class Scheduler:
         gather_window_s: float = 0.0,
         prefix_cache_bytes: int = 0,
         max_loras_per_batch: int = 8,
+        onednn: bool = False,
     ) -> None:
         _check_cache_layers(model)
         self.base = model
@@ -223,9 +224,7 @@ class Scheduler:
         self._configs: dict[str, str] = {}  # peft's name of a served adapter -> its config (JSON)
         self._parked: dict[str, str] = {}  # ... of an unloaded one whose layers stay, for a reload
         self._loads = 0  # adapters loaded so far (each gets a new peft name)
-        self.onednn = any(  # the server switched the Linear layers to oneDNN (use_onednn_linears)
-            getattr(m.forward, "__func__", None) is _onednn_forward for m in model.modules()
-        )
+        self.onednn = onednn  # the server switched the Linear layers to oneDNN: adapters' too
         self.gather_window_s = gather_window_s
         self.context_length = context_length
         self.weight_version = weight_version

@@ -240,8 +240,9 @@ class ServerState:
         config = model.config
         self.context_length = settings.context_length or config.max_position_embeddings
         self.vocab_size = model.get_input_embeddings().num_embeddings
-        if settings.onednn_linear:
-            log.info("oneDNN serves %d Linear layers", use_onednn_linears(model))
+        onednn = settings.onednn_linear and use_onednn_linears(model) > 0
+        if onednn:
+            log.info("oneDNN serves the model's Linear layers")
         self.scheduler = Scheduler(
             model,
             tokenizer,
@@ -252,6 +253,7 @@ class ServerState:
             gather_window_s=settings.gather_window_ms / 1000,
             prefix_cache_bytes=int(settings.prefix_cache_mb * 2**20),
             max_loras_per_batch=settings.max_loras_per_batch,
+            onednn=onednn,
         )
         self.lora_adapters: dict[str, str] = {}
         """LoRA adapters requests may name: name -> where it came from (``loaded_adapters``)."""

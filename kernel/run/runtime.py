@@ -272,11 +272,11 @@ class Runtime:
             if fresh:
                 await self.queue.check_fresh(list(self.remote))
             return
+        if fresh:
+            await self.queue.check_consumer_fresh(self._consumed())
         for m in self.models:
             url = m.generators[0].base_url  # its router, or its one engine (RunPlan checked)
             for agent in sorted(m.trained):
-                if fresh:
-                    await self.queue.check_consumer_fresh([agent])
                 await self.queue.publish(agent, url, self.start)
 
     async def wait_for_partners(self, step: int) -> float:
@@ -301,8 +301,7 @@ class Runtime:
         """queue.consume: the batches of ``step`` that another job committed for this job's
         agents, in place of a rollout."""
         t0 = time.perf_counter()
-        agents = sorted({a for m in self.models for a in m.trained})
-        samples = [s for a in agents for s in await self.queue.fetch(a, step)]
+        samples = [s for a in self._consumed() for s in await self.queue.fetch(a, step)]
         groups: dict[int, list[Sample]] = {}
         for s in samples:
             groups.setdefault(s.group_id, []).append(s)
@@ -313,9 +312,12 @@ class Runtime:
 
     async def trained(self, step: int) -> None:
         """queue.consume: ``step`` is trained and its weights are on this job's engines."""
-        for m in self.models:
-            for agent in sorted(m.trained):
-                await self.queue.mark_done(agent, step + 1)
+        for agent in self._consumed():
+            await self.queue.mark_done(agent, step + 1)
+
+    def _consumed(self) -> list[str]:
+        """queue.consume: the agents this job trains on batches from the queue."""
+        return sorted({a for m in self.models for a in m.trained})
 
     async def _close(self) -> None:
         for agent in self.remote:
@@ -447,7 +449,7 @@ class Runtime:
         root = Path(self.cfg.output_dir) / "checkpoints"
         self.last_checkpoint = await save(root, step, self.models, state, self.last_checkpoint)
         if self.queue is not None and self.cfg.queue.consume:  # batches before it: not needed
-            for agent in sorted({a for m in self.models for a in m.trained}):
+            for agent in self._consumed():
                 await self.queue.trim(agent, step)
         return self.last_checkpoint
 
