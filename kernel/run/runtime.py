@@ -38,6 +38,7 @@ from kernel.buffer import DataBuffer
 from kernel.engine.batcher import RequestBatcher
 from kernel.engine.client import ClientConfig
 from kernel.engine.pool import EnginePool
+from kernel.env.spec import env_specs
 from kernel.hooks import (
     RolloutContext,
     default_recipe_config,
@@ -232,7 +233,13 @@ class Runtime:
                 for r in plan.remote
             }
             handles = agent_handles(plan, models, queue, remote)
-            ctx = RolloutContext(agents=handles, config=recipe_config, run=cfg, step=start)
+            ctx = RolloutContext(
+                agents=handles,
+                config=recipe_config,
+                run=cfg,
+                step=start,
+                envs=env_specs(cfg.environments),
+            )
             manager = RolloutManager(
                 generate, reward, cfg.reward, cfg.rollout.concurrency, cfg.rollout.timeout_s
             )
