@@ -11,8 +11,9 @@ inside an action (a wrong answer, code that fails) is an observation and a rewar
 
 ``kernel.env.spec.EnvSpec`` names one environment of a run (``TrainConfig.environments``): a
 class or factory by dotted path (``spec.KNOWN`` gives the recipes' environments short names)
-with its keyword ``args``, played in this process; or, with ``url``, the same environment hosted by ``python -m kernel env
-serve`` (``kernel.env.server``), played over HTTP by ``kernel.env.client.RemoteEnvironment``.
+with its keyword ``args``, played in this process; or, with ``url``, the same environment
+hosted by ``python -m kernel env serve`` (``kernel.env.server``), played over HTTP by
+``kernel.env.client.RemoteEnvironment``.
 One setting moves an environment out of the process; the recipe's code does not change.
 Hooks reach them as ``ctx.envs[name]``: ``async with ctx.envs["math"].session() as env: ...``.
 
