@@ -16,6 +16,7 @@ from kernel.hooks import HookError, load_function
 KNOWN = {
     "math": "recipes.math_solver_verifier.env.MathEnv",
     "code": "recipes.code_pair.env.CodeEnv",
+    "tools": "kernel.env.tools.ToolEnv",
 }
 """Short names of the recipes' environments (``--environments math,code``)."""
 

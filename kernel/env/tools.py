@@ -1,0 +1,243 @@
+"""A tool-use environment (MRLM's tools): a task the agent may solve with a calculator, the
+retriever's search, a Python REPL in the kernel's sandbox and a scratch file system of its own.
+
+Each action is one tag: a tool call, whose output is the next observation, or the answer, which
+ends the episode and is scored against the row's label::
+
+    <calculator>4821 * 937</calculator>          arithmetic: + - * / // % ** and brackets
+    <python>print(sum(range(10)))</python>        a REPL: earlier cells' names stay defined
+    <search>capital of Peru</search>              the retriever's top ``search_topk`` passages
+    <write path="notes.txt">text</write>          the episode's scratch folder (``max_files``)
+    <read>notes.txt</read>
+    <answer>4517277</answer>
+
+Rewards: the answer's ``answer_reward`` when it equals the label (numbers compared as numbers,
+text case- and space-insensitively), else 0; ``format_penalty`` for an action that is no tag
+(the episode goes on: the observation says what it accepts). ``info`` counts calls per tool and
+errors, so a run shows which tools an agent learned to use.
+
+Confinement: the calculator evaluates a parsed expression tree (no names, no calls, exponents
+and results bounded), never ``eval``; Python runs in ``kernel.sandbox`` (its limits, no network,
+a fresh process per call that replays the earlier cells with their output muted); the scratch
+folder is a temporary directory removed on close, and a path that leaves it (absolute, ``..``,
+a link) is refused. Search is on only with a ``retriever_url``.
+"""
+
+from __future__ import annotations
+
+import ast
+import math
+import operator
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from kernel.env import BadAction, Observation
+from kernel.sandbox import Sandbox, SandboxConfig
+
+TOOLS = ("calculator", "python", "search", "write", "read")
+ACTION = re.compile(
+    r"<(?P<tag>calculator|python|search|read|answer)>(?P<body>.*?)</(?P=tag)>"
+    r'|<write\s+path="(?P<path>[^"]*)">(?P<text>.*?)</write>',
+    re.DOTALL,
+)
+HELP = (
+    "Use one tag per turn: <calculator>EXPR</calculator>, <python>CODE</python>, "
+    '<search>QUERY</search>, <write path="FILE">TEXT</write>, <read>FILE</read>, '
+    "or <answer>ANSWER</answer> to finish."
+)
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
+MAX_EXPONENT, MAX_MAGNITUDE = 64, 10**40
+
+
+def calculate(expression: str) -> int | float:
+    """The value of an arithmetic ``expression``; ValueError naming what it refuses."""
+    try:
+        tree = ast.parse(expression.strip(), mode="eval").body
+    except SyntaxError:
+        raise ValueError(f"not an arithmetic expression: {expression.strip()[:80]!r}") from None
+
+    def value(node: ast.AST) -> int | float:
+        if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            return node.value
+        if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](value(node.operand))
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
+                raise ValueError(f"exponent {right} is larger than {MAX_EXPONENT}")
+            out = _OPS[type(node.op)](left, right)
+            if abs(out) > MAX_MAGNITUDE:
+                raise ValueError("the result is too large")
+            return out
+        raise ValueError(f"only numbers and + - * / // % ** are allowed, not {ast.unparse(node)!r}")
+
+    try:
+        return value(tree)
+    except ZeroDivisionError:
+        raise ValueError("division by zero") from None
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text.replace(",", "").strip())
+    except ValueError:
+        return None
+
+
+def same_answer(answer: str, label: str) -> bool:
+    """Numbers equal as numbers (``4,517,277`` == ``4517277.0``), text up to case and spaces."""
+    a, b = _number(answer), _number(label)
+    if a is not None and b is not None:
+        return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6)
+    return " ".join(answer.lower().split()) == " ".join(label.lower().split())
+
+
+_SANDBOXES: dict[str, Sandbox] = {}
+
+
+def _sandbox(cfg: SandboxConfig) -> Sandbox:
+    """One sandbox per distinct settings, shared by every episode (making one probes what
+    confinement the machine allows by starting child processes)."""
+    if repr(cfg) not in _SANDBOXES:
+        _SANDBOXES[repr(cfg)] = Sandbox(cfg)
+    return _SANDBOXES[repr(cfg)]
+
+
+class ToolEnv:
+    """One task with tools (keyword args below); see the module docstring."""
+
+    def __init__(
+        self,
+        tools: list[str] | tuple[str, ...] = ("calculator", "python", "write", "read"),
+        retriever_url: str | None = None,
+        search_topk: int = 3,
+        answer_reward: float = 1.0,
+        format_penalty: float = -0.1,
+        max_output_chars: int = 1000,
+        max_files: int = 16,
+        max_file_chars: int = 20000,
+        sandbox: Mapping[str, Any] | None = None,
+    ) -> None:
+        if unknown := sorted(set(tools) - set(TOOLS)):
+            raise ValueError(f"tools: unknown {unknown} (known: {list(TOOLS)})")
+        if "search" in tools and not retriever_url:
+            raise ValueError("tools: search needs a retriever_url")
+        self.tools, self.retriever_url, self.search_topk = tuple(tools), retriever_url, search_topk
+        self.answer_reward, self.format_penalty = answer_reward, format_penalty
+        self.max_output_chars, self.max_files = max_output_chars, max_files
+        self.max_file_chars = max_file_chars
+        self.sandbox_cfg = SandboxConfig(**(sandbox or {})).validate()
+        self.label: str | None = None
+        self.folder: Path | None = None
+        self.cells: list[str] = []
+        self.counts: dict[str, float] = {}
+
+    async def reset(self, item: Mapping[str, Any]) -> Observation:
+        if not item.get("prompt") or item.get("label") is None:
+            raise BadAction("tools: an item needs 'prompt' and 'label' (the answer)")
+        self.label = str(item["label"])
+        self.folder = Path(tempfile.mkdtemp(prefix="tandem-scratch-"))
+        tools = ", ".join(self.tools)
+        return Observation(f"{item['prompt']}\n\nTools: {tools}. {HELP}")
+
+    async def step(self, action: str) -> Observation:
+        if self.label is None:
+            raise BadAction("tools: step before reset or after the episode ended")
+        obs = await self._act(action)
+        obs.info = {**self.counts, **obs.info}
+        return obs
+
+    async def _act(self, action: str) -> Observation:
+        match = ACTION.search(action)
+        if match is None:
+            self._count("no_tag")
+            return Observation(HELP, self.format_penalty)
+        tag = match["tag"] or "write"
+        if tag == "answer":
+            right = same_answer(match["body"], self.label)
+            self.label = None
+            return Observation("", self.answer_reward if right else 0.0, True, {"correct": right})
+        self._count(f"calls_{tag}")
+        if tag not in self.tools:
+            self._count("errors")
+            return Observation(f"{tag} is not available here. {HELP}", 0.0)
+        try:
+            output = await getattr(self, f"_{tag}")(match)
+        except ValueError as e:
+            self._count("errors")
+            return Observation(f"{tag} error: {e}", 0.0)
+        return Observation(output[: self.max_output_chars], 0.0)
+
+    def _count(self, key: str) -> None:
+        self.counts[key] = self.counts.get(key, 0.0) + 1.0
+
+    async def _calculator(self, match: re.Match) -> str:
+        return str(calculate(match["body"]))
+
+    async def _python(self, match: re.Match) -> str:
+        cell = match["body"].strip("\n")
+        replay = "".join(
+            "import contextlib as _c, io as _io\nwith _c.redirect_stdout(_io.StringIO()):\n"
+            f"    exec(compile({c!r}, '<cell {i}>', 'exec'))\n"
+            for i, c in enumerate(self.cells)
+        )
+        result = await _sandbox(self.sandbox_cfg).run(replay + cell)
+        if result.status != "passed":
+            raise ValueError(f"{result.status}: {(result.error or result.stderr).strip()[-500:]}")
+        self.cells.append(cell)
+        return result.stdout or "(no output)"
+
+    async def _search(self, match: re.Match) -> str:
+        body = {"queries": [match["body"].strip()], "topk": self.search_topk}
+        try:
+            async with httpx.AsyncClient(timeout=10.0) as http:
+                r = await http.post(f"{self.retriever_url.rstrip('/')}/retrieve", json=body)
+                r.raise_for_status()
+        except httpx.HTTPError as e:
+            raise ValueError(f"the retriever did not answer ({type(e).__name__})") from None
+        docs = r.json()["results"][0]
+        return "\n\n".join(f"[{d.get('title', '')}] {d.get('text', '')}" for d in docs)
+
+    def _path(self, name: str) -> Path:
+        name = name.strip()
+        path = (self.folder / name).resolve()
+        if not name or Path(name).is_absolute() or not path.is_relative_to(self.folder.resolve()):
+            raise ValueError(f"{name!r} is outside the scratch folder")
+        return path
+
+    async def _write(self, match: re.Match) -> str:
+        path, text = self._path(match["path"]), match["text"]
+        if len(text) > self.max_file_chars:
+            raise ValueError(f"a file holds at most {self.max_file_chars} characters")
+        if not path.exists() and len(list(self.folder.rglob("*"))) >= self.max_files:
+            raise ValueError(f"the scratch folder holds at most {self.max_files} files")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return f"wrote {len(text)} characters to {match['path'].strip()}"
+
+    async def _read(self, match: re.Match) -> str:
+        path = self._path(match["body"])
+        if not path.is_file():
+            raise ValueError(f"no file {match['body'].strip()!r}")
+        return path.read_text()
+
+    async def close(self) -> None:
+        if self.folder is not None:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        self.folder, self.label, self.cells = None, None, []

@@ -1,0 +1,127 @@
+"""The tool-use environment (kernel.env.tools): the calculator evaluates arithmetic and refuses
+anything else; the Python REPL runs in the sandbox, keeps earlier cells' names and mutes their
+output, and the sandbox's refusals reach the agent as errors; the scratch folder keeps files
+within the episode and refuses paths that leave it; answers end the episode and are scored;
+every call and error is counted in ``info``; settings that cannot work are refused."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from kernel.env import BadAction
+from kernel.env.tools import ToolEnv, calculate, same_answer
+
+SANDBOX = {"timeout_s": 5, "cpu_s": 5}
+ITEM = {"prompt": "What is 4821 * 937?", "label": "4517277"}
+
+
+def play(actions: list[str], **settings):
+    async def episode():
+        env = ToolEnv(sandbox=SANDBOX, **settings)
+        seen = [await env.reset(ITEM)]
+        folder = env.folder
+        for action in actions:
+            seen.append(await env.step(action))
+        await env.close()
+        return seen, folder
+
+    return asyncio.run(episode())
+
+
+def test_the_calculator_computes_arithmetic_and_refuses_everything_else():
+    assert calculate("4821 * 937") == 4517277 and calculate("-(2 + 3) ** 2") == -25
+    assert calculate("7 // 2") == 3 and calculate("7 / 2") == 3.5 and calculate("2 ** -1") == 0.5
+    for bad, why in [
+        ("__import__('os').system('x')", "only numbers"),
+        ("x + 1", "only numbers"),
+        ("2 ** 1000", "exponent 1000"),
+        ("10 ** 30 * 10 ** 30", "too large"),
+        ("1 / 0", "division by zero"),
+        ("1 +", "not an arithmetic expression"),
+        ("'a' * 3", "only numbers"),
+    ]:
+        with pytest.raises(ValueError, match=why):
+            calculate(bad)
+
+
+def test_answers_compare_as_numbers_or_as_text():
+    assert same_answer("4,517,277", "4517277") and same_answer(" 4517277.0 ", "4517277")
+    assert not same_answer("4517278", "4517277") and same_answer("Lima ", "lima")
+
+
+def test_an_episode_with_every_local_tool():
+    seen, folder = play(
+        [
+            "Let me compute. <calculator>4821 * 937</calculator>",
+            "<python>x = 41\nprint('muted later')</python>",
+            "<python>print(x + 1)</python>",
+            "<python>import socket\nsocket.socket()</python>",
+            '<write path="work/notes.txt">4517277</write>',
+            "<read>work/notes.txt</read>",
+            "I think so.",
+            "<search>multiplication</search>",
+            "<answer>4,517,277</answer>",
+        ]
+    )
+    texts = [o.text for o in seen]
+    assert "Tools: calculator, python, write, read" in texts[0] and seen[0].reward is None
+    assert texts[1] == "4517277" and texts[2] == "muted later\n" and texts[3] == "42\n"
+    assert "PermissionError" in texts[4] and "socket" in texts[4]  # the sandbox refused it
+    assert texts[5] == "wrote 7 characters to work/notes.txt" and texts[6] == "4517277"
+    assert texts[7].startswith("Use one tag per turn") and seen[7].reward == -0.1
+    assert texts[8].startswith("search is not available here")
+    assert [o.done for o in seen] == [False] * 9 + [True] and seen[-1].reward == 1.0
+    assert seen[-1].info == {
+        "calls_calculator": 1.0,
+        "calls_python": 3.0,
+        "errors": 2.0,
+        "calls_write": 1.0,
+        "calls_read": 1.0,
+        "no_tag": 1.0,
+        "calls_search": 1.0,
+        "correct": True,
+    }
+    assert not os.path.exists(folder)  # the scratch folder is gone with the episode
+
+
+def test_the_scratch_folder_refuses_paths_that_leave_it(tmp_path):
+    outside = tmp_path / "secret.txt"
+    outside.write_text("secret")
+    seen, _ = play(
+        [
+            f"<read>{outside}</read>",
+            "<read>../../../../etc/passwd</read>",
+            f'<write path="{tmp_path}/x.txt">no</write>',
+            '<write path="a/../../b.txt">no</write>',
+            "<read>missing.txt</read>",
+            "<python>open('/etc/passwd', 'w')</python>",
+            "<answer>12</answer>",
+        ]
+    )
+    assert all("outside the scratch folder" in o.text for o in seen[1:5])
+    assert "no file 'missing.txt'" in seen[5].text and "python error" in seen[6].text
+    assert seen[-1].done and seen[-1].reward == 0.0 and seen[-1].info["errors"] == 6.0
+    assert not (tmp_path / "x.txt").exists() and outside.read_text() == "secret"
+
+
+def test_files_are_bounded_and_settings_are_checked():
+    seen, _ = play(['<write path="a">1</write>', '<write path="b">2</write>'], max_files=1)
+    assert "at most 1 files" in seen[2].text
+    seen, _ = play(['<write path="a">12345</write>'], max_file_chars=4)
+    assert "at most 4 characters" in seen[1].text
+    with pytest.raises(ValueError, match="unknown \\['browser'\\]"):
+        ToolEnv(tools=["calculator", "browser"])
+    with pytest.raises(ValueError, match="search needs a retriever_url"):
+        ToolEnv(tools=["search"])
+
+    async def misuse():
+        env = ToolEnv()
+        with pytest.raises(BadAction, match="before reset"):
+            await env.step("<answer>1</answer>")
+        with pytest.raises(BadAction, match="needs 'prompt' and 'label'"):
+            await env.reset({"prompt": "x"})
+
+    asyncio.run(misuse())
