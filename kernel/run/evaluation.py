@@ -27,10 +27,12 @@ async def evaluate(
     recipe scored them (before the kernel's weighting), at ``eval.temperature``; a prompt
     with fewer than k scored episodes (failures) counts with k = its count. Every (prompt,
     agent) result goes to ``<output_dir>/eval/step_<updates>.jsonl`` (``row``: the
-    prompt's row in eval.path; ``rewards``, ``passed``, ``texts`` and ``metrics`` per
-    episode, a text being the agent's response decoded, tool messages included, and the
-    metrics the numbers the recipe put in the sample's ``metadata["metrics"]``), so two
-    evaluations can be compared item by item and read."""
+    prompt's row in eval.path; ``env``: the environment a row names in its ``env`` column, whose
+    rows also get avg@n and pass@k of their own, ``eval/<agent>/<env>/...``; ``rewards``,
+    ``passed``, ``texts`` and ``metrics`` per episode, a text being the agent's response
+    decoded, tool messages included, and the metrics the numbers the recipe put in the
+    sample's ``metadata["metrics"]``), so two evaluations can be compared item by item and
+    read."""
     t0 = time.perf_counter()
     buffer = DataBuffer(eval_data(cfg))
     if cfg.eval.temperature is not None:
@@ -45,7 +47,7 @@ async def evaluate(
     k = cfg.eval.n_samples
     for agent in sorted({s.agent for r in kept for s in r.samples}):
         tokenizer = ctx.agents[agent].tokenizer
-        per_prompt = []
+        per_prompt = []  # (environment, mean reward, passed per episode)
         for r in kept:
             mine = [s for s in r.samples if s.agent == agent and s.raw_reward is not None]
             if mine:
@@ -53,10 +55,12 @@ async def evaluate(
                     bool(s.metadata.get("correct", s.raw_reward >= cfg.eval.pass_threshold))
                     for s in mine
                 ]
-                per_prompt.append((mean(s.raw_reward for s in mine), passed))
+                env = r.group[0].metadata.get("env")
+                per_prompt.append((env, mean(s.raw_reward for s in mine), passed))
                 items.append(
                     {
                         "row": r.group[0].metadata["row"],
+                        **({"env": env} if env else {}),
                         "agent": agent,
                         "rewards": [s.raw_reward for s in mine],
                         "passed": passed,
@@ -64,11 +68,15 @@ async def evaluate(
                         "metrics": [_numbers(s.metadata.get("metrics")) for s in mine],
                     }
                 )
-        if per_prompt:
-            row[f"eval/{agent}/avg@{k}"] = mean(a for a, _ in per_prompt)
+        envs = sorted({e for e, _, _ in per_prompt if e})
+        for prefix, env in [(f"eval/{agent}", None), *((f"eval/{agent}/{e}", e) for e in envs)]:
+            scored = [(a, p) for e, a, p in per_prompt if env is None or e == env]
+            if not scored:
+                continue
+            row[f"{prefix}/avg@{k}"] = mean(a for a, _ in scored)
             for j in cfg.eval.pass_k or [k]:
-                row[f"eval/{agent}/pass@{j}"] = mean(
-                    pass_at_k(len(p), sum(p), min(j, len(p))) for _, p in per_prompt
+                row[f"{prefix}/pass@{j}"] = mean(
+                    pass_at_k(len(p), sum(p), min(j, len(p))) for _, p in scored
                 )
     path = Path(cfg.output_dir) / "eval" / f"step_{updates}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -27,6 +27,7 @@ KEYS = {
     "debate": math_key,
     "takes_two": case_key,
     "deep_research": research_key,
+    "gym": math_key,  # its rows are arithmetic: math's problems and "What is A * B?" tool tasks
 }
 
 
