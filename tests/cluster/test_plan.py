@@ -542,6 +542,22 @@ def test_code_pair_run_sh_plans_two_models_with_an_even_share(tmp_path):
     ]  # fmt: skip
 
 
+def test_debate_run_sh_plans_one_model_for_both_debaters(tmp_path):
+    out = run_sh("debate", tmp_path, MODEL="/ckpt/m", TP="2", ENGINE_TP="2", DRY_RUN="json")
+    assert planned(out, *KEYS) == [
+        dict(zip(KEYS, ("alice", "megatron", False, 2, 1, 2, 4, 2, "distributed"), strict=True))
+    ]
+    (g,) = json.loads(out.stdout)["groups"]
+    assert g["agents"] == ["alice", "bob"] and g["model"] == "/ckpt/m"
+
+
+def test_gym_run_sh_plans_its_agent(tmp_path):
+    out = run_sh("gym", tmp_path, MODEL="/ckpt/m", BACKEND="torch", DRY_RUN="json")
+    assert planned(out, *KEYS) == [
+        dict(zip(KEYS, ("default", "torch", False, 1, 1, 4, 4, 4, "distributed"), strict=True))
+    ]
+
+
 def test_deep_research_run_sh_plans_before_starting_the_retriever(tmp_path):
     out = run_sh("deep_research", tmp_path, MODEL="/ckpt/m", TRAIN_GPUS="6", DRY_RUN="json")
     assert planned(out, *KEYS) == [
