@@ -323,6 +323,8 @@ def build_parser() -> ArgumentParser:
         "loss masks, rewards, agent, turn, weight versions, decoded text), or preference pairs "
         "to pairs.jsonl. Filters: collect.min_reward (rejection sampling), collect.keep=best "
         "(best-of-n per row, agent and turn), collect.keep=pairs (best vs worst), "
+        "collect.keep=transitions (world-model data: observation and action -> next "
+        "observation, as chat rows kernel sft reads, to transitions.jsonl), "
         "collect.agents. Run the same command again to resume: finished rows are skipped. "
         "--checkpoint serves a run's checkpoints/step_N. The same flags and presets as train.",
     )

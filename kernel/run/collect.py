@@ -12,6 +12,11 @@ checkpoint saved (``--checkpoint RUN/checkpoints/step_N``) -- and what it makes 
 - with ``collect.keep=pairs``, ``<output_dir>/pairs.jsonl`` instead: per row, agent and turn,
   the best sample as ``chosen`` and the worst as ``rejected`` (each a trajectory line as
   above), when their rewards differ by at least ``collect.min_margin``;
+- with ``collect.keep=transitions``, ``<output_dir>/transitions.jsonl``: world-model data for
+  ``kernel sft``, one ``messages`` row per step an environment took (``row``, ``agent``,
+  ``env``; the user message shows the observation and the action, ``WORLD_MODEL_PROMPT``, the
+  assistant message is the next observation; steps that ended the episode, which show nothing
+  next, are left out), from the samples' ``metadata["transitions"]``;
 - ``<output_dir>/collect.json``: this invocation's summary (rows, samples, kept, episodes, the
   seconds spent rolling out, and the prompt tokens the engines prefilled and served from their
   prefix caches).
@@ -48,7 +53,11 @@ from kernel.run.loop import frozen
 from kernel.run.runtime import Runtime
 from kernel.sample import Sample
 
-KEEP = ("all", "best", "pairs")
+KEEP = ("all", "best", "pairs", "transitions")
+WORLD_MODEL_PROMPT = (
+    "You are the environment. It showed:\n{observation}\n\nThe agent did:\n{action}\n\n"
+    "What does the environment show next?"
+)
 
 
 @dataclass
@@ -63,7 +72,9 @@ class CollectConfig:
     """Roll out at most this many rows (default: all)."""
     keep: str = "all"
     """all: every sample that passes the filters; best: per row, agent and turn, the best one
-    (best-of-n); pairs: per row, agent and turn, best and worst as a preference pair."""
+    (best-of-n); pairs: per row, agent and turn, best and worst as a preference pair;
+    transitions: world-model data, one chat row per (observation, action) -> next observation
+    of the kept samples' ``metadata["transitions"]`` (recipes/gym records them)."""
     min_reward: float | None = None
     """Keep only samples with a reward at least this (rejection sampling); for pairs, the
     chosen sample's."""
@@ -115,13 +126,34 @@ def trajectory(sample: Sample, text: str) -> dict[str, Any]:
     }
 
 
+def transitions(sample: Sample) -> list[dict[str, Any]]:
+    """A sample's ``metadata["transitions"]`` as world-model chat rows (``kernel sft`` data)."""
+    rows = []
+    for t in sample.metadata.get("transitions") or []:
+        if not t["next_observation"]:  # the episode ended: nothing to predict
+            continue
+        ask = WORLD_MODEL_PROMPT.format(observation=t["observation"], action=t["action"])
+        rows.append(
+            {
+                "row": sample.metadata["row"],
+                "agent": sample.agent,
+                "env": sample.metadata.get("env"),
+                "messages": [
+                    {"role": "user", "content": ask},
+                    {"role": "assistant", "content": t["next_observation"]},
+                ],
+            }
+        )
+    return rows
+
+
 def select(samples: Iterable[Sample], cfg: CollectConfig) -> list[Sample] | list[tuple]:
     """The samples of one row that ``cfg`` keeps, in order; for ``keep=pairs``, (chosen,
     rejected) tuples."""
     scored = [
         s for s in samples if s.raw_reward is not None and (not cfg.agents or s.agent in cfg.agents)
     ]
-    if cfg.keep == "all":
+    if cfg.keep in ("all", "transitions"):
         return [s for s in scored if cfg.min_reward is None or s.raw_reward >= cfg.min_reward]
     groups: dict[tuple[str, int], list[Sample]] = {}
     for s in scored:
@@ -144,7 +176,8 @@ class Output:
 
     def __init__(self, out: Path, keep: str) -> None:
         out.mkdir(parents=True, exist_ok=True)
-        self.data = out / ("pairs.jsonl" if keep == "pairs" else "trajectories.jsonl")
+        names = {"pairs": "pairs.jsonl", "transitions": "transitions.jsonl"}
+        self.data = out / names.get(keep, "trajectories.jsonl")
         self.done_path = out / "done.jsonl"
         self.done: set[int] = {r["row"] for r in _lines(self.done_path)}
         if self.data.exists():  # keep only finished rows' lines (a crash mid-row, a torn line)
@@ -227,6 +260,8 @@ async def _collect(cfg: TrainConfig, ccfg: CollectConfig, out: Output) -> dict:
                     chosen = select(r.samples, ccfg)
                     if ccfg.keep == "pairs":
                         lines = [{"chosen": line(a), "rejected": line(b)} for a, b in chosen]
+                    elif ccfg.keep == "transitions":
+                        lines = [t for s in chosen for t in transitions(s)]
                     else:
                         lines = [line(s) for s in chosen]
                     out.write(r.group[0].metadata["row"], lines)

@@ -5,8 +5,10 @@ The row (prompt, label and metadata) resets the environment; its first observati
 agent's first user message, each later one (a tool's output, test feedback) the next. The
 agent's one sample covers every turn (the observations out of its loss); its metadata carry
 the environment's name, the summed reward of its actions (``env_reward``), whether it ended
-(``env_done``) and the last ``info``, whose numbers become the step's metrics as
-``<env>/<key>`` (per environment, so a run mixing environments reports each apart).
+(``env_done``), the last ``info``, whose numbers become the step's metrics as ``<env>/<key>``
+(per environment, so a run mixing environments reports each apart), and every ``transitions``
+(observation, action, next observation: what ``kernel collect --collect.keep transitions``
+writes as world-model data).
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
     name = env_of(ctx, sample)
     item = {**sample.metadata, "prompt": sample.prompt, "label": sample.label}
     rewards: list[float] = []
+    transitions: list[dict] = []  # (observation, action) -> next observation: world-model data
     async with ctx.envs[name].session() as env:
         obs = await env.reset(item)
         player = Dialogue(ctx.agents[cfg.agent], cfg.system, obs.text)
@@ -41,8 +44,11 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
             action = await player.speak()
             if action is None:  # out of context budget
                 break
-            obs = await env.step(action)
+            seen, obs = obs, await env.step(action)
             rewards.append(obs.reward or 0.0)
+            transitions.append(
+                {"observation": seen.text, "action": action, "next_observation": obs.text}
+            )
             if obs.done or not player.say("user", obs.text):
                 break
     numbers = {f"{name}/{k}": float(v) for k, v in obs.info.items() if isinstance(v, (int, float))}
@@ -53,6 +59,7 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
         env_reward=sum(rewards),
         env_done=obs.done,
         info=obs.info,
+        transitions=transitions,
         metrics=metrics,
         correct=bool(obs.info.get("correct", False)),
     )
