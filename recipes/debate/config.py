@@ -9,7 +9,8 @@ from dataclasses import dataclass, field
 from kernel.hooks import recipe_config
 
 JUDGE = "judge"
-JUDGES = ("majority", "model")
+JUDGES = ("majority", "model", "rules")
+STYLES = ("answer", "procon")
 
 
 @dataclass
@@ -17,6 +18,9 @@ class RecipeConfig:
     """Several agents answer a question, read each other's answers and revise, for some rounds;
     a judge (a rule or a model) decides the debate's answer."""
 
+    style: str = "answer"
+    """answer: the debaters solve a math question (the label checks it); procon: two debaters
+    argue assigned opposite sides of a motion and a judge scores their arguments (procon.py)"""
     debaters: list[str] = field(default_factory=lambda: ["alice", "bob"])
     """the debating agents (run.agents must name them), distinct; one alone (with ``rounds: 1``)
     is the single-agent baseline: its answer is the verdict"""
@@ -24,9 +28,11 @@ class RecipeConfig:
     """round 1: each answers alone; each later round: each reads the others' last answers and
     answers again"""
     judge: str = "majority"
-    """majority: the most common final answer (a tie goes to the earliest debater in
-    ``debaters`` among the tied); model: agent ``judge`` reads the question and the final
-    answers and states the answer (freeze it with trainable: false, or train it too)"""
+    """answer style -- majority: the most common final answer (a tie goes to the earliest
+    debater in ``debaters`` among the tied); model: agent ``judge`` reads the question and the
+    final answers and states the answer (freeze it with trainable: false, or train it too).
+    procon style -- rules: the rule judge of procon.py; model: agent ``judge`` scores each side
+    0-10 on quality, evidence and consistency"""
     correct_weight: float = 1.0
     """a debater: when its own final answer is right; the judge: when its verdict is right"""
     verdict_weight: float = 0.5
@@ -36,6 +42,18 @@ class RecipeConfig:
     """subtracted from a debater whose final turn (or a judge whose verdict) states no answer"""
     max_quote_chars: int = 300
     """another debater's answer is cut to this many characters when quoted"""
+    quality_weight: float = 1.0
+    """procon: weight of a speech's argument quality (reasons, its own, of fitting length)"""
+    evidence_weight: float = 0.5
+    """procon: weight of its evidence (numbers, examples, sources)"""
+    consistency_weight: float = 1.0
+    """procon: weight of arguing its assigned side (-1 for the other side or a concession)"""
+    min_words: int = 40
+    """procon: a speech shorter than this loses quality (none at half of it)"""
+    max_words: int = 200
+    """procon: a speech longer than this loses quality (none at double)"""
+    min_sentence_words: int = 6
+    """procon: shorter sentences count neither as a reason nor as evidence"""
 
     def validate(self) -> RecipeConfig:
         if not self.debaters or len(set(self.debaters)) != len(self.debaters):
@@ -46,13 +64,30 @@ class RecipeConfig:
             raise ValueError(f"recipe_args.debaters: {JUDGE!r} is the judge's agent name")
         if self.rounds < 1:
             raise ValueError(f"recipe_args.rounds must be >= 1, got {self.rounds}")
-        if self.judge not in JUDGES:
-            raise ValueError(f"recipe_args.judge must be one of {JUDGES}, got {self.judge!r}")
+        if self.style not in STYLES:
+            raise ValueError(f"recipe_args.style must be one of {STYLES}, got {self.style!r}")
+        judges = ("rules", "model") if self.style == "procon" else ("majority", "model")
+        if self.judge not in judges:
+            raise ValueError(
+                f"recipe_args.judge must be one of {judges} with style {self.style}, "
+                f"got {self.judge!r}"
+            )
+        if self.style == "procon" and len(self.debaters) != 2:
+            raise ValueError(
+                f"recipe_args.debaters: style procon needs two (one a side), got {self.debaters}"
+            )
+        if not (0 < self.min_words <= self.max_words and self.min_sentence_words > 0):
+            raise ValueError(
+                "recipe_args: min_words, max_words and min_sentence_words must be > 0 with "
+                f"min_words <= max_words, got {self.min_words}, {self.max_words}, "
+                f"{self.min_sentence_words}"
+            )
         if self.max_quote_chars < 1:
             raise ValueError(
                 f"recipe_args.max_quote_chars must be >= 1, got {self.max_quote_chars}"
             )
-        for name in ("correct_weight", "verdict_weight", "format_penalty"):
+        weights = ("correct_weight", "verdict_weight", "format_penalty", "quality_weight")
+        for name in (*weights, "evidence_weight", "consistency_weight"):
             value = getattr(self, name)
             if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
                 raise ValueError(f"recipe_args.{name} must be a finite number >= 0, got {value!r}")

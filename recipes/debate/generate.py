@@ -7,7 +7,8 @@ between rounds, the others' last answers as a user message (loss mask 0). Within
 debaters speak at the same time, so none sees a same-round answer. A dialogue out of context
 budget ends the debate there. Returns one sample per debater (and the judge's, when it spoke);
 the first carries the whole debate in ``metadata["debate"]`` ({debater: [turn texts]}) and the
-verdict text in ``metadata["verdict"]`` for reward.py.
+verdict text in ``metadata["verdict"]`` for reward.py. ``style: procon`` debates a motion
+instead, each debater on an assigned side (procon.py).
 """
 
 from __future__ import annotations
@@ -17,13 +18,15 @@ import asyncio
 from kernel.dialogue import Dialogue
 from kernel.hooks import RolloutContext
 from kernel.sample import Sample
-from recipes.debate import prompts
+from recipes.debate import procon, prompts
 from recipes.debate.config import JUDGE, as_config
 
 
 async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
     """The recipe's generate hook: one debate about ``sample``'s question."""
     cfg = as_config(ctx.config)
+    if cfg.style == "procon":
+        return await procon.generate(ctx, sample, cfg)
     question = str(sample.prompt)
     dialogues = {}
     for name in cfg.debaters:

@@ -40,3 +40,40 @@ def judge_system() -> str:
 def judge_view(question: str, finals: Mapping[str, str], max_chars: int) -> str:
     said = "\n\n".join(f"{name}: {text[:max_chars].strip()}" for name, text in finals.items())
     return f"Question: {question}\n\nFinal answers:\n\n{said}"
+
+
+# ---- PRO/CON debate (style: procon) ---------------------------------------------------------
+
+
+def procon_system(name: str, side: str, rounds: int) -> str:
+    stance = "FOR" if side == "PRO" else "AGAINST"
+    rebuttals = (
+        " After your opening you will read your opponent's speech: answer its arguments."
+        if rounds > 1
+        else ""
+    )
+    return (
+        f"You are {name}, in a debate. You argue {stance} the motion ({side}), whatever you "
+        "believe. Give clear reasons and evidence (facts, numbers, examples) in a short speech "
+        f"of a few sentences.{rebuttals} End with the line 'Position: {side}'."
+    )
+
+
+def procon_rebut(speech: str, max_chars: int) -> str:
+    return (
+        f"Your opponent said:\n\n{speech[:max_chars].strip()}\n\n"
+        "Answer their arguments and strengthen your case."
+    )
+
+
+def procon_judge_system() -> str:
+    return (
+        "You judge a debate. Score each side from 0 to 10 on argument quality, on evidence, and "
+        "on consistency with the side it was assigned. Reply with exactly two lines:\n"
+        "PRO: quality=Q, evidence=E, consistency=C\nCON: quality=Q, evidence=E, consistency=C"
+    )
+
+
+def procon_judge_view(motion: str, speeches: Mapping[str, str], max_chars: int) -> str:
+    said = "\n\n".join(f"{side}: {text[:max_chars].strip()}" for side, text in speeches.items())
+    return f"Motion: {motion}\n\nLast speeches:\n\n{said}"

@@ -13,7 +13,8 @@ format_penalty * [no answer]``. An answer is the last ``Answer: X`` of a turn, e
 number; answers compare as numbers when both parse as numbers, else as stripped text.
 ``metadata["correct"]`` (eval's pass@k, the headline) is the verdict being right; the first
 debater's ``metadata["metrics"]`` carry the debate's shape: first-round and final accuracy,
-agreement, how many changed their answer, whether the verdict was right.
+agreement, how many changed their answer, whether the verdict was right. ``style: procon``
+scores arguments instead (procon.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Mapping, Sequence
 
 from kernel.hooks import RolloutContext
 from kernel.sample import Sample
+from recipes.debate import procon
 from recipes.debate.config import JUDGE, RecipeConfig, as_config
 
 _ANSWER = re.compile(r"answer\s*(?:is)?\s*[:=]?\s*\**\s*(-?\d[\d,]*(?:\.\d+)?(?:/\d+)?)", re.I)
@@ -88,6 +90,8 @@ def reward(ctx: RolloutContext, samples: list[Sample]) -> dict[str, float]:
     """The recipe's reward hook (module docstring). Reads the debate generate stored in
     ``metadata["debate"]`` (each debater's turns, in order) and the judge's verdict text."""
     cfg = as_config(ctx.config)
+    if cfg.style == "procon":
+        return procon.reward(samples, cfg)
     first = samples[0]
     label = str(first.label)
     turns: dict[str, list[str]] = first.metadata["debate"]
