@@ -236,6 +236,37 @@ def test_ippo_one_critic_per_agent_learns_the_duo_with_both_agents_rising(tmp_pa
 
 
 @pytest.mark.slow
+def test_maac_one_critic_for_both_agents_learns_the_duo_and_resumes(tmp_path):
+    """MAAC (critic.scope run): ONE critic over the global state values both agents' samples
+    and trains on both agents' returns; both rewards rise as with IPPO, the trainers carry no
+    critic of their own, and a resumed run continues the critic the checkpoint saved (a new
+    one would value everything 0.0 at its first step: its head starts at zero)."""
+    flags = ["--advantage.estimator=gae", "--critic.lr=0.002", "--critic.scope=run"]
+    flags += ["--critic.centralized=true", "--save_every=10"]
+    rows = train(duo_config(tmp_path, *flags))
+    assert mean(rows[:5], "doctor/reward") <= 0.45 and mean(rows[:5], "patient/reward") <= 0.25
+    assert mean(rows[-5:], "doctor/reward") >= 0.75
+    assert mean(rows[-5:], "patient/reward") >= 0.75
+    logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert logged[0]["critic/value_mean"] == 0.0 and mean(logged[-5:], "critic/value_mean") >= 0.6
+    assert not any(
+        k.startswith(("train/doctor/critic", "train/patient/critic")) for k in logged[-1]
+    )
+    assert (tmp_path / "checkpoints" / "step_40" / "critic" / "critic.pt").exists()
+    more = train(duo_config(tmp_path, *flags, "--num_steps=42", "--resume=true"))
+    assert [r["step"] for r in more] == [40, 41] and more[0]["critic/value_mean"] >= 0.5
+
+
+def test_maac_refuses_models_whose_tokenizers_differ(tmp_path):
+    agents = (
+        '--agents=[{"name":"doctor","model":"tiny-char"},{"name":"patient","model":"tiny-smollm2"}]'
+    )
+    flags = ["--advantage.estimator=gae", "--critic.scope=run", agents, "--num_steps=1"]
+    with pytest.raises(ValueError, match=r"tokenizer of 'patient'.*critic\.scope model"):
+        train(duo_config(tmp_path, *flags))
+
+
+@pytest.mark.slow
 def test_update_every_heterogeneous_models_and_resume(tmp_path):
     """The patient is another family (SmolLM2's tokenizer, a Llama body) trained every 2nd step;
     a resumed run continues each model's weight versions from its own checkpoint."""

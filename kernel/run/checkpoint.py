@@ -39,10 +39,13 @@ log = logging.getLogger(__name__)
 # ``thread`` (the trainer's own thread, where its save and load run).
 
 
-async def save(root: Path, step: int, models: list, state: dict, keep: Path | None) -> Path:
-    """Save ``models``' trainers and the run's ``state`` (step, weight versions, buffer, RNG)
-    into ``root/step_<step>.tmp`` (state.json last), fsync it and rename it to
-    ``root/step_<step>``; then remove every other checkpoint folder but ``keep`` (the one this
+async def save(
+    root: Path, step: int, models: list, state: dict, keep: Path | None, critic=None
+) -> Path:
+    """Save ``models``' trainers (and the run's one ``critic``, critic.scope run, in
+    ``critic/``) and the run's ``state`` (step, weight versions, buffer, RNG) into
+    ``root/step_<step>.tmp`` (state.json last), fsync it and rename it to ``root/step_<step>``;
+    then remove every other checkpoint folder but ``keep`` (the one this
     run saved or resumed from before). Returns the new folder."""
     path, tmp = root / f"step_{step}", root / f"step_{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)  # a save that crashed
@@ -50,6 +53,9 @@ async def save(root: Path, step: int, models: list, state: dict, keep: Path | No
     for m in models:
         if m.trainer is not None:
             await m.thread.run(m.trainer.save, tmp / "trainers" / m.owner)
+    if critic is not None:
+        (tmp / "critic").mkdir()
+        critic.save(tmp / "critic")
     (tmp / "state.json").write_text(json.dumps(state))
     for f in sorted(tmp.rglob("*"), key=lambda f: -len(f.parts)):  # files before folders
         fsync_path(f)
@@ -72,8 +78,9 @@ def checkpoints(out_dir: Path) -> list[Path]:
     return sorted(steps, key=lambda p: int(p.name[5:]))
 
 
-def resume_from(found: list[Path], models: list) -> tuple[Path, dict]:
-    """Load the newest of the checkpoints ``found`` that is whole into the models' trainers;
+def resume_from(found: list[Path], models: list, critic=None) -> tuple[Path, dict]:
+    """Load the newest of the checkpoints ``found`` that is whole into the models' trainers
+    (and the run's one ``critic``);
     returns it and its state. A damaged one (``read_checkpoint`` fails, or a trainer cannot
     load its files) is passed over for the one before with a warning naming the file; if none
     is usable, a ValueError names each and the way out. Every trainer loads whole from the
@@ -85,6 +92,8 @@ def resume_from(found: list[Path], models: list) -> tuple[Path, dict]:
             for m in models:
                 if m.trainer is not None:
                     _load_trainer(m, ckpt / "trainers" / m.owner)
+            if critic is not None:
+                critic.load(ckpt / "critic")
             return ckpt, state
         except (ValueError, OSError) as e:
             log.warning("checkpoint passed over, it is damaged: %s", e)

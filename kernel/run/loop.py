@@ -134,6 +134,8 @@ async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[d
             # 3. advantages, per (prompt, agent[, turn]) (a consuming job's came with its
             # batch); the remote agents' samples go to their jobs
             adv_metrics = {} if cfg.queue.consume else compute_advantages(samples, cfg.advantage)
+            if rt.critic is not None:  # MAAC: the run's one critic sets every agent's (gae)
+                adv_metrics |= await rt.critic_step(samples)
             if rt.remote:
                 adv_metrics |= await rt.commit(step, samples) | {"queue/wait_s": waited}
 

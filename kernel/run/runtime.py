@@ -58,8 +58,10 @@ from kernel.run.evaluation import eval_data, evaluate
 from kernel.run.jobs import JobQueue, RemoteEngine
 from kernel.sample import Sample
 from kernel.sync.push import SyncConfig, WeightSync
+from kernel.train.critic import Critic
 from kernel.train.ray_trainer import RayTrainer
 from kernel.train.thread import TrainerThread
+from kernel.train.torch_backend import resolve_device
 from kernel.train.trainer import Trainer, build_trainer
 
 log = logging.getLogger(__name__)
@@ -160,6 +162,7 @@ class Runtime:
     last_checkpoint: Path | None = None  # this run's last save, or its resume: the next keeps it
     queue: JobQueue | None = None  # agents as independent jobs (kernel.run.jobs): the run's Redis
     remote: tuple[str, ...] = ()  # the agents other jobs play (kernel.run.jobs)
+    critic: Critic | None = None  # critic.scope run (MAAC): the run's one value model
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -201,9 +204,10 @@ class Runtime:
                 m.tokenizer = load_tokenizer(m.agents[0].tokenizer or m.path)
                 stack.callback(m.thread.close)
                 m.trainer = m.thread.call(place_trainer, cfg, m, placement.get(m.owner))
+            critic = run_critic(cfg, models)
             start, ckpt = 0, None
             if found:
-                ckpt, state = resume_from(found, models)
+                ckpt, state = resume_from(found, models, critic)
                 for m in models:
                     m.version = state["weight_versions"][m.owner]
                 buffer.load_state_dict(state["buffer"])
@@ -244,7 +248,7 @@ class Runtime:
                 generate, reward, cfg.reward, cfg.rollout.concurrency, cfg.rollout.timeout_s
             )
             runtime = cls(
-                cfg, models, buffer, ctx, manager, logger, start, ckpt, queue, tuple(remote)
+                cfg, models, buffer, ctx, manager, logger, start, ckpt, queue, tuple(remote), critic
             )
             watchers = [asyncio.ensure_future(m.pool.watch()) for m in models]
             try:
@@ -363,6 +367,21 @@ class Runtime:
                 break
         return Batch(results, handed_out, total, {"rollout/groups": float(len(results))})
 
+    async def critic_step(self, samples: list[Sample]) -> dict[str, float]:
+        """MAAC (``critic.scope: run``): the run's one critic values the samples of every
+        trained agent, sets their per-token GAE advantages (whitened together) for the
+        trainers, and trains on all their returns: ``trainer.ppo_epochs`` passes over the
+        step's samples, one update each. Off the event loop (an async rollout goes on)."""
+        trained = {a for m in self.models for a in m.trained}
+        mine = [s for s in samples if s.agent in trained]
+        epochs = self.cfg.trainer.ppo_epochs
+
+        def run() -> dict[str, float]:
+            step, metrics = self.critic.advantages(mine)
+            return metrics | self.critic.train(step, [list(range(len(step.samples)))] * epochs)
+
+        return await asyncio.to_thread(run)
+
     async def train(self, due: list[RunningModel], batches: dict[str, list[Sample]]) -> list[dict]:
         """Train the models due on their batches: off the event loop, so an async rollout keeps
         going, and concurrently; colocated engines give their GPU memory up meanwhile. The
@@ -454,7 +473,9 @@ class Runtime:
             "python_rng": random.getstate(),
         }
         root = Path(self.cfg.output_dir) / "checkpoints"
-        self.last_checkpoint = await save(root, step, self.models, state, self.last_checkpoint)
+        self.last_checkpoint = await save(
+            root, step, self.models, state, self.last_checkpoint, self.critic
+        )
         if self.queue is not None and self.cfg.queue.consume:  # batches before it: not needed
             for agent in self._consumed():
                 await self.queue.trim(agent, step)
@@ -488,8 +509,8 @@ def place_trainer(cfg: TrainConfig, model: RunningModel, where) -> Trainer | Non
     settings = model.settings
     args = (model.path, settings.optim, settings.loss, settings.trainer, cfg.num_steps)
     args += (model.plan.temperature, cfg.seed)
-    if cfg.advantage.estimator == "gae":  # each trained model gets its own critic (IPPO)
-        args += (cfg.critic, cfg.advantage)
+    if cfg.advantage.estimator == "gae" and cfg.critic.scope == "model":
+        args += (cfg.critic, cfg.advantage)  # its own critic (IPPO, MAPPO)
     if not cfg.ray.enabled:
         return build_trainer(*args, adapters=model.plan.trained_adapters or None)
     if where:
@@ -503,6 +524,30 @@ def place_trainer(cfg: TrainConfig, model: RunningModel, where) -> Trainer | Non
             "num_gpus": cfg.ray.num_gpus_per_rank,
         }
     return RayTrainer(model.owner, *args, **options)
+
+
+def run_critic(cfg: TrainConfig, models: list[RunningModel]) -> Critic | None:
+    """MAAC (``critic.scope: run``, advantage.estimator gae): the run's one value model, in
+    this process, on the first trained model's trainer device and micro-batch settings; it
+    reads every trained model's token ids, so each must have its tokenizer (ValueError naming
+    the one that does not). None for any other run."""
+    if cfg.advantage.estimator != "gae" or cfg.critic.scope != "run":
+        return None
+    trained = [m for m in models if m.trained]
+    if not trained:
+        return None
+    path = cfg.critic.model or trained[0].path
+    vocab = load_tokenizer(path).get_vocab()
+    for m in trained:
+        if m.tokenizer.get_vocab() != vocab:
+            raise ValueError(
+                f"critic.scope run: one critic reads every trained model's token ids, but the "
+                f"tokenizer of {m.owner!r}'s model differs from {path!r}'s; give each model its "
+                "own critic (critic.scope model)"
+            )
+    settings = trained[0].settings.trainer
+    device = resolve_device(getattr(settings, "device", "cpu"))
+    return Critic(replace(cfg.critic, model=path), cfg.advantage, path, device, settings)
 
 
 def agent_handles(

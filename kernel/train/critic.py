@@ -5,7 +5,10 @@ One critic per trained model, each seeing only the dialogues of the agents that 
 as those agents saw them: with one model per agent that is IPPO (independent critics, each on
 its own view). With ``critic.centralized`` (MAPPO) each critic also reads the episode's global
 state, ``sample.metadata["global_state"]``, set by the recipe (takes_two: the patient's hidden
-case, which the doctor never sees), before the dialogue.
+case, which the doctor never sees), before the dialogue. With ``critic.scope: run`` (MAAC) one
+critic serves every trained model: the run builds it once (``kernel.run.runtime.run_critic``)
+and each step values and trains it on all agents' samples before the trainers, which get the
+per-token advantages it set.
 
 The critic is a separate model by default: the body of an HF causal LM (every layer but the LM
 head; ``critic.model``, by default the trained model's starting weights) and a new scalar head,
@@ -82,8 +85,25 @@ class CriticConfig:
     """MAPPO: the critic also reads each sample's ``metadata["global_state"]`` (text the
     recipe's generate sets: what the other agents saw and this one did not), before the
     agent's own dialogue; False: IPPO, each critic sees only its agent's view"""
+    scope: str = "model"
+    """model: one critic per trained model (IPPO; MAPPO with ``centralized``); run: ONE critic
+    for every trained model of the run (CoMLRL's MAAC), trained on all their returns each step
+    in the driver, its per-token advantages handed to each model's trainer (every trained
+    model must share the critic's tokenizer)"""
 
     def validate(self) -> CriticConfig:
+        if self.scope not in ("model", "run"):
+            raise ValueError(f"critic.scope must be model or run, got {self.scope!r}")
+        if self.scope == "run" and self.shared:
+            raise ValueError(
+                "critic.scope run is one value model for every agent; critic.shared puts a "
+                "value head on one actor: set one of them"
+            )
+        if self.scope == "run" and self.num_critic_only_steps:
+            raise ValueError(
+                "critic.num_critic_only_steps: a warm-up of the run's one critic "
+                "(critic.scope run) is not supported yet; use critic.scope model for it"
+            )
         if self.shared and self.model is not None:
             raise ValueError(
                 f"critic.model ({self.model!r}) names a separate value model, and critic.shared "

@@ -119,7 +119,8 @@ def _rows_by_agent(samples: list[Sample]) -> dict[str | None, list[int]]:
     return rows
 
 
-def _resolve_device(name: str, rank: int) -> torch.device:
+def resolve_device(name: str, rank: int = 0) -> torch.device:
+    """The device a trainer setting names (auto: CUDA when there is one), for ``rank``."""
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda":
@@ -158,7 +159,7 @@ class TorchTrainer:
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         self.world_size = dist.get_world_size() if distributed else 1
-        self.device = _resolve_device(cfg.device, self.rank)
+        self.device = resolve_device(cfg.device, self.rank)
         self.autocast_dtype = torch.bfloat16 if optim.dtype == "bfloat16" else None
         self.step = 0
         self.last_updates: list[dict[str, float]] = []  # the last train_step's, per update

@@ -178,6 +178,15 @@ def test_critic_config_errors_name_the_field(field, value):
         AdvantageConfig(estimator="gae", lam=1.5).validate()
 
 
+def test_the_runs_one_critic_refuses_what_it_cannot_do():
+    with pytest.raises(ValueError, match=r"critic\.scope must be model or run"):
+        CriticConfig(scope="agent").validate()
+    with pytest.raises(ValueError, match=r"critic\.shared puts a value head on one actor"):
+        CriticConfig(scope="run", shared=True).validate()
+    with pytest.raises(ValueError, match="warm-up of the run's one critic"):
+        CriticConfig(scope="run", num_critic_only_steps=2).validate()
+
+
 def test_a_centralized_critic_reads_the_global_state(char_model_dir, make_samples):
     """MAPPO: the critic reads metadata['global_state'] before the dialogue, so two samples
     differing only there get different values; an IPPO critic cannot tell them apart."""
