@@ -347,3 +347,40 @@ def test_a_tiny_char_pair_learns_on_the_sandbox_reward(tmp_path):
     first = sum(r["main/reward"] for r in rows[:5]) / 5
     last = sum(r["main/reward"] for r in rows[-5:]) / 5
     assert last >= first + 0.3, (first, last)
+
+
+MBPP_ROW = {  # the shape of google-research-datasets/mbpp (sanitized), task 11
+    "task_id": 11,
+    "prompt": "Write a python function to remove first and last occurrence of a given character "
+    "from the string.",
+    "code": "def remove_Occ(s,ch): \r\n    for i in range(len(s)): \r\n        if (s[i] == ch): "
+    "\r\n            s = s[0 : i] + s[i + 1:] \r\n            break\r\n    for i in "
+    "range(len(s) - 1,-1,-1):  \r\n        if (s[i] == ch): \r\n            s = s[0 : i] + "
+    "s[i + 1:] \r\n            break\r\n    return s ",
+    "test_imports": ["import math"],
+    "test_list": [
+        'assert remove_Occ("hello","l") == "heo"',
+        'assert remove_Occ("abcda","a") == "bcd"',
+        'assert remove_Occ("PHP","P") == "H"',
+    ],
+}
+
+
+def test_an_mbpp_row_becomes_a_humaneval_shaped_problem_the_sandbox_checks():
+    """prepare_data converts CoMLRL's MBPP rows (read from the hub when online): the signature
+    and the task as the prompt (never the reference body), each assert a check; the reference
+    solution then passes every check and a wrong one fails them, in the real sandbox."""
+    from recipes.code_pair.prepare_data import mbpp_row
+
+    row = mbpp_row(MBPP_ROW)
+    assert row["id"] == "mbpp-11" and row["entry_point"] == "remove_Occ"
+    assert row["prompt"].startswith("import math\n\n\ndef remove_Occ(s, ch):\n")
+    assert "range(len(s))" not in row["prompt"] and "Example: assert" in row["prompt"]
+    good = "```python\n" + MBPP_ROW["code"] + "\n```"
+    out = run(score_single(CFG, row["prompt"], row["label"], row["entry_point"], good))
+    assert (out.status, out.passed, out.total) == ("passed", 3, 3)
+    bad = "def remove_Occ(s, ch):\n    return s.replace(ch, '', 1)"  # the first one only
+    out = run(score_single(CFG, row["prompt"], row["label"], row["entry_point"], bad))
+    assert (out.status, out.passed, out.total) == ("failed", 0, 3)
+    with pytest.raises(ValueError, match="MBPP task 11: its tests call none of"):
+        mbpp_row({**MBPP_ROW, "test_list": ["assert other(1) == 1"]})
