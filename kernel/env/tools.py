@@ -12,8 +12,10 @@ ends the episode and is scored against the row's label::
     <answer>4517277</answer>
 
 Rewards: the answer's ``answer_reward`` when it equals the label (numbers compared as numbers,
-text case- and space-insensitively), else 0; ``format_penalty`` for an action that is no tag
-(the episode goes on: the observation says what it accepts). ``info`` counts calls per tool and
+text case- and space-insensitively), else 0; ``call_reward`` (default 0) for a tool call that
+worked, 0 for one that failed; ``format_penalty`` for an action that is no tag (the episode
+goes on: the observation says what it accepts). A tag the action opens last and never closes
+runs to the action's end. ``info`` counts calls per tool and
 errors, so a run shows which tools an agent learned to use.
 
 Confinement: the calculator evaluates a parsed expression tree (no names, no calls, exponents
@@ -46,6 +48,9 @@ ACTION = re.compile(
     r'|<write\s+path="(?P<path>[^"]*)">(?P<text>.*?)</write>',
     re.DOTALL,
 )
+# a tag the reply opens last and never closes runs to the reply's end (a small model often
+# stops at its end-of-turn token instead of writing the closing tag)
+UNCLOSED = re.compile(r"<(?P<tag>calculator|python|search|read|answer)>(?P<body>.*)\Z", re.DOTALL)
 HELP = (
     "Use one tag per turn: <calculator>EXPR</calculator>, <python>CODE</python>, "
     '<search>QUERY</search>, <write path="FILE">TEXT</write>, <read>FILE</read>, '
@@ -129,6 +134,7 @@ class ToolEnv:
         search_topk: int = 3,
         answer_reward: float = 1.0,
         format_penalty: float = -0.1,
+        call_reward: float = 0.0,
         max_output_chars: int = 1000,
         max_files: int = 16,
         max_file_chars: int = 20000,
@@ -140,6 +146,7 @@ class ToolEnv:
             raise ValueError("tools: search needs a retriever_url")
         self.tools, self.retriever_url, self.search_topk = tuple(tools), retriever_url, search_topk
         self.answer_reward, self.format_penalty = answer_reward, format_penalty
+        self.call_reward = call_reward
         self.max_output_chars, self.max_files = max_output_chars, max_files
         self.max_file_chars = max_file_chars
         self.sandbox_cfg = SandboxConfig(**(sandbox or {})).validate()
@@ -164,7 +171,7 @@ class ToolEnv:
         return obs
 
     async def _act(self, action: str) -> Observation:
-        match = ACTION.search(action)
+        match = ACTION.search(action) or UNCLOSED.search(action)
         if match is None:
             self._count("no_tag")
             return Observation(HELP, self.format_penalty)
@@ -182,7 +189,7 @@ class ToolEnv:
         except ValueError as e:
             self._count("errors")
             return Observation(f"{tag} error: {e}", 0.0)
-        return Observation(output[: self.max_output_chars], 0.0)
+        return Observation(output[: self.max_output_chars], self.call_reward)
 
     def _count(self, key: str) -> None:
         self.counts[key] = self.counts.get(key, 0.0) + 1.0

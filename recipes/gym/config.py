@@ -19,6 +19,9 @@ class RecipeConfig:
     """Actions per episode at most; an episode still open then ends without further reward."""
     system: str | None = None
     """The agent's system prompt (None: the environment's first observation alone)."""
+    action_prefix: str = ""
+    """Text every action opens with, given and out of the loss (a scaffold for small models,
+    e.g. ``"<calculator>"``); the environment sees it as part of the action."""
 
     def validate(self) -> RecipeConfig:
         if self.max_turns < 1:

@@ -41,7 +41,7 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
         obs = await env.reset(item)
         player = Dialogue(ctx.agents[cfg.agent], cfg.system, obs.text)
         while player.fits and player.turns < cfg.max_turns:
-            action = await player.speak()
+            action = await player.speak(prefix=cfg.action_prefix)
             if action is None:  # out of context budget
                 break
             seen, obs = obs, await env.step(action)
