@@ -197,6 +197,7 @@ class Runtime:
             if cfg.eval.path:
                 DataBuffer(eval_data(cfg))
             models = plan_models(plan, out, placement)
+            critic = run_critic(cfg, models)  # MAAC's tokenizer check before engines start
             for m in models:
                 stack.push(m.pool)  # stopped on the way out (entering it would wait for them)
                 m.pool.launch()
@@ -204,7 +205,6 @@ class Runtime:
                 m.tokenizer = load_tokenizer(m.agents[0].tokenizer or m.path)
                 stack.callback(m.thread.close)
                 m.trainer = m.thread.call(place_trainer, cfg, m, placement.get(m.owner))
-            critic = run_critic(cfg, models)
             start, ckpt = 0, None
             if found:
                 ckpt, state = resume_from(found, models, critic)
@@ -539,7 +539,7 @@ def run_critic(cfg: TrainConfig, models: list[RunningModel]) -> Critic | None:
     path = cfg.critic.model or trained[0].path
     vocab = load_tokenizer(path).get_vocab()
     for m in trained:
-        if m.tokenizer.get_vocab() != vocab:
+        if load_tokenizer(m.agents[0].tokenizer or m.path).get_vocab() != vocab:
             raise ValueError(
                 f"critic.scope run: one critic reads every trained model's token ids, but the "
                 f"tokenizer of {m.owner!r}'s model differs from {path!r}'s; give each model its "

@@ -92,3 +92,18 @@ def test_the_tiny_preset_trains_on_two_environments_at_once(tmp_path):
     )
     items = [json.loads(x) for x in (tmp_path / "eval" / "step_2.jsonl").read_text().splitlines()]
     assert sorted({i["env"] for i in items}) == ["math", "tools"] and len(items) == 8
+
+
+@pytest.mark.slow
+def test_a_tiny_model_learns_to_make_calls_the_calculator_accepts(tmp_path):
+    """tiny_tools: after a given "<calculator>", the calculator pays 1 for an expression it
+    accepts. A random character model writes mostly what it refuses; 30 steps later most of its
+    calls work (measured: MEASURED)."""
+    from kernel.run.config import load_train_config
+    from kernel.run.loop import train
+
+    preset = ROOT / "recipes" / "gym" / "presets" / "tiny_tools.yaml"
+    rows = train(load_train_config([f"--output_dir={tmp_path}"], yaml_path=preset))
+    first = sum(r["reward"] for r in rows[:5]) / 5
+    last = sum(r["reward"] for r in rows[-5:]) / 5
+    assert first <= 0.3 and last >= 0.7, (first, last)
