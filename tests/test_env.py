@@ -47,7 +47,7 @@ def run(coro):
 
 def start_server(port: int, tmp_path, *extra: str) -> LaunchedProcess:
     command = [sys.executable, "-m", "kernel", "env", "serve", f"--port={port}"]
-    command += ["--environments=[math,code]", f"--env_args={json.dumps(ARGS)}", *extra]
+    command += ["--environments=math,code", f"--env_args={json.dumps(ARGS)}", *extra]
     url = f"http://127.0.0.1:{port}"
     server = LaunchedProcess.start("env server", url, command, tmp_path / f"env{port}.log")
     return server.wait_healthy(60)
@@ -56,8 +56,8 @@ def start_server(port: int, tmp_path, *extra: str) -> LaunchedProcess:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     extra = [
-        "--environments+=[slow=tests.hook_fixtures.envs.SlowEnv,"
-        "broken=tests.hook_fixtures.envs.BrokenEnv]",
+        "--environments=math,code,slow=tests.hook_fixtures.envs.SlowEnv,"
+        "broken=tests.hook_fixtures.envs.BrokenEnv",
         f"--api_key={KEY}",
         "--max_sessions=4",
         "--step_timeout_s=1",
@@ -117,7 +117,9 @@ def test_specs_name_what_is_wrong():
     with pytest.raises(ValueError, match="must be http"):
         env_specs({"math": {"url": "127.0.0.1:8300"}})
     with pytest.raises(ValueError, match="env_args: \\['cod'\\] not among"):
-        EnvServerConfig(environments=["math"], env_args={"cod": {}}).specs()
+        EnvServerConfig(environments="math", env_args={"cod": {}}).specs()
+    with pytest.raises(ValueError, match="name at least one environment"):
+        EnvServerConfig(environments=" , ").specs()
 
 
 def test_the_server_plays_the_same_episodes_as_in_process(server):

@@ -42,9 +42,9 @@ from kernel.env.spec import EnvSpec, env_specs
 class EnvServerConfig:
     """``python -m kernel env serve``: which environments, where, and its bounds."""
 
-    environments: list[str] = field(default_factory=lambda: ["math"])
-    """The environments to host: short names (kernel.env.spec.KNOWN: math, code) or NAME=dotted.path
-    of a class."""
+    environments: str = "math"
+    """The environments to host, comma-separated: short names (kernel.env.spec.KNOWN: math,
+    code, tools) or NAME=dotted.path of a class, e.g. ``math,slow=my_pkg.envs.SlowEnv``."""
     env_args: dict = field(default_factory=dict)
     """Keyword arguments per environment, e.g. '{"math": {"format_penalty": -0.5}}'."""
     host: str = "127.0.0.1"
@@ -65,7 +65,7 @@ class EnvServerConfig:
 
     def specs(self) -> dict[str, EnvSpec]:
         settings: dict[str, dict[str, Any]] = {}
-        for entry in self.environments:
+        for entry in filter(None, (e.strip() for e in self.environments.split(","))):
             name, _, path = entry.partition("=")
             settings[name.strip()] = {"path": path.strip() or None}
         if unknown := sorted(set(self.env_args) - set(settings)):

@@ -33,7 +33,7 @@ print(",".join(envs)); print(json.dumps({k: v.get("args", {}) for k, v in envs.i
     if [ -z "$url" ]; then
       mkdir -p "$OUT"
       port="${ENV_PORT:-8300}" url="http://127.0.0.1:${ENV_PORT:-8300}"
-      "$PY" -m kernel env serve --environments "[${hosted[0]}]" --env_args "${hosted[1]}" \
+      "$PY" -m kernel env serve --environments "${hosted[0]}" --env_args "${hosted[1]}" \
         --port "$port" > "$OUT/env_server.log" 2>&1 &
       server=$!
       trap 'kill "$server" 2> /dev/null' EXIT
