@@ -96,9 +96,10 @@ def test_the_tiny_preset_trains_on_two_environments_at_once(tmp_path):
 
 @pytest.mark.slow
 def test_a_tiny_model_learns_to_make_calls_the_calculator_accepts(tmp_path):
-    """tiny_tools: after a given "<calculator>", the calculator pays 1 for an expression it
-    accepts. A random character model writes mostly what it refuses; 30 steps later most of its
-    calls work (measured: MEASURED)."""
+    """tiny_tools: after a given "<calculator>1" the model writes one character and the
+    calculator pays 1 when it accepts the call. A random character model's calls work about a
+    quarter of the time; 30 steps later most do (measured, seed 42: mean reward of the first
+    5 steps 0.24, of the last 5 0.89)."""
     from kernel.run.config import load_train_config
     from kernel.run.loop import train
 
@@ -106,4 +107,4 @@ def test_a_tiny_model_learns_to_make_calls_the_calculator_accepts(tmp_path):
     rows = train(load_train_config([f"--output_dir={tmp_path}"], yaml_path=preset))
     first = sum(r["reward"] for r in rows[:5]) / 5
     last = sum(r["reward"] for r in rows[-5:]) / 5
-    assert first <= 0.3 and last >= 0.7, (first, last)
+    assert first <= 0.35 and last >= 0.75, (first, last)
