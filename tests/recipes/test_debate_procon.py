@@ -144,6 +144,7 @@ def test_a_model_judge_scores_or_falls_back_to_the_rules(scripted_agent, smollm2
     assert samples[0].metadata["metrics"]["judge_parsed"] == 0.0
 
 
+@pytest.mark.slow
 def test_the_tiny_procon_preset_runs_end_to_end(tmp_path):
     from kernel.run.config import load_train_config
     from kernel.run.loop import train

@@ -74,6 +74,7 @@ def test_a_row_naming_an_environment_the_run_lacks_fails_naming_both(
         episode(agent, {}, {"env": "chess"})
 
 
+@pytest.mark.slow
 def test_the_tiny_preset_trains_on_two_environments_at_once(tmp_path):
     from kernel.run.config import load_train_config
     from kernel.run.loop import train
