@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import copy
+import functools
 import json
 import logging
 import random
@@ -331,17 +332,27 @@ class Runtime:
         return sorted({a for m in self.models for a in m.trained})
 
     async def _close(self) -> None:
-        for agent in self.remote:
-            await self.ctx.agents[agent].clients[0].aclose()
+        """Close every client, sync, trainer and the logger; each is closed even when closing
+        another fails (a dead node's engines, a lost queue), so no trainer's ranks outlive the
+        run holding their GPUs; the first failure is raised at the end."""
+        steps = [self.ctx.agents[agent].clients[0].aclose for agent in self.remote]
         if self.queue is not None:
-            await self.queue.aclose()
+            steps.append(self.queue.aclose)
         for m in self.models:
             if m.sync is not None:
-                await m.sync.aclose()
-            await asyncio.gather(*(c.aclose() for c in {*m.generators, *m.clients}))
+                steps.append(m.sync.aclose)
+            steps += [c.aclose for c in {*m.generators, *m.clients}]
             if m.trainer is not None:
-                await m.thread.run(m.trainer.close)
+                steps.append(functools.partial(m.thread.run, m.trainer.close))
+        errors = []
+        for close in steps:
+            try:
+                await close()
+            except BaseException as e:  # a cancelled close too: the rest still get theirs
+                errors.append(e)
         self.logger.close()
+        if errors:
+            raise errors[0]
 
     @property
     def requests(self) -> int:

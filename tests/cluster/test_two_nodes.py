@@ -164,6 +164,14 @@ def test_a_run_across_two_nodes_stops_when_one_dies_and_resumes_losing_nothing(t
     assert "gpu0: doctor engine 0; gpu1: patient engine 0" in message
     assert "--resume true once the Ray cluster has cluster.nodes = 2 nodes again" in message
     assert os.path.isdir(tmp_path / "checkpoints")
+    # the stopped run released what it held: node 0's two GPUs are free for the resume (a
+    # trainer rank left alive would make the resumed run wait for them for ever)
+    import ray
+
+    deadline = time.monotonic() + 30
+    while ray.available_resources().get("GPU", 0) < 2:
+        assert time.monotonic() < deadline, f"GPUs still held: {ray.available_resources()}"
+        time.sleep(0.5)
 
     nodes.start(WORKER_IP)
     nodes.wait_alive(2)
