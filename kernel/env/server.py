@@ -133,6 +133,7 @@ def create_app(cfg: EnvServerConfig):
                 await close(sid)
 
     app = FastAPI(title="Tandem environments", lifespan=lifespan)
+    app.state.environments = sorted(specs)
 
     async def authorized(request: Request) -> None:
         given = request.headers.get("authorization", "")
@@ -206,5 +207,5 @@ def serve(cfg: EnvServerConfig) -> None:
     if cfg.api_key is None:
         cfg.api_key = os.environ.get(API_KEY_ENV) or None
     app = create_app(cfg)
-    print(f"environments {sorted(cfg.specs())} on http://{cfg.host}:{cfg.port}", flush=True)
+    print(f"environments {app.state.environments} on http://{cfg.host}:{cfg.port}", flush=True)
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=5)
