@@ -22,7 +22,12 @@ Checks (tiny models built from configs: no model hub, no internet):
 8. ``prefix_cache``: the engine's scheduler on the device (a tiny model in fp32) plays three
    3-turn conversations with its prefix cache on and off: greedy replies must be the same,
    logprobs within 1e-4, and the later turns served from the cache;
-9. ``limit``: ``scripts/bench_limit.py`` on a SmolLM2-135M-shaped model (bf16 on CUDA): the
+9. ``lora``: multi-LoRA: ``--preset toy_duo`` with both agents on one model, an adapter each
+   (``--lora.rank 4``), trained on the device and served by one engine under the agents' names;
+   run twice, the adapters pushed as tensors (``shared``) and as PEFT folders loaded with
+   ``/load_lora_adapter`` (``disk``, real SGLang's way): PASS when every step's engine-trainer
+   logprob gap of each adapter and every post-sync check stay under 0.1;
+10. ``limit``: ``scripts/bench_limit.py`` on a SmolLM2-135M-shaped model (bf16 on CUDA): the
    trainer's FLOP/s as a share of the device's measured matmul peak, and decode's bytes/s at
    batch 1 as a share of its copy bandwidth (measured, not judged: PASS when it ran).
 
@@ -66,8 +71,10 @@ def _rows(out: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
-def _train(device: str, out: Path, *flags: str, timeout: float) -> tuple[bool, str, list[dict]]:
-    cmd = [sys.executable, "-m", "kernel", "train", "--preset", "toy", "--output_dir", str(out)]
+def _train(
+    device: str, out: Path, *flags: str, timeout: float, preset: str = "toy"
+) -> tuple[bool, str, list[dict]]:
+    cmd = [sys.executable, "-m", "kernel", "train", "--preset", preset, "--output_dir", str(out)]
     cmd += ["--num_steps", str(STEPS), "--trainer.device", device, "--engine.device", device]
     cmd += ["--sync.transport", "shared", "--eval.every", "0"]
     if device.startswith("cuda"):
@@ -240,6 +247,28 @@ def check_prefix_cache(device: str) -> tuple[bool, str]:
     return gap < 1e-4 and cached > 0, figure
 
 
+def check_lora(device: str, out: Path, timeout: float) -> tuple[bool, str]:
+    agents = ("doctor", "patient")
+    lora = ["--agents", '["doctor", "patient"]', "--lora.rank", "4", "--optim.lr", "0.01"]
+    lora += ["--sync.check_every", "1"]
+    figures = []
+    for transport in ("shared", "disk"):
+        ok, figure, rows = _train(
+            device, out / f"lora_{transport}", *lora, "--sync.transport", transport,
+            timeout=timeout, preset="toy_duo",
+        )  # fmt: skip
+        if not ok:
+            return False, f"{transport}: {figure}"
+        gaps = [r[f"train/{a}/logprob_diff"] for r in rows for a in agents]
+        checks = [r["sync/check_logprob_diff"] for r in rows if "sync/check_logprob_diff" in r]
+        if len(gaps) != len(agents) * STEPS or len(checks) != STEPS - 1:
+            return False, f"{transport}: {len(gaps)} adapter gaps, {len(checks)} post-sync checks"
+        if max(gaps + checks) >= 0.1:
+            return False, f"{transport}: gap {max(gaps):.2e}, post-sync {max(checks):.2e}"
+        figures.append(f"{transport} {figure.split(',')[0]}, gaps <= {max(gaps + checks):.1e}")
+    return True, "2 adapters, one engine: " + "; ".join(figures)
+
+
 def check_limit(device: str, timeout: float, out: Path | None) -> tuple[bool, str]:
     """scripts/bench_limit.py on a SmolLM2-shaped model (small sizes on CPU, for CI)."""
     cmd = [sys.executable, "scripts/bench_limit.py", "--model", "smollm2-shape", "--device", device]
@@ -330,6 +359,8 @@ def main(argv: list[str] | None = None) -> int:
             record("sync_bench", *check_sync_bench(args.device, args.timeout))
         if "prefix_cache" not in skip:
             record("prefix_cache", *check_prefix_cache(args.device))
+        if "lora" not in skip:
+            record("lora", *check_lora(args.device, out, args.timeout))
         if "limit" not in skip:
             record("limit", *check_limit(args.device, args.timeout, args.out))
 

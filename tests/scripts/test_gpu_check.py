@@ -27,6 +27,7 @@ def test_gpu_check_on_cpu_passes_every_check_and_prints_the_table():
         "distributed": "PASS",
         "release": "PASS",
         "prefix_cache": "PASS",
+        "lora": "PASS",
         "limit": "PASS",
     }
 
