@@ -99,6 +99,13 @@ HEADLINES = {
     ),
     "debate": Headline("alice", "passed", "accuracy of the debate's majority verdict"),
     "code_pair": Headline("main", "passed", "HumanEval problems with every check passing"),
+    "gym": Headline(
+        "default",
+        "passed",
+        "right answers (the environment's checker)",
+        beside=("reward", "tools/calls_calculator", "tools/no_tag"),
+        subset="env",
+    ),
 }
 
 # presets whose headline differs from their recipe's

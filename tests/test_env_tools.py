@@ -67,7 +67,11 @@ def test_an_episode_with_every_local_tool():
         ]
     )
     texts = [o.text for o in seen]
-    assert "Tools: calculator, python, write, read" in texts[0] and seen[0].reward is None
+    assert seen[0].reward is None
+    assert texts[0].endswith(  # the episode's own tools only
+        'Use one tag per turn: <calculator>EXPR</calculator>, <python>CODE</python>, '
+        '<write path="FILE">TEXT</write>, <read>FILE</read> or <answer>ANSWER</answer>.'
+    )
     assert texts[1] == "4517277" and texts[2] == "muted later\n" and texts[3] == "42\n"
     assert "PermissionError" in texts[4] and "socket" in texts[4]  # the sandbox refused it
     assert texts[5] == "wrote 7 characters to work/notes.txt" and texts[6] == "4517277"
@@ -133,3 +137,13 @@ def test_an_unclosed_last_tag_runs_to_the_end_and_working_calls_can_pay():
     )
     assert [o.text[:20] for o in seen[1:3]] == ["42", "calculator error: no"]
     assert [o.reward for o in seen[1:]] == [0.5, 0.0, -0.1, 1.0] and seen[-1].done
+
+
+def test_the_task_shows_only_the_episodes_tools_and_the_example():
+    example = "Example: <calculator>12 * 34</calculator>, then <answer>408</answer>."
+    seen, _ = play(["<python>1</python>"], tools=["calculator"], example=example)
+    assert seen[0].text == (
+        "What is 4821 * 937?\n\nUse one tag per turn: <calculator>EXPR</calculator> or "
+        f"<answer>ANSWER</answer>. {example}"
+    )
+    assert seen[1].text.startswith("python is not available here. Use one tag per turn: <calc")

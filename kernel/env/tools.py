@@ -23,6 +23,9 @@ and results bounded), never ``eval``; Python runs in ``kernel.sandbox`` (its lim
 a fresh process per call that replays the earlier cells with their output muted); the scratch
 folder is a temporary directory removed on close, and a path that leaves it (absolute, ``..``,
 a link) is refused. Search is on only with a ``retriever_url``.
+
+The first observation is the task, then the tags of the episode's tools (only those it has) and,
+when set, ``example``: a worked call and answer, which a small model needs to find the format.
 """
 
 from __future__ import annotations
@@ -51,11 +54,20 @@ ACTION = re.compile(
 # a tag the reply opens last and never closes runs to the reply's end (a small model often
 # stops at its end-of-turn token instead of writing the closing tag)
 UNCLOSED = re.compile(r"<(?P<tag>calculator|python|search|read|answer)>(?P<body>.*)\Z", re.DOTALL)
-HELP = (
-    "Use one tag per turn: <calculator>EXPR</calculator>, <python>CODE</python>, "
-    '<search>QUERY</search>, <write path="FILE">TEXT</write>, <read>FILE</read>, '
-    "or <answer>ANSWER</answer> to finish."
-)
+SYNTAX = {
+    "calculator": "<calculator>EXPR</calculator>",
+    "python": "<python>CODE</python>",
+    "search": "<search>QUERY</search>",
+    "write": '<write path="FILE">TEXT</write>',
+    "read": "<read>FILE</read>",
+}
+
+
+def help_text(tools: tuple[str, ...]) -> str:
+    """What an action may be: the tags of the episode's tools, and the answer."""
+    return f"Use one tag per turn: {', '.join(SYNTAX[t] for t in tools)} or <answer>ANSWER</answer>."
+
+
 _OPS = {
     ast.Add: operator.add,
     ast.Sub: operator.sub,
@@ -139,6 +151,7 @@ class ToolEnv:
         max_files: int = 16,
         max_file_chars: int = 20000,
         sandbox: Mapping[str, Any] | None = None,
+        example: str | None = None,
     ) -> None:
         if unknown := sorted(set(tools) - set(TOOLS)):
             raise ValueError(f"tools: unknown {unknown} (known: {list(TOOLS)})")
@@ -147,6 +160,8 @@ class ToolEnv:
         self.tools, self.retriever_url, self.search_topk = tuple(tools), retriever_url, search_topk
         self.answer_reward, self.format_penalty = answer_reward, format_penalty
         self.call_reward = call_reward
+        self.help = help_text(self.tools)
+        self.example = example
         self.max_output_chars, self.max_files = max_output_chars, max_files
         self.max_file_chars = max_file_chars
         self.sandbox_cfg = SandboxConfig(**(sandbox or {})).validate()
@@ -160,8 +175,8 @@ class ToolEnv:
             raise BadAction("tools: an item needs 'prompt' and 'label' (the answer)")
         self.label = str(item["label"])
         self.folder = Path(tempfile.mkdtemp(prefix="tandem-scratch-"))
-        tools = ", ".join(self.tools)
-        return Observation(f"{item['prompt']}\n\nTools: {tools}. {HELP}")
+        example = f" {self.example}" if self.example else ""
+        return Observation(f"{item['prompt']}\n\n{self.help}{example}")
 
     async def step(self, action: str) -> Observation:
         if self.label is None:
@@ -174,7 +189,7 @@ class ToolEnv:
         match = ACTION.search(action) or UNCLOSED.search(action)
         if match is None:
             self._count("no_tag")
-            return Observation(HELP, self.format_penalty)
+            return Observation(self.help, self.format_penalty)
         tag = match["tag"] or "write"
         if tag == "answer":
             right = same_answer(match["body"], self.label)
@@ -183,7 +198,7 @@ class ToolEnv:
         self._count(f"calls_{tag}")
         if tag not in self.tools:
             self._count("errors")
-            return Observation(f"{tag} is not available here. {HELP}", 0.0)
+            return Observation(f"{tag} is not available here. {self.help}", 0.0)
         try:
             output = await getattr(self, f"_{tag}")(match)
         except ValueError as e:
