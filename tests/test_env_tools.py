@@ -69,7 +69,7 @@ def test_an_episode_with_every_local_tool():
     texts = [o.text for o in seen]
     assert seen[0].reward is None
     assert texts[0].endswith(  # the episode's own tools only
-        'Use one tag per turn: <calculator>EXPR</calculator>, <python>CODE</python>, '
+        "Use one tag per turn: <calculator>EXPR</calculator>, <python>CODE</python>, "
         '<write path="FILE">TEXT</write>, <read>FILE</read> or <answer>ANSWER</answer>.'
     )
     assert texts[1] == "4517277" and texts[2] == "muted later\n" and texts[3] == "42\n"

@@ -65,7 +65,8 @@ SYNTAX = {
 
 def help_text(tools: tuple[str, ...]) -> str:
     """What an action may be: the tags of the episode's tools, and the answer."""
-    return f"Use one tag per turn: {', '.join(SYNTAX[t] for t in tools)} or <answer>ANSWER</answer>."
+    tags = ", ".join(SYNTAX[t] for t in tools)
+    return f"Use one tag per turn: {tags} or <answer>ANSWER</answer>."
 
 
 _OPS = {
