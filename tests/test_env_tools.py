@@ -131,12 +131,13 @@ def test_files_are_bounded_and_settings_are_checked():
     asyncio.run(misuse())
 
 
-def test_an_unclosed_last_tag_runs_to_the_end_and_working_calls_can_pay():
-    seen, _ = play(
-        ["<calculator>6 * 7", "<calculator>6 * ", "no tag", "<answer>4517277"], call_reward=0.5
-    )
+def test_an_unclosed_last_tag_runs_to_the_end_and_calls_can_pay_or_cost():
+    actions = ["<calculator>6 * 7", "<calculator>6 * ", "no tag", "<answer>4517277"]
+    seen, _ = play(actions, call_reward=0.5)
     assert [o.text[:20] for o in seen[1:3]] == ["42", "calculator error: no"]
     assert [o.reward for o in seen[1:]] == [0.5, 0.0, -0.1, 1.0] and seen[-1].done
+    seen, _ = play([*actions[:2], "<python>1</python>"], tools=["calculator"], error_penalty=-0.2)
+    assert [o.reward for o in seen[1:]] == [0.0, -0.2, -0.2]  # a failed call, a missing tool
 
 
 def test_the_task_shows_only_the_episodes_tools_and_the_example():

@@ -13,10 +13,10 @@ ends the episode and is scored against the row's label::
 
 Rewards: the answer's ``answer_reward`` when it equals the label (numbers compared as numbers,
 text case- and space-insensitively), else 0; ``call_reward`` (default 0) for a tool call that
-worked, 0 for one that failed; ``format_penalty`` for an action that is no tag (the episode
-goes on: the observation says what it accepts). A tag the action opens last and never closes
-runs to the action's end. ``info`` counts calls per tool and
-errors, so a run shows which tools an agent learned to use.
+worked, ``error_penalty`` (default 0) for one that failed or names a tool the episode lacks;
+``format_penalty`` for an action that is no tag (the episode goes on: the observation says what
+it accepts). A tag the action opens last and never closes runs to the action's end. ``info``
+counts calls per tool and errors, so a run shows which tools an agent learned to use.
 
 Confinement: the calculator evaluates a parsed expression tree (no names, no calls, exponents
 and results bounded), never ``eval``; Python runs in ``kernel.sandbox`` (its limits, no network,
@@ -148,6 +148,7 @@ class ToolEnv:
         answer_reward: float = 1.0,
         format_penalty: float = -0.1,
         call_reward: float = 0.0,
+        error_penalty: float = 0.0,
         max_output_chars: int = 1000,
         max_files: int = 16,
         max_file_chars: int = 20000,
@@ -160,7 +161,7 @@ class ToolEnv:
             raise ValueError("tools: search needs a retriever_url")
         self.tools, self.retriever_url, self.search_topk = tuple(tools), retriever_url, search_topk
         self.answer_reward, self.format_penalty = answer_reward, format_penalty
-        self.call_reward = call_reward
+        self.call_reward, self.error_penalty = call_reward, error_penalty
         self.help = help_text(self.tools)
         self.example = example
         self.max_output_chars, self.max_files = max_output_chars, max_files
@@ -199,12 +200,12 @@ class ToolEnv:
         self._count(f"calls_{tag}")
         if tag not in self.tools:
             self._count("errors")
-            return Observation(f"{tag} is not available here. {self.help}", 0.0)
+            return Observation(f"{tag} is not available here. {self.help}", self.error_penalty)
         try:
             output = await getattr(self, f"_{tag}")(match)
         except ValueError as e:
             self._count("errors")
-            return Observation(f"{tag} error: {e}", 0.0)
+            return Observation(f"{tag} error: {e}", self.error_penalty)
         return Observation(output[: self.max_output_chars], self.call_reward)
 
     def _count(self, key: str) -> None:
