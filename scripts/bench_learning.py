@@ -649,8 +649,9 @@ def main(argv: list[str] | None = None) -> int:
     (out / "learning.json").write_text(json.dumps(result, indent=1) + "\n")
     from kernel.plot import plot_metrics
 
-    for r in runs:
-        plot_metrics(_either(r.path / "metrics.jsonl"), r.path / "curves.png")
+    for r in runs:  # a published seed keeps the curves drawn from its unzipped metrics
+        if (r.path / "metrics.jsonl").exists():
+            plot_metrics(r.path / "metrics.jsonl", r.path / "curves.png")
     print_report(result)
     if args.publish:
         print(f"published to {publish(out, runs, args.publish)}")
