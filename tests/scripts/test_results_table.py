@@ -50,6 +50,26 @@ def test_a_published_run_recomputes_from_its_own_files(run):
     assert len(first["seeds"]) >= 3 and not first["capped"] and isinstance(first["steps"], int)
 
 
+def test_report_only_recomputes_a_published_or_partial_run_from_its_folder(tmp_path):
+    """bench_learning --report-only on a copy of a published folder (gzipped metrics, curves
+    kept) and on a partial one: the same headline figures."""
+    import shutil
+
+    partial = sorted(p.parent for p in (ROOT / "docs/results/partial").glob("*/learning.json"))
+    for run in [*PUBLISHED[:1], *partial[:1]]:
+        first = json.loads((run / "learning.json").read_text())
+        out = tmp_path / run.name
+        shutil.copytree(run, out)
+        cmd = [sys.executable, "scripts/bench_learning.py", "--recipe", first["recipe"]]
+        cmd += ["--preset", first["preset"], "--report-only", "--out", str(out)]
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
+        again = json.loads((out / "learning.json").read_text())
+        assert [again[k] for k in ("before", "after", "diff")] == [
+            first[k] for k in ("before", "after", "diff")
+        ], run.name
+
+
 def test_a_table_is_filled_in_between_its_markers_and_unknown_ones_are_named(tmp_path):
     rt = module("results_table")
     text = "x\n<!-- results:seeds nope -->\nold\n<!-- /results -->\ny\n"
