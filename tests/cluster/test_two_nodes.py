@@ -184,5 +184,12 @@ def test_a_run_across_two_nodes_stops_when_one_dies_and_resumes_losing_nothing(t
     expected = [sorted(g[0].metadata["row"] for g in buffer.next_groups()) for _ in range(STEPS)]
     assert [r["data/rows"] for r in logged] == expected  # no prompt lost or repeated
     assert logged[-1]["weight_version/doctor"] == STEPS
-    # every step's weights crossed the node boundary and the engines then served them
-    assert all(r["sync/doctor/check_logprob_diff"] < 1e-4 for r in logged[1:])
+    # every trained step's weights crossed the node boundary and the engines then served them:
+    # a push's check is logged with the next step, so each run's first step (0, and 2 after the
+    # resume) may have none (the resume's restore push is checked only when it had a probe)
+    checked = {
+        r["step"]: r["sync/doctor/check_logprob_diff"]
+        for r in logged
+        if "sync/doctor/check_logprob_diff" in r
+    }
+    assert {1, 3} <= set(checked) and max(checked.values()) < 1e-4, checked
