@@ -45,7 +45,6 @@ import httpx
 from kernel.env import BadAction, Observation
 from kernel.sandbox import Sandbox, SandboxConfig
 
-TOOLS = ("calculator", "python", "search", "write", "read")
 ACTION = re.compile(
     r"<(?P<tag>calculator|python|search|read|answer)>(?P<body>.*?)</(?P=tag)>"
     r'|<write\s+path="(?P<path>[^"]*)">(?P<text>.*?)</write>',
@@ -61,6 +60,7 @@ SYNTAX = {
     "write": '<write path="FILE">TEXT</write>',
     "read": "<read>FILE</read>",
 }
+TOOLS = tuple(SYNTAX)  # the tools an episode may have
 
 
 def help_text(tools: tuple[str, ...]) -> str:
