@@ -6,6 +6,9 @@
 #   bash scripts/test.sh --all      both tiers in one run
 # Further arguments go to pytest, e.g. bash scripts/test.sh -k buffer -x. CI runs the fast tier,
 # then the slow one.
+# Tests run in parallel (pytest-xdist): one worker per core, at most 4 and one per 10 GiB of
+# memory (a SmolLM2 two-agent run holds ~6 GiB), each with its share of the cores as torch
+# threads. TANDEM_TEST_WORKERS=N sets the count; 1 runs them one after another in this process.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 tier=(-m "not slow")
@@ -14,4 +17,15 @@ case "${1:-}" in
   --all) tier=(); shift ;;
 esac
 bash scripts/setup.sh "${TANDEM_EXTRAS:-dev,math,code,dialogue,router,ray,models,logging,megatron,retriever,peers,lora,jobs}"
-exec .venv/bin/python -m pytest -q "${tier[@]}" "$@"
+cores=$(nproc)
+mem_gib=$(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo)
+workers=${TANDEM_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}
+if [ -z "${TANDEM_TEST_WORKERS:-}" ] && [ "$workers" -gt $(( mem_gib / 10 )) ]; then
+  workers=$(( mem_gib / 10 > 1 ? mem_gib / 10 : 1 ))
+fi
+parallel=()
+if [ "$workers" -gt 1 ]; then
+  parallel=(-n "$workers")
+  export OMP_NUM_THREADS="${OMP_NUM_THREADS:-$(( cores / workers > 1 ? cores / workers : 1 ))}"
+fi
+exec .venv/bin/python -m pytest -q "${tier[@]}" "${parallel[@]}" "$@"

@@ -65,6 +65,9 @@ def _server_state(url: str) -> dict:
     return httpx.get(f"{url}/server_info", timeout=10).json()["internal_states"][0]
 
 
+ACTORS = ("ServiceActor", "TrainerRankActor")  # the launch's actor classes
+
+
 def _alive(pid: int) -> bool:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
@@ -73,32 +76,19 @@ def _alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[1].split()[0] != "Z"
 
 
-def _actor_pids() -> list[int]:
-    """PIDs of live Ray worker processes of this launch's actor classes."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if ("ServiceActor" in cmd or "TrainerRankActor" in cmd) and _alive(int(proc.name)):
-            found.append(int(proc.name))
-    return found
-
-
-def check_all_stopped(tmp_path) -> None:
+def check_all_stopped(tmp_path, ray_descendants) -> None:
     procs = started(tmp_path)
     pids = [p["pid"] for p in procs["engines"] + procs["routers"]]
     assert [pid for pid in pids if _alive(pid)] == []  # stopped by PID before run_plan returns
     end = time.monotonic() + 20  # ray.kill returns before the actor's process has exited
-    while _actor_pids() and time.monotonic() < end:
+    while ray_descendants(*ACTORS) and time.monotonic() < end:
         time.sleep(0.2)
-    assert _actor_pids() == []
+    assert ray_descendants(*ACTORS) == []
 
 
-def test_launch_disaggregated_trains_on_ray_ranks_and_syncs_both_engines(tmp_path, fake_gpu_ray):
+def test_launch_disaggregated_trains_on_ray_ranks_and_syncs_both_engines(
+    tmp_path, fake_gpu_ray, ray_descendants
+):
     cfg = toy(tmp_path, {"train_gpus": 2, "infer_gpus": 2})
     plan = make_plan(cfg, cluster(4))
     (g,) = plan.groups
@@ -117,7 +107,8 @@ def test_launch_disaggregated_trains_on_ray_ranks_and_syncs_both_engines(tmp_pat
         assert router["url"].endswith(f":{g.router_port}")
         workers = httpx.get(f"{router['url']}/workers").json()["workers"]
         routed.append(sorted(w["url"] for w in workers) == sorted(urls))
-        assert len(_actor_pids()) == 2 + 2 + 1  # trainer ranks, engine actors, router actor
+        # trainer ranks, engine actors, router actor
+        assert len(ray_descendants(*ACTORS)) == 2 + 2 + 1
 
     rows = run_plan(cfg, plan, on_step=on_step)
     assert [r["step"] for r in rows] == list(range(STEPS))
@@ -125,11 +116,11 @@ def test_launch_disaggregated_trains_on_ray_ranks_and_syncs_both_engines(tmp_pat
     assert versions == [[str(s + 1)] * 2 for s in range(STEPS)]  # both engines, every step
     assert routed == [True] * STEPS  # the router serves both engines throughout
     assert all(r["staleness/dropped"] == 0 for r in rows)
-    check_all_stopped(tmp_path)
+    check_all_stopped(tmp_path, ray_descendants)
 
 
 def test_launch_colocated_releases_and_resumes_engine_memory_around_training(
-    tmp_path, fake_gpu_ray
+    tmp_path, fake_gpu_ray, ray_descendants
 ):
     cfg = toy(tmp_path, {"train_gpus": 2, "colocate": True})
     plan = make_plan(cfg, cluster(2))
@@ -156,10 +147,12 @@ def test_launch_colocated_releases_and_resumes_engine_memory_around_training(
     # trainer's (resumed weights are zeros until the sync refills them)
     assert all(r["train/logprob_diff"] < 1e-4 for r in rows)
     assert [r["weight_version"] for r in rows] == list(range(1, STEPS + 1))
-    check_all_stopped(tmp_path)
+    check_all_stopped(tmp_path, ray_descendants)
 
 
-def test_launch_a_shared_pool_trains_two_models_in_turns_on_the_same_gpus(tmp_path, fake_gpu_ray):
+def test_launch_a_shared_pool_trains_two_models_in_turns_on_the_same_gpus(
+    tmp_path, fake_gpu_ray, ray_descendants
+):
     """Dr.MAS's shared pool: the doctor's and the patient's models each train on both GPUs and
     serve there, taking turns. The patient trains every second step; at the others its engines
     give up only their KV cache while the doctor trains, and serve its weights unchanged after
@@ -197,10 +190,12 @@ def test_launch_a_shared_pool_trains_two_models_in_turns_on_the_same_gpus(tmp_pa
     # step 2 trained the patient on samples its engines made after step 1's KV-only release
     assert all(r["train/doctor/logprob_diff"] < 1e-4 for r in rows)
     assert rows[2]["train/patient/logprob_diff"] < 1e-4
-    check_all_stopped(tmp_path)
+    check_all_stopped(tmp_path, ray_descendants)
 
 
-def test_launch_trains_megatron_at_the_planned_tensor_parallel_size(tmp_path, fake_gpu_ray):
+def test_launch_trains_megatron_at_the_planned_tensor_parallel_size(
+    tmp_path, fake_gpu_ray, ray_descendants
+):
     """backend megatron: the trainer section's TP=2 sizes the plan and reaches the trainer (the
     two Ray ranks split every layer), its weights are gathered into HF layout for the
     distributed sync, and the engines then sample with the trainer's logprobs (the rollout/train
@@ -217,7 +212,7 @@ def test_launch_trains_megatron_at_the_planned_tensor_parallel_size(tmp_path, fa
     # each step's row carries the check of the previous step's push (run beside the rollout)
     assert "sync/check_logprob_diff" not in rows[0]
     assert all(r["sync/check_logprob_diff"] < 1e-4 for r in rows[1:])
-    check_all_stopped(tmp_path)
+    check_all_stopped(tmp_path, ray_descendants)
 
 
 def test_launch_refuses_a_plan_bigger_than_the_ray_cluster(tmp_path, fake_gpu_ray):

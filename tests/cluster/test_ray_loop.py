@@ -36,33 +36,6 @@ def mean_reward(rows):
     return sum(r["reward"] for r in rows) / len(rows)
 
 
-def _descendants_named(name: str) -> list[int]:
-    """PIDs of processes this test process started (directly or through Ray's raylet) whose
-    command line contains ``name``."""
-    parent = {}
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit():
-                stat = (proc / "stat").read_text()
-                parent[int(proc.name)] = int(stat.rsplit(")", 1)[1].split()[1])
-        except OSError:
-            continue
-    me, found = os.getpid(), []
-    for pid in parent:
-        p = pid
-        while p in parent and p not in (me, 0, 1):
-            p = parent[p]
-        if p != me:
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if name in cmd:
-            found.append(pid)
-    return found
-
-
 @pytest.mark.slow
 def test_a_ray_trainer_group_learns_the_toy_task(tmp_path):
     rows = train(toy(tmp_path, "--num_steps=40"))
@@ -73,12 +46,14 @@ def test_a_ray_trainer_group_learns_the_toy_task(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_dead_trainer_rank_stops_the_run_by_name_and_resume_loses_no_prompt(tmp_path):
+def test_a_dead_trainer_rank_stops_the_run_by_name_and_resume_loses_no_prompt(
+    tmp_path, ray_descendants
+):
     killed = []
 
     def kill_a_rank(row):
         if row["step"] == 1:
-            ranks = _descendants_named("TrainerRankActor")
+            ranks = ray_descendants("TrainerRankActor")
             assert len(ranks) == 2, ranks
             os.kill(ranks[-1], signal.SIGKILL)
             killed.append(ranks[-1])
