@@ -19,10 +19,9 @@ esac
 bash scripts/setup.sh "${TANDEM_EXTRAS:-dev,math,code,dialogue,router,ray,models,logging,megatron,retriever,peers,lora,jobs}"
 cores=$(nproc)
 mem_gib=$(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo)
-workers=${TANDEM_TEST_WORKERS:-$(( cores < 4 ? cores : 4 ))}
-if [ -z "${TANDEM_TEST_WORKERS:-}" ] && [ "$workers" -gt $(( mem_gib / 10 )) ]; then
-  workers=$(( mem_gib / 10 > 1 ? mem_gib / 10 : 1 ))
-fi
+auto=$(( cores < 4 ? cores : 4 ))
+auto=$(( auto < mem_gib / 10 ? auto : mem_gib / 10 ))
+workers=${TANDEM_TEST_WORKERS:-$(( auto > 1 ? auto : 1 ))}
 parallel=()
 if [ "$workers" -gt 1 ]; then
   parallel=(-n "$workers")
