@@ -22,31 +22,11 @@ from kernel.hooks import package_file
 from kernel.run.config import load_train_config
 from kernel.run.loop import train
 from tests.hook_fixtures import faults
+from tests.procs import alive, children
 from tests.test_loop import _cli, _engines_of
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "kernel" / "presets" / "toy.yaml"
-
-
-def _children(pid: int) -> list[int]:
-    """PIDs whose parent is ``pid`` (read from /proc; looked at, never signalled)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            stat = (proc / "stat").read_text()
-        except OSError:
-            continue
-        if proc.name.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-            pids.append(int(proc.name))
-    return pids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 @pytest.mark.slow
@@ -107,7 +87,7 @@ def test_ctrl_c_stops_every_process_the_run_started_and_nothing_else(tmp_path):
             assert run.poll() is None, run.stderr.read().decode()[-2000:]
             assert time.monotonic() < deadline, "the run made no progress"
             time.sleep(0.2)
-        started = _children(run.pid)
+        started = children(run.pid)
         assert len(started) >= 4, started  # two engines and two routers (one per model)
 
         run.send_signal(signal.SIGINT)
@@ -122,8 +102,8 @@ def test_ctrl_c_stops_every_process_the_run_started_and_nothing_else(tmp_path):
         assert run.returncode == 130, err.decode()[-2000:]
         assert b"interrupted" in err.lower(), err.decode()[-2000:]
         deadline = time.monotonic() + 20
-        while [p for p in started if _alive(p)]:
-            left = [p for p in started if _alive(p)]
+        while [p for p in started if alive(p)]:
+            left = [p for p in started if alive(p)]
             assert time.monotonic() < deadline, f"left running: {left}"
             time.sleep(0.2)
         assert bystander.poll() is None  # a process the run did not start is untouched

@@ -5,7 +5,6 @@ placement -- shut down after the module."""
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import pytest
 
@@ -16,40 +15,6 @@ def char_model_dir(tmp_path_factory):
     from kernel.models import build_tiny_model
 
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny_char"), "qwen2", tokenizer="char"))
-
-
-def descendants_named(*names: str) -> list[int]:
-    """PIDs of live processes this test process started (directly or through Ray's raylet)
-    whose command line holds one of ``names``; another test's are never counted (tests run in
-    parallel)."""
-    parent, state = {}, {}
-    for proc in Path("/proc").iterdir():
-        try:
-            if proc.name.isdigit():
-                fields = (proc / "stat").read_text().rsplit(")", 1)[1].split()
-                parent[int(proc.name)], state[int(proc.name)] = int(fields[1]), fields[0]
-        except OSError:
-            continue
-    me, found = os.getpid(), []
-    for pid in parent:
-        p = pid
-        while p in parent and p not in (me, 0, 1):
-            p = parent[p]
-        if p != me or state[pid] == "Z":
-            continue
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if any(name in cmd for name in names):
-            found.append(pid)
-    return found
-
-
-@pytest.fixture(scope="session")
-def ray_descendants():
-    """``ray_descendants(*names)``: see ``descendants_named`` (test folders are not packages)."""
-    return descendants_named
 
 
 def start_local_ray(num_gpus: int = 0):

@@ -21,6 +21,7 @@ from kernel.cluster.plan import ClusterConfig, make_plan
 from kernel.cluster.run import _engine_command, run_plan
 from kernel.engine.launch import free_port
 from kernel.run.config import load_train_config
+from tests.procs import alive, descendants_named
 
 pytestmark = pytest.mark.slow  # the slow tier: scripts/test.sh --slow
 
@@ -68,27 +69,17 @@ def _server_state(url: str) -> dict:
 ACTORS = ("ServiceActor", "TrainerRankActor")  # the launch's actor classes
 
 
-def _alive(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def check_all_stopped(tmp_path, ray_descendants) -> None:
+def check_all_stopped(tmp_path) -> None:
     procs = started(tmp_path)
     pids = [p["pid"] for p in procs["engines"] + procs["routers"]]
-    assert [pid for pid in pids if _alive(pid)] == []  # stopped by PID before run_plan returns
+    assert [pid for pid in pids if alive(pid)] == []  # stopped by PID before run_plan returns
     end = time.monotonic() + 20  # ray.kill returns before the actor's process has exited
-    while ray_descendants(*ACTORS) and time.monotonic() < end:
+    while descendants_named(*ACTORS) and time.monotonic() < end:
         time.sleep(0.2)
-    assert ray_descendants(*ACTORS) == []
+    assert descendants_named(*ACTORS) == []
 
 
-def test_launch_disaggregated_trains_on_ray_ranks_and_syncs_both_engines(
-    tmp_path, fake_gpu_ray, ray_descendants
-):
+def test_launch_disaggregated_trains_on_ray_ranks_and_syncs_both_engines(tmp_path, fake_gpu_ray):
     cfg = toy(tmp_path, {"train_gpus": 2, "infer_gpus": 2})
     plan = make_plan(cfg, cluster(4))
     (g,) = plan.groups
@@ -108,7 +99,7 @@ def test_launch_disaggregated_trains_on_ray_ranks_and_syncs_both_engines(
         workers = httpx.get(f"{router['url']}/workers").json()["workers"]
         routed.append(sorted(w["url"] for w in workers) == sorted(urls))
         # trainer ranks, engine actors, router actor
-        assert len(ray_descendants(*ACTORS)) == 2 + 2 + 1
+        assert len(descendants_named(*ACTORS)) == 2 + 2 + 1
 
     rows = run_plan(cfg, plan, on_step=on_step)
     assert [r["step"] for r in rows] == list(range(STEPS))
@@ -116,11 +107,11 @@ def test_launch_disaggregated_trains_on_ray_ranks_and_syncs_both_engines(
     assert versions == [[str(s + 1)] * 2 for s in range(STEPS)]  # both engines, every step
     assert routed == [True] * STEPS  # the router serves both engines throughout
     assert all(r["staleness/dropped"] == 0 for r in rows)
-    check_all_stopped(tmp_path, ray_descendants)
+    check_all_stopped(tmp_path)
 
 
 def test_launch_colocated_releases_and_resumes_engine_memory_around_training(
-    tmp_path, fake_gpu_ray, ray_descendants
+    tmp_path, fake_gpu_ray
 ):
     cfg = toy(tmp_path, {"train_gpus": 2, "colocate": True})
     plan = make_plan(cfg, cluster(2))
@@ -147,12 +138,10 @@ def test_launch_colocated_releases_and_resumes_engine_memory_around_training(
     # trainer's (resumed weights are zeros until the sync refills them)
     assert all(r["train/logprob_diff"] < 1e-4 for r in rows)
     assert [r["weight_version"] for r in rows] == list(range(1, STEPS + 1))
-    check_all_stopped(tmp_path, ray_descendants)
+    check_all_stopped(tmp_path)
 
 
-def test_launch_a_shared_pool_trains_two_models_in_turns_on_the_same_gpus(
-    tmp_path, fake_gpu_ray, ray_descendants
-):
+def test_launch_a_shared_pool_trains_two_models_in_turns_on_the_same_gpus(tmp_path, fake_gpu_ray):
     """Dr.MAS's shared pool: the doctor's and the patient's models each train on both GPUs and
     serve there, taking turns. The patient trains every second step; at the others its engines
     give up only their KV cache while the doctor trains, and serve its weights unchanged after
@@ -190,12 +179,10 @@ def test_launch_a_shared_pool_trains_two_models_in_turns_on_the_same_gpus(
     # step 2 trained the patient on samples its engines made after step 1's KV-only release
     assert all(r["train/doctor/logprob_diff"] < 1e-4 for r in rows)
     assert rows[2]["train/patient/logprob_diff"] < 1e-4
-    check_all_stopped(tmp_path, ray_descendants)
+    check_all_stopped(tmp_path)
 
 
-def test_launch_trains_megatron_at_the_planned_tensor_parallel_size(
-    tmp_path, fake_gpu_ray, ray_descendants
-):
+def test_launch_trains_megatron_at_the_planned_tensor_parallel_size(tmp_path, fake_gpu_ray):
     """backend megatron: the trainer section's TP=2 sizes the plan and reaches the trainer (the
     two Ray ranks split every layer), its weights are gathered into HF layout for the
     distributed sync, and the engines then sample with the trainer's logprobs (the rollout/train
@@ -212,7 +199,7 @@ def test_launch_trains_megatron_at_the_planned_tensor_parallel_size(
     # each step's row carries the check of the previous step's push (run beside the rollout)
     assert "sync/check_logprob_diff" not in rows[0]
     assert all(r["sync/check_logprob_diff"] < 1e-4 for r in rows[1:])
-    check_all_stopped(tmp_path, ray_descendants)
+    check_all_stopped(tmp_path)
 
 
 def test_launch_refuses_a_plan_bigger_than_the_ray_cluster(tmp_path, fake_gpu_ray):

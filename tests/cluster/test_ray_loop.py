@@ -17,6 +17,7 @@ from kernel.hooks import package_file
 from kernel.run.config import load_train_config
 from kernel.run.loop import train
 from kernel.train.ray_trainer import TrainerDied
+from tests.procs import descendants_named
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "kernel" / "presets" / "toy.yaml"
@@ -46,14 +47,12 @@ def test_a_ray_trainer_group_learns_the_toy_task(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_dead_trainer_rank_stops_the_run_by_name_and_resume_loses_no_prompt(
-    tmp_path, ray_descendants
-):
+def test_a_dead_trainer_rank_stops_the_run_by_name_and_resume_loses_no_prompt(tmp_path):
     killed = []
 
     def kill_a_rank(row):
         if row["step"] == 1:
-            ranks = ray_descendants("TrainerRankActor")
+            ranks = descendants_named("TrainerRankActor")
             assert len(ranks) == 2, ranks
             os.kill(ranks[-1], signal.SIGKILL)
             killed.append(ranks[-1])
