@@ -28,6 +28,11 @@ def _table() -> dict[int, tuple[str, int]]:
     return table
 
 
+def _cmdline(pid: int | str) -> str:
+    """``pid``'s command line, its arguments NUL-separated; OSError once it is gone."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+
+
 def alive(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie, exited but not yet reaped, does not)."""
     try:
@@ -52,9 +57,23 @@ def descendants_named(*names: str) -> list[int]:
         if p != me or state == "Z":
             continue
         try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+            cmd = _cmdline(pid)
         except OSError:
             continue
         if any(name in cmd for name in names):
             found.append(pid)
     return found
+
+
+def engines_of(run_dir: Path) -> list[int]:
+    """PIDs of embedded servers serving a model under ``run_dir`` (a run folder is one test's
+    own, so whoever started them, no other test's are counted)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = _cmdline(proc.name) if proc.name.isdigit() else ""
+        except OSError:
+            continue
+        if "\0kernel.engine\0" in cmd and str(run_dir) in cmd:
+            pids.append(int(proc.name))
+    return pids

@@ -22,8 +22,8 @@ from kernel.hooks import package_file
 from kernel.run.config import load_train_config
 from kernel.run.loop import train
 from tests.hook_fixtures import faults
-from tests.procs import alive, children
-from tests.test_loop import _cli, _engines_of
+from tests.procs import alive, children, engines_of
+from tests.test_loop import _cli
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "kernel" / "presets" / "toy.yaml"
@@ -148,8 +148,8 @@ def test_five_sigkills_one_during_a_save_lose_and_repeat_nothing(tmp_path):
         run.wait()
         kills.append("save" if during_save else f"after row {rows()}")
         deadline = time.monotonic() + 20
-        while _engines_of(tmp_path):
-            assert time.monotonic() < deadline, f"orphaned engines: {_engines_of(tmp_path)}"
+        while engines_of(tmp_path):
+            assert time.monotonic() < deadline, f"orphaned engines: {engines_of(tmp_path)}"
             time.sleep(0.2)
     last = start(resume=True)
     _, err = last.communicate(timeout=600)

@@ -24,7 +24,7 @@ import pytest
 from kernel.engine.launch import free_port
 from kernel.run.jobs import JobQueue, QueueConfig, QueueTimeout, redis_command
 from kernel.sample import Sample, Status
-from tests.test_loop import _engines_of
+from tests.procs import engines_of
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -266,8 +266,8 @@ def test_takes_two_as_two_jobs_survives_a_killed_patient_job(tmp_path, redis_ser
     os.kill(patient.pid, signal.SIGKILL)
     patient.wait()
     deadline = time.monotonic() + 20
-    while _engines_of(patient_dir):  # its engine dies with it
-        assert time.monotonic() < deadline, f"orphaned engines: {_engines_of(patient_dir)}"
+    while engines_of(patient_dir):  # its engine dies with it
+        assert time.monotonic() < deadline, f"orphaned engines: {engines_of(patient_dir)}"
         time.sleep(0.2)
     patient = _train(patient_dir, *consume, "--resume=true")
     _finish(doctor, doctor_dir)

@@ -18,6 +18,7 @@ import pytest
 from kernel.buffer import DataBuffer
 from kernel.run.config import load_train_config
 from kernel.run.loop import train
+from tests.procs import engines_of
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "kernel" / "presets" / "toy.yaml"
@@ -251,19 +252,6 @@ def test_post_sync_check_skips_an_engine_that_died_after_the_push(tmp_path):
         asyncio.run(run(pool.clients()[1][0]))
 
 
-def _engines_of(run_dir: Path) -> list[int]:
-    """PIDs of embedded servers serving a model under ``run_dir`` (looked at, never killed)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        try:
-            cmd = (proc / "cmdline").read_bytes().decode(errors="replace")
-        except OSError:
-            continue
-        if proc.name.isdigit() and "\0kernel.engine\0" in cmd and str(run_dir) in cmd:
-            pids.append(int(proc.name))
-    return pids
-
-
 def _cli(tmp_path, *flags):
     cmd = [
         sys.executable,
@@ -294,8 +282,8 @@ def test_sigkill_mid_step_then_resume_skips_and_repeats_no_prompt(tmp_path):
     run.wait()
     # the engine the killed run started dies with it (PR_SET_PDEATHSIG), leaving no orphan
     deadline = time.monotonic() + 20
-    while _engines_of(tmp_path):
-        assert time.monotonic() < deadline, f"orphaned engines: {_engines_of(tmp_path)}"
+    while engines_of(tmp_path):
+        assert time.monotonic() < deadline, f"orphaned engines: {engines_of(tmp_path)}"
         time.sleep(0.2)
 
     resumed = _cli(tmp_path, "--resume=true")
