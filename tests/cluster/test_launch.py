@@ -19,8 +19,8 @@ import pytest
 
 from kernel.cluster.plan import ClusterConfig, make_plan
 from kernel.cluster.run import _engine_command, run_plan
-from kernel.engine.launch import free_port
 from kernel.run.config import load_train_config
+from tests.ports import plan_ports
 from tests.procs import alive, descendants_named
 
 pytestmark = pytest.mark.slow  # the slow tier: scripts/test.sh --slow
@@ -50,10 +50,7 @@ def cluster(gpus: int) -> ClusterConfig:
         nodes=1,
         gpus_per_node=gpus,
         engine_server="embedded",
-        router_base_port=free_port(),
-        metrics_base_port=free_port(),
-        engine_base_port=free_port(),  # the second engine takes the next port
-        master_base_port=free_port(),
+        **plan_ports(),
         startup_timeout_s=180,
     )
 

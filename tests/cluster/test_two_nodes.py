@@ -28,6 +28,7 @@ from kernel.cluster.run import NodeLost, run_plan
 from kernel.engine.launch import free_port
 from kernel.hooks import package_file
 from kernel.run.config import load_train_config
+from tests.ports import plan_ports
 
 pytestmark = pytest.mark.slow  # the slow tier: scripts/test.sh --slow
 
@@ -129,10 +130,7 @@ def _cluster(address: str) -> ClusterConfig:
         gpus_per_node=2,
         address=address,
         engine_server="embedded",
-        router_base_port=free_port(),
-        metrics_base_port=free_port(),
-        engine_base_port=free_port(),
-        master_base_port=free_port(),
+        **plan_ports(),
         startup_timeout_s=180,
     )
 
