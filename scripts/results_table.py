@@ -12,6 +12,8 @@ a table with a pair of markers, and this script fills in what lies between them:
                                          fine-tuning): final scores by item
     <!-- results:seeds NAME -->          one run's per-seed rows
     <!-- results:bench -->               every benchmark's headline figures (below)
+    <!-- results:algorithms [ROWS] -->   the toy runs of scripts/bench_algorithms.py: each
+                                         algorithm's training reward, first -> last steps
     ...                                  (generated: do not edit)
     <!-- /results -->
 
@@ -237,8 +239,67 @@ def bench_table(names: list[str], where: Path) -> str:
     return "\n".join(lines)
 
 
+def algorithms() -> dict:
+    """scripts/bench_algorithms.py's published figures (rows by name); empty when none."""
+    path = RESULTS / "algorithms" / "algorithms.json"
+    return json.loads(path.read_text()) if path.exists() else {"rows": []}
+
+
+def _per_agent(figures: dict, fmt) -> str:
+    """``fmt(value)`` per agent, named when there are several."""
+    if len(figures) == 1:
+        return fmt(next(iter(figures.values())))
+    return "; ".join(f"{agent} {fmt(v)}" for agent, v in figures.items())
+
+
+def algorithms_table(names: list[str], where: Path) -> str:
+    """Each algorithm's toy run (scripts/bench_algorithms.py): the sampled training reward of
+    the first and last steps, the mean over seeds and each seed's, and the figures beside it."""
+    record = algorithms()
+    by_name = {r["name"]: r for r in record["rows"]}
+    window = record.get("window", 5)
+    header = ["row", "`python -m kernel train` flags", "seeds"]
+    header += [f"reward, first {window} → last {window} steps (mean of seeds)"]
+    header += [f"last {window}, each seed", "beside it"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for name in names:
+        r = by_name.get(name)
+        if r is None:
+            lines.append(f"| {name} | not measured yet |" + " |" * (len(header) - 2))
+            continue
+        beside = []
+        if "length" in r:
+            beside.append(
+                "reply length "
+                + _per_agent(r["length"], lambda v: f"{v['first']:.1f} → {v['last']:.1f}")
+            )
+        if "clipfrac_max" in r:
+            beside.append(
+                "largest clipfrac " + _per_agent(r["clipfrac_max"], lambda v: f"{v['max']:.3f}")
+            )
+        cells = [name, f"`{r['command']}`", str(len(r["seeds"]))]
+        cells.append(_per_agent(r["reward"], lambda v: f"{v['first']:.2f} → {v['last']:.2f}"))
+        cells.append(
+            _per_agent(r["reward"], lambda v: ", ".join(f"{x:.2f}" for x in v["last_per_seed"]))
+        )
+        cells.append("; ".join(beside) or "—")
+        lines.append("| " + " | ".join(cells) + " |")
+    if record["rows"]:
+        source = os.path.relpath(RESULTS / "algorithms" / "algorithms.json", (ROOT / where).parent)
+        lines.append(
+            f"\n[algorithms.json]({source}) · commit `{record['commit']}` · "
+            f"{record['machine']} · {record['date']}"
+        )
+    return "\n".join(lines)
+
+
 TABLES = {"learning": learning_table, "against": against_table, "seeds": seeds_table}
 TABLES["bench"] = bench_table
+TABLES["algorithms"] = algorithms_table
+DEFAULT_NAMES = {
+    "bench": benchmarks,
+    "algorithms": lambda: [r["name"] for r in algorithms()["rows"]],
+}
 
 
 def render(text: str, where: Path) -> str:
@@ -248,7 +309,7 @@ def render(text: str, where: Path) -> str:
         kind = m.group("kind")
         if kind not in TABLES:
             raise SystemExit(f"results_table.py: {where}: unknown table 'results:{kind}'")
-        names = m.group("names").split() or (benchmarks() if kind == "bench" else published())
+        names = m.group("names").split() or DEFAULT_NAMES.get(kind, published)()
         return m.group(1) + TABLES[kind](names, where) + "\n" + m.group(5)
 
     return BLOCK.sub(fill, text)
