@@ -34,7 +34,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from scripts.provenance import stamp  # noqa: E402
+from scripts.provenance import commit, stamp  # noqa: E402
 
 PUBLISHED = ROOT / "docs" / "results" / "algorithms"
 WINDOW = 5  # steps averaged at each end
@@ -151,16 +151,19 @@ def run_seed(row: Row, seed: int, out: Path) -> Path:
     cmd = row.command(seed, out)
     print(f"{row.name} seed {seed}: $ {shlex.join(cmd)}", flush=True)
     log = out.parent / f"seed{seed}.log"
-    out.parent.mkdir(parents=True, exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "commit.txt").write_text(commit() + "\n")  # what trained, whatever changes later
     with log.open("w") as f:
         if subprocess.run(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT).returncode != 0:
             sys.exit(f"bench_algorithms.py: {row.name} seed {seed} failed; its log: {log}")
     return metrics
 
 
-def summarize(row: Row, per_seed: list[dict], seeds: list[int]) -> dict:
-    """A row's record: its command, and each figure per seed and as the mean over seeds."""
+def summarize(row: Row, per_seed: list[dict], seeds: list[int], commits: list[str]) -> dict:
+    """A row's record: its command, the commits its runs trained at, and each figure per seed
+    and as the mean over seeds."""
     record: dict = {"name": row.name, "command": row.shown(), "steps": row.steps, "seeds": seeds}
+    record["commits"] = sorted(set(commits))
     for kind in per_seed[0]:
         record[kind] = {}
         for agent, first in per_seed[0][kind].items():
@@ -200,7 +203,8 @@ def publish(records: list[dict], out: Path) -> Path:
     old = json.loads(path.read_text()) if path.exists() else {"rows": []}
     kept = [r for r in old["rows"] if r["name"] not in {x["name"] for x in records}]
     rows = sorted(kept + records, key=lambda r: list(BY_NAME).index(r["name"]))
-    path.write_text(json.dumps({**stamp(), "window": WINDOW, "rows": rows}, indent=1) + "\n")
+    head = stamp() | {"commit": ", ".join(sorted({c for r in rows for c in r["commits"]}))}
+    path.write_text(json.dumps({**head, "window": WINDOW, "rows": rows}, indent=1) + "\n")
     return path
 
 
@@ -232,13 +236,17 @@ def main(argv: list[str] | None = None) -> int:
     seeds = list(range(args.seeds))
     records = []
     for row in rows:
-        per_seed = []
+        per_seed, commits = [], []
         for seed in seeds:
             metrics = run_seed(row, seed, out / row.name / f"seed{seed}")
             per_seed.append(figures(row, read_metrics(metrics)))
-        records.append(summarize(row, per_seed, seeds))
+            commits.append((metrics.parent / "commit.txt").read_text().strip())
+        records.append(summarize(row, per_seed, seeds, commits))
         print(format_row(records[-1]), flush=True)
     if args.publish:
+        dirty = [r["name"] for r in records if any("+dirty" in c for c in r["commits"])]
+        if dirty:
+            sys.exit(f"bench_algorithms.py: not published: {dirty} trained on uncommitted code")
         print(f"published {publish(records, out)}")
     return 0
 

@@ -84,7 +84,8 @@ def test_a_toy_row_runs_and_its_published_table_renders(bench, tmp_path, monkeyp
         assert len(metrics) == 10 and all(0 <= m["default/reward"] <= 1 for m in metrics)
         per_seed.append(bench.figures(row, metrics))
     assert per_seed[0] != per_seed[1]  # the seeds differ
-    record = bench.summarize(row, per_seed, [0, 1])
+    record = bench.summarize(row, per_seed, [0, 1], ["abc", "abc"])
+    assert record["commits"] == ["abc"]
     assert record["command"] == "--preset toy --num_steps 10"
     last = [s["reward"]["default"][1] for s in per_seed]
     assert record["reward"]["default"]["last"] == pytest.approx(sum(last) / 2)
@@ -102,6 +103,7 @@ def test_a_toy_row_runs_and_its_published_table_renders(bench, tmp_path, monkeyp
     text = table.render("<!-- results:algorithms -->\n<!-- /results -->\n", Path("docs/x.md"))
     first, last_mean = (record["reward"]["default"][k] for k in ("first", "last"))
     assert f"| grpo | `--preset toy --num_steps 10` | 2 | {first:.2f} → {last_mean:.2f} |" in text
-    assert json.loads(path.read_text())["commit"] in text
+    assert json.loads(path.read_text())["commit"] == "abc" and "`abc`" in text
+    assert (out / "grpo" / "seed0" / "commit.txt").read_text().strip()
     pending = table.render("<!-- results:algorithms gae -->\n<!-- /results -->\n", Path("x.md"))
     assert "| gae | not measured yet |" in pending
