@@ -221,13 +221,15 @@ class Conversation:
 
     # ---- output --------------------------------------------------------------------------------
 
-    def to_sample(self, **fields: Any) -> Sample:
+    def to_sample(self, train_from: int = 0, **fields: Any) -> Sample:
         """The dialogue as one Sample: prompt_ids = the ids sent for the first generation,
         response_ids = everything after, loss mask and rollout logprobs aligned with it.
 
-        ``fields`` fill the rest (agent, group_id, index, turn, prompt, label, metadata,
-        status). A truncated conversation turns status COMPLETED (the default) into
-        TRUNCATED.
+        ``train_from``: a position in ``ids`` before which nothing is trained (loss mask 0):
+        a sample of the latest turn in its whole context, for per-turn credit, the earlier
+        turns trained in samples of their own. ``fields`` fill the rest (agent, group_id,
+        index, turn, prompt, label, metadata, status). A truncated conversation turns status
+        COMPLETED (the default) into TRUNCATED.
         """
         clash = [f for f in _OWN_FIELDS if f in fields]
         if clash:
@@ -238,10 +240,11 @@ class Conversation:
         if self.truncated and status == Status.COMPLETED:
             status = Status.TRUNCATED
         p = self._prompt_len
+        cut = min(max(train_from - p, 0), len(self._ids) - p)  # response positions not trained
         return Sample(
             prompt_ids=self._ids[:p],
             response_ids=self._ids[p:],
-            loss_mask=self._mask[p:],
+            loss_mask=[0] * cut + self._mask[p + cut :],
             rollout_logprobs=self._logprobs[p:],
             weight_versions=list(self._weight_versions),
             status=status,

@@ -78,7 +78,10 @@ class Dialogue:
     ``await d.speak()`` samples the agent's next turn (None once its context budget is spent);
     ``d.say(role, text)`` adds the other party's words or a tool's response (loss mask 0; False
     when it does not fit); ``d.sample(seed, turn, **metadata)`` is its training sample, with the
-    kernel's one status rule (``Status.of_turn``), or None if it never spoke.
+    kernel's one status rule (``Status.of_turn``), or None if it never spoke. Per-turn credit:
+    ``d.sample(seed, turn, last_turn_only=True)`` right after a turn is a sample that trains
+    only that turn, in its whole context, so each turn can carry its own reward (and, with
+    ``advantage.group_by: prompt_agent_turn``, its own baseline).
     """
 
     def __init__(self, agent: Agent, system: str | None = None, first: str | None = None):
@@ -88,13 +91,16 @@ class Dialogue:
         self.text = ""  # its last turn, decoded
         self.finish: str | None = None  # how its last turn ended; None until it has spoken
         self.turns = 0
+        self.turn_start = 0  # where its last turn starts in ``conv.ids``
 
     async def speak(self, sampling: dict[str, Any] | None = None, prefix: str = "") -> str | None:
         """The agent's next turn as text, starting with ``prefix`` (given, not sampled: see
         ``Agent.generate_turn``); None when its context budget is spent."""
+        start = len(self.conv.ids)
         result = await self.agent.generate_turn(self.conv, sampling, prefix)
         if result is None:
             return None
+        self.turn_start = start
         self.finish, self.turns = result.finish_type, self.turns + 1
         decoded = self.agent.tokenizer.decode(result.output_ids, skip_special_tokens=True)
         self.text = prefix + decoded
@@ -105,13 +111,19 @@ class Dialogue:
         (the dialogue is then truncated)."""
         return self.conv.add_message(role, text)
 
-    def sample(self, seed: Sample, turn: int = 0, **metadata) -> Sample | None:
+    def sample(
+        self, seed: Sample, turn: int = 0, last_turn_only: bool = False, **metadata
+    ) -> Sample | None:
         """Its training sample (metadata: the seed's, ``role``, ``text`` of its last turn and
         ``metadata``), or None when it never spoke: nothing to train on. Two samples of one
-        agent in one episode need distinct ``turn`` numbers."""
+        agent in one episode need distinct ``turn`` numbers. ``last_turn_only``: only its
+        latest turn is trained (the turns before are context)."""
         if self.finish is None:
             return None
         fields = seed.seed_fields()
         fields["metadata"].update(role=self.name, text=self.text, **metadata)
         status = Status.of_turn(self.finish)
-        return self.conv.to_sample(agent=self.name, turn=turn, status=status, **fields)
+        train_from = self.turn_start if last_turn_only else 0
+        return self.conv.to_sample(
+            train_from=train_from, agent=self.name, turn=turn, status=status, **fields
+        )

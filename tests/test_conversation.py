@@ -269,6 +269,32 @@ def test_two_agents_each_train_only_on_their_own_tokens(smollm2_tokenizer, qwen_
     assert "What brings you in?" in qwen_tokenizer.decode(sp.prompt_ids)
 
 
+def test_train_from_trains_only_the_turns_after_it(smollm2_tokenizer):
+    """Per-turn credit: a sample of the second turn in its whole context trains that turn only;
+    the first turn's own sample (taken before the second) trains the first."""
+    tok = smollm2_tokenizer
+    conv = Conversation(tok, 2048, system="You answer.")
+    conv.add_message("user", "What is 2+2?")
+    out = engine_output(tok, "4.")
+    conv.add_generation(out, [-1.0] * len(out))
+    first = conv.to_sample(agent="a", turn=0)
+    conv.add_message("user", "Sure?")
+    start = len(conv.ids)
+    out = engine_output(tok, "Yes, 4.")
+    conv.add_generation(out, [-0.5] * len(out))
+    second = conv.to_sample(train_from=start, agent="a", turn=1)
+    assert masked_spans(tok, first.response_ids, first.loss_mask) == ["4.<|im_end|>"]
+    assert masked_spans(tok, second.response_ids, second.loss_mask) == ["Yes, 4.<|im_end|>"]
+    assert second.prompt_ids == first.prompt_ids and "4." in tok.decode(second.response_ids)
+    whole = conv.to_sample(agent="a")
+    assert whole.loss_mask == conv.to_sample(train_from=0, agent="a").loss_mask
+    assert masked_spans(tok, whole.response_ids, whole.loss_mask) == [
+        "4.<|im_end|>",
+        "Yes, 4.<|im_end|>",
+    ]
+    assert not any(conv.to_sample(train_from=10**6, agent="a").loss_mask)
+
+
 # ---- context budget ------------------------------------------------------------------------------
 
 

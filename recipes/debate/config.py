@@ -27,6 +27,12 @@ class RecipeConfig:
     rounds: int = 2
     """round 1: each answers alone; each later round: each reads the others' last answers and
     answers again"""
+    credit: str = "episode"
+    """answer style -- episode: one training sample per debater, its whole debate, paid for its
+    final answer and the verdict; turn: one sample per debater and round, each training only
+    that round's turn (the earlier ones are its context): a round before the last is paid for
+    its own answer (correct_weight, format_penalty), the last as in episode (per-turn credit;
+    pair it with advantage.group_by prompt_agent_turn for a baseline per round)"""
     judge: str = "majority"
     """answer style -- majority: the most common final answer (a tie goes to the earliest
     debater in ``debaters`` among the tied); model: agent ``judge`` reads the question and the
@@ -72,6 +78,10 @@ class RecipeConfig:
                 f"recipe_args.judge must be one of {judges} with style {self.style}, "
                 f"got {self.judge!r}"
             )
+        if self.credit not in ("episode", "turn"):
+            raise ValueError(f"recipe_args.credit must be 'episode' or 'turn', got {self.credit!r}")
+        if self.style == "procon" and self.credit != "episode":
+            raise ValueError("recipe_args.credit: style procon scores whole speeches: episode")
         if self.style == "procon" and len(self.debaters) != 2:
             raise ValueError(
                 f"recipe_args.debaters: style procon needs two (one a side), got {self.debaters}"

@@ -5,7 +5,9 @@ answers and states the verdict.
 Each debater keeps its OWN token-exact dialogue: the question, its own turns (trained on) and,
 between rounds, the others' last answers as a user message (loss mask 0). Within a round the
 debaters speak at the same time, so none sees a same-round answer. A dialogue out of context
-budget ends the debate there. Returns one sample per debater (and the judge's, when it spoke);
+budget ends the debate there. Returns one sample per debater (``credit: turn``: one per debater
+and round, each training only that round's turn, debater by debater in round order) and the
+judge's, when it spoke;
 the first carries the whole debate in ``metadata["debate"]`` ({debater: [turn texts]}) and the
 verdict text in ``metadata["verdict"]`` for reward.py. ``style: procon`` debates a motion
 instead, each debater on an assigned side (procon.py).
@@ -36,12 +38,15 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
         if not dialogues[name].fits:
             raise ValueError(f"sample {sample.key}: the question does not fit {name}'s context")
     turns: dict[str, list[str]] = {name: [] for name in cfg.debaters}
+    per_turn: list[Sample | None] = []  # credit turn: each round's turns as samples of their own
     for round_ in range(cfg.rounds):
         said = await asyncio.gather(*(d.speak() for d in dialogues.values()))
         if any(text is None for text in said):
             break  # a dialogue is out of budget: the debate ends with the last full round
         for name, text in zip(cfg.debaters, said, strict=True):
             turns[name].append(text)
+            if cfg.credit == "turn":
+                per_turn.append(dialogues[name].sample(sample, turn=round_, last_turn_only=True))
         if round_ + 1 == cfg.rounds:
             break
         fits = [
@@ -66,6 +71,11 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
         judge = Dialogue(ctx.agents[JUDGE], prompts.judge_system(), view)
         record["verdict"] = await judge.speak() if judge.fits else None
         judge_sample = judge.sample(sample, **record)
-    samples = [dialogues[name].sample(sample, **record) for name in cfg.debaters]
+    if cfg.credit == "turn":
+        samples = sorted(per_turn, key=lambda s: (cfg.debaters.index(s.agent), s.turn))
+        for s in samples:
+            s.metadata.update(record)
+    else:
+        samples = [dialogues[name].sample(sample, **record) for name in cfg.debaters]
     samples.append(judge_sample)
     return samples

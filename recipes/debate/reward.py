@@ -6,6 +6,9 @@ Per debater (``RecipeConfig`` holds the weights)::
       + verdict_weight * [the verdict is right and is its final answer]
       - format_penalty * [its final turn states no answer]
 
+With ``credit: turn`` each round's turn is a sample of its own: the last round's earns R, an
+earlier round's ``correct_weight * [its answer that round is right] - format_penalty * [none]``.
+
 The verdict is the majority of the final answers (``judge: majority``; a tie goes to the
 earliest debater among the tied; no answer at all: no verdict) or the judge agent's stated
 answer (``judge: model``), whose own reward is ``correct_weight * [verdict right] -
@@ -127,4 +130,22 @@ def reward(ctx: RolloutContext, samples: list[Sample]) -> dict[str, float]:
     )
     for s in samples:
         s.metadata["correct"] = correct
-    return rewards
+    if cfg.credit == "episode":
+        return rewards
+    return [
+        rewards[s.agent] if s.agent == JUDGE else _turn_reward(s, turns, rewards, cfg)
+        for s in samples
+    ]
+
+
+def _turn_reward(
+    s: Sample, turns: dict[str, list[str]], final: dict[str, float], cfg: RecipeConfig
+) -> float:
+    """``credit: turn``: a debater's last turn earns its final reward; an earlier one is paid
+    for its own answer."""
+    said = turns[s.agent]
+    if s.turn == len(said) - 1:
+        return final[s.agent]
+    answer = extract_answer(said[s.turn])
+    label = str(s.label)
+    return cfg.correct_weight * same(answer, label) - cfg.format_penalty * (answer is None)

@@ -78,6 +78,26 @@ def test_rewards_per_debater_golden():
     assert samples[0].metadata["correct"] is False
 
 
+def test_per_turn_credit_pays_each_round_for_its_own_answer():
+    """credit: turn: one sample per debater and round; round 1 is paid for its own answer, the
+    last round as the episode credit pays the debater."""
+    cfg = RecipeConfig(credit="turn").validate()
+    turns = {"alice": ["Answer: 2", "Answer: 8"], "bob": ["I think so", "Answer: 2"]}
+    samples = [
+        Sample(prompt="Calculate 5 - 3.", label="2", agent=name, turn=t, metadata={"debate": turns})
+        for name in turns
+        for t in range(2)
+    ]
+    # the tie (8 against 2) goes to alice's wrong final answer: no verdict bonus for bob
+    assert reward(RolloutContext(config=cfg), samples) == [1.0, 0.0, -0.5, 1.0]
+    assert samples[0].metadata["metrics"]["first_round_accuracy"] == 0.5
+    assert all(s.metadata["correct"] is False for s in samples)
+    with pytest.raises(ValueError, match="credit"):
+        RecipeConfig(credit="round").validate()
+    with pytest.raises(ValueError, match="credit"):
+        RecipeConfig(style="procon", judge="rules", credit="turn").validate()
+
+
 def test_model_judge_rewards_itself_on_its_verdict():
     cfg = RecipeConfig(judge="model").validate()
     turns = {"alice": ["Answer: 2"], "bob": ["Answer: 8"]}
@@ -155,6 +175,37 @@ def test_a_model_judge_reads_the_final_answers(tiny_engine, scripted_agent):
     assert "alice: Still 2. Answer: 2" in view and "bob: Answer: 8" in view
     assert "bob: Answer: 9" not in view  # the judge reads the final answers only
     assert reward(ctx, samples) == {"alice": 1.5, "bob": 0.0, "judge": 1.0}
+
+
+def test_per_turn_credit_trains_each_round_in_a_sample_of_its_own(
+    tiny_engine, scripted_agent, loss_spans
+):
+    """credit: turn: debater by debater in round order, each sample's loss covers that round's
+    turn only, the earlier rounds and the other's answers its context; the rewards follow."""
+    _, tok = tiny_engine
+    agents = {
+        "alice": scripted_agent("alice", tok, ["Answer: 2", "I keep it. Answer: 2"]),
+        "bob": scripted_agent("bob", tok, ["Answer: 9", "Alice is right. Answer: 2"]),
+    }
+    cfg = RecipeConfig(credit="turn").validate()
+    ctx = RolloutContext(agents=agents, config=cfg)
+    samples = _episode(ctx)
+    assert [(s.agent, s.turn) for s in samples] == [
+        ("alice", 0),
+        ("alice", 1),
+        ("bob", 0),
+        ("bob", 1),
+    ]
+    turns = samples[0].metadata["debate"]
+    for s in samples:
+        s.validate()
+        trained = [tok.decode(x, skip_special_tokens=True) for x in loss_spans(s)]
+        assert trained == [turns[s.agent][s.turn]]
+        assert s.metadata["text"] == turns[s.agent][s.turn]
+    late = tok.decode(samples[3].prompt_ids + samples[3].response_ids)
+    assert "Answer: 9" in late and "The others answered" in late  # its context: all before it
+    assert "The others answered" not in tok.decode(samples[2].prompt_ids + samples[2].response_ids)
+    assert reward(ctx, samples) == [1.0, 1.5, 0.0, 1.5]
 
 
 def test_one_agent_alone_is_the_single_agent_baseline(tiny_engine, scripted_agent):
