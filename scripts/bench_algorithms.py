@@ -197,7 +197,7 @@ def publish(records: list[dict], out: Path) -> Path:
             src = out / record["name"] / f"seed{seed}" / "metrics.jsonl"
             dest = PUBLISHED / record["name"] / f"seed{seed}" / "metrics.jsonl.gz"
             dest.parent.mkdir(parents=True, exist_ok=True)
-            with src.open("rb") as f, gzip.open(dest, "wb", mtime=0) as g:
+            with src.open("rb") as f, gzip.GzipFile(dest, "wb", mtime=0) as g:
                 shutil.copyfileobj(f, g)
     path = PUBLISHED / "algorithms.json"
     old = json.loads(path.read_text()) if path.exists() else {"rows": []}

@@ -38,7 +38,7 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
         if not dialogues[name].fits:
             raise ValueError(f"sample {sample.key}: the question does not fit {name}'s context")
     turns: dict[str, list[str]] = {name: [] for name in cfg.debaters}
-    per_turn: list[Sample | None] = []  # credit turn: each round's turns as samples of their own
+    per_turn: list[Sample] = []  # credit turn: each round's turns as samples of their own
     for round_ in range(cfg.rounds):
         said = await asyncio.gather(*(d.speak() for d in dialogues.values()))
         if any(text is None for text in said):
