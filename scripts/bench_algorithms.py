@@ -21,19 +21,18 @@ command) and each run's metrics (gzipped) beside it; ``scripts/results_table.py`
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import shlex
-import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from scripts.bench_learning import gzip_copy, read_jsonl  # noqa: E402
 from scripts.provenance import commit, stamp  # noqa: E402
 
 PUBLISHED = ROOT / "docs" / "results" / "algorithms"
@@ -102,11 +101,9 @@ BY_NAME = {r.name: r for r in ROWS}
 
 
 def read_metrics(path: Path) -> list[dict]:
-    """The training steps' rows of a run's metrics.jsonl (or .jsonl.gz), in step order."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    steps = {r["step"]: r for r in rows if r.get("step", -1) >= 0}  # a resumed step: the last
+    """The training steps' rows of a run's metrics.jsonl (or .jsonl.gz), in step order (a step
+    logged twice, by a resumed run: its last row)."""
+    steps = {r["step"]: r for r in read_jsonl(path) if r.get("step", -1) >= 0}
     return [steps[k] for k in sorted(steps)]
 
 
@@ -197,8 +194,7 @@ def publish(records: list[dict], out: Path) -> Path:
             src = out / record["name"] / f"seed{seed}" / "metrics.jsonl"
             dest = PUBLISHED / record["name"] / f"seed{seed}" / "metrics.jsonl.gz"
             dest.parent.mkdir(parents=True, exist_ok=True)
-            with src.open("rb") as f, gzip.GzipFile(dest, "wb", mtime=0) as g:
-                shutil.copyfileobj(f, g)
+            gzip_copy(src, dest)
     path = PUBLISHED / "algorithms.json"
     old = json.loads(path.read_text()) if path.exists() else {"rows": []}
     kept = [r for r in old["rows"] if r["name"] not in {x["name"] for x in records}]
@@ -227,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
             p.error(f"--steps {args.steps}: at least {2 * WINDOW} (first and last {WINDOW})")
         if args.publish:
             p.error("--steps with --publish: the published table is each row's own steps")
-        rows = [Row(**{**r.__dict__, "steps": args.steps}) for r in rows]
+        rows = [replace(r, steps=args.steps) for r in rows]
     if args.list:
         for r in rows:
             print(f"{r.name:<24} python -m kernel train {r.shown()}")

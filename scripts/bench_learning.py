@@ -497,13 +497,14 @@ def publish(out: Path, runs: list[SeedRun], name: str) -> Path:
             (r.first, d / "eval" / "step_0.jsonl.gz"),
             (r.last, d / "eval" / f"step_{r.steps}.jsonl.gz"),
         ):
-            _gzip_copy(src, target)
+            gzip_copy(src, target)
         if (r.path / "curves.png").exists():
             shutil.copy(r.path / "curves.png", d / "curves.png")
     return dest
 
 
-def _gzip_copy(src: Path, dest: Path) -> None:
+def gzip_copy(src: Path, dest: Path) -> None:
+    """``src`` kept as ``dest`` gzipped (a file gzipped already is copied as it is)."""
     if src.suffix == ".gz":
         shutil.copy(src, dest)
         return
