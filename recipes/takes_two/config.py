@@ -126,6 +126,12 @@ class RecipeConfig:
     """Patient: weight of the share of its content words grounded in the case."""
     leak_penalty: float = 1.0
     """Patient: subtracted when any answer leaks the diagnosis."""
+    helpfulness_weight: float = 0.0
+    """Patient: weight of the share of the self-report's facts its answers revealed to the
+    doctor (the episode's ``facts_revealed``): the part of the team's work that is its own."""
+    outcome_weight: float = 0.0
+    """Patient: weight of the doctor's accepted correct diagnosis (1 or 0), the team's outcome
+    shared with the partner that cannot make it alone (a cooperative reward, as MAPPO's)."""
     judge: JudgeConfig = field(default_factory=JudgeConfig)
     """The optional LLM judge of the patient (endpoint from TANDEM_JUDGE_URL etc.)."""
 

@@ -35,13 +35,17 @@ Patient (``patient_rule_score``, plus the optional judge)::
 
     R_patient = faithfulness_weight * (share of the patient's content words found in the case)
               - leak_penalty        * [some answer leaks the diagnosis]
+              + helpfulness_weight  * (share of the facts its answers revealed: facts_revealed)
+              + outcome_weight      * correct(diagnosis) * asked      (the doctor's outcome)
               + judge.weight        * judge score (0..1, only when TANDEM_JUDGE_URL is set)
 
 The case is the chief complaint, the self-report facts and the ``unknown_reply`` phrase; a word
 found nowhere in it is an invented detail. An answer leaks when it holds ``leak_threshold`` of
-the diagnosis words that the case itself does not contain. A judge call that fails (after its
-retries) masks the patient's reward (None) and is counted in ``episode/judge_failed``; it never
-fails the step.
+the diagnosis words that the case itself does not contain. The two team terms (``team_score``,
+0 by default) tie the patient to what the doctor achieves: the facts it gave the doctor and the
+doctor's accepted diagnosis (the patient never sees the diagnosis). A judge call that fails
+(after its retries) masks the patient's reward (None) and is counted in
+``episode/judge_failed``; it never fails the step.
 """
 
 from __future__ import annotations
@@ -317,6 +321,17 @@ def patient_rule_score(
     return total, terms
 
 
+def team_score(doctor_terms: Mapping[str, float], asked: int, cfg: RecipeConfig) -> float:
+    """The patient's share of the team's result, from the doctor's terms and its ``asked``
+    questions: the facts the patient's answers revealed and the doctor's correct diagnosis when
+    it is accepted (after ``min_questions`` questions; see the module docstring)."""
+    accepted = float(asked >= cfg.min_questions)
+    return (
+        cfg.helpfulness_weight * doctor_terms["facts_revealed"]
+        + cfg.outcome_weight * doctor_terms["diagnosis_correct"] * accepted
+    )
+
+
 # ---- the optional judge ----------------------------------------------------------------------
 
 
@@ -420,6 +435,7 @@ async def reward(ctx: RolloutContext, samples: list[Sample]) -> dict[str, float 
     if answers:
         r_patient, p_terms = patient_rule_score(case, answers, cfg)
         metrics.update(p_terms)
+        r_patient += team_score(terms, questions_asked(doctor_turns), cfg)
         endpoint = JudgeEndpoint.from_env()
         if endpoint is not None:
             r_patient = await _with_judge(

@@ -55,6 +55,7 @@ from recipes.takes_two.reward import (
     revealed,
     reward,
     similarity,
+    team_score,
 )
 
 CFG = RecipeConfig().validate()  # the defaults the goldens below use
@@ -350,6 +351,17 @@ def test_patient_rule_score_golden():
     assert total == pytest.approx(1.0 * 3 / 5 - 1.0 * 1.0)
 
 
+def test_team_score_pays_the_facts_given_and_the_doctors_accepted_outcome():
+    team = RecipeConfig(helpfulness_weight=1.0, outcome_weight=2.0, min_questions=1).validate()
+    _, terms = doctor_reward(CASE, ["Where?", FINAL], [A3], team)  # facts 1 and 2 of 4, correct
+    assert team_score(terms, asked=1, cfg=team) == pytest.approx(1.0 * 2 / 4 + 2.0 * 1.0)
+    # a diagnosis before the required question is not accepted: no outcome to share
+    assert team_score(terms, asked=0, cfg=team) == pytest.approx(1.0 * 2 / 4)
+    _, wrong = doctor_reward(CASE, ["Where?", "Diagnosis: gout\nRecommendation: x"], [A3], team)
+    assert team_score(wrong, asked=1, cfg=team) == pytest.approx(1.0 * 2 / 4)
+    assert team_score(terms, asked=1, cfg=CFG) == 0.0  # off by default
+
+
 # ---- the reward hook -------------------------------------------------------------------------
 
 
@@ -416,6 +428,15 @@ def test_reward_hook_metrics_correct_flag_and_no_patient_reward_without_answers(
     assert samples[0].metadata["correct"] is False
 
 
+def test_reward_hook_adds_the_team_terms_to_the_patient_only():
+    team = RecipeConfig(helpfulness_weight=1.0, outcome_weight=2.0).validate()
+    plain = asyncio.run(reward(RolloutContext(config=CFG), _episode(["Where?", FINAL], [A3])))
+    shared = asyncio.run(reward(RolloutContext(config=team), _episode(["Where?", FINAL], [A3])))
+    assert shared["doctor"] == pytest.approx(plain["doctor"])
+    # A3 reveals facts 1 and 2 of 4; migraine is correct and no question was required
+    assert shared["patient"] == pytest.approx(plain["patient"] + 1.0 * 2 / 4 + 2.0 * 1.0)
+
+
 def test_reward_hook_refuses_a_label_without_synonyms_and_reads_a_rows_own():
     samples = _episode([FINAL], [])[:1]
     samples[0].label = {"diagnosis": "Tension headache", "recommendation": "Rest."}
@@ -469,6 +490,8 @@ def test_learn_preset_requires_a_question_and_pays_mostly_for_the_diagnosis():
     assert asked_wrong == pytest.approx(0.0 + 0.25 + 0.125)
     assert unasked_right == pytest.approx(0.125 - 2.0)
     assert asked_right > asked_wrong > unasked_right
+    # the patient shares the team's result: the facts it gave and the accepted diagnosis
+    assert learn.helpfulness_weight > 0 and learn.outcome_weight > 0
 
 
 def test_config_from_recipe_args_dict():
