@@ -228,6 +228,12 @@ def questions_asked(doctor_turns: Sequence[str]) -> int:
     return sum(asks_question(t) for t in doctor_turns)
 
 
+def diagnosis_accepted(doctor_turns: Sequence[str], cfg: RecipeConfig) -> float:
+    """1.0 when the doctor asked at least ``min_questions`` questions, so its closing diagnosis
+    counts (for the doctor's terms and the patient's shared outcome), else 0.0."""
+    return float(questions_asked(doctor_turns) >= cfg.min_questions)
+
+
 def compliance_penalty(doctor_turns: Sequence[str], cfg: RecipeConfig) -> float:
     """Minus the penalties for the DOCTOR's own turns: several questions in one turn (each),
     no final diagnosis, a malformed final turn, a diagnosis after fewer than ``min_questions``
@@ -255,7 +261,6 @@ def doctor_reward(
     gains = information_gains(
         case.facts, case.chief_complaint, answers, cfg.word_cutoff, cfg.reveal_threshold
     )
-    asked = questions_asked(doctor_turns)
     terms = {
         "diagnosis_correct": diagnosis_correct(final, case),
         "diagnosis_similarity": diagnosis_score(final, case.diagnosis, cfg.similarity),
@@ -266,7 +271,7 @@ def doctor_reward(
         "facts_revealed": sum(gains),
         "compliance": compliance_penalty(doctor_turns, cfg),
     }
-    accepted = float(asked >= cfg.min_questions)  # the closing turn counts after the questions
+    accepted = diagnosis_accepted(doctor_turns, cfg)
     total = (
         cfg.diagnosis_weight * terms["diagnosis_correct"] * accepted
         + cfg.recommendation_weight * terms["recommendation_similarity"] * accepted
@@ -321,11 +326,10 @@ def patient_rule_score(
     return total, terms
 
 
-def team_score(doctor_terms: Mapping[str, float], asked: int, cfg: RecipeConfig) -> float:
-    """The patient's share of the team's result, from the doctor's terms and its ``asked``
-    questions: the facts the patient's answers revealed and the doctor's correct diagnosis when
-    it is accepted (after ``min_questions`` questions; see the module docstring)."""
-    accepted = float(asked >= cfg.min_questions)
+def team_score(doctor_terms: Mapping[str, float], accepted: float, cfg: RecipeConfig) -> float:
+    """The patient's share of the team's result, from the doctor's terms: the facts the
+    patient's answers revealed and the doctor's correct diagnosis when it is ``accepted``
+    (``diagnosis_accepted``; see the module docstring)."""
     return (
         cfg.helpfulness_weight * doctor_terms["facts_revealed"]
         + cfg.outcome_weight * doctor_terms["diagnosis_correct"] * accepted
@@ -435,7 +439,7 @@ async def reward(ctx: RolloutContext, samples: list[Sample]) -> dict[str, float 
     if answers:
         r_patient, p_terms = patient_rule_score(case, answers, cfg)
         metrics.update(p_terms)
-        r_patient += team_score(terms, questions_asked(doctor_turns), cfg)
+        r_patient += team_score(terms, diagnosis_accepted(doctor_turns, cfg), cfg)
         endpoint = JudgeEndpoint.from_env()
         if endpoint is not None:
             r_patient = await _with_judge(

@@ -354,12 +354,12 @@ def test_patient_rule_score_golden():
 def test_team_score_pays_the_facts_given_and_the_doctors_accepted_outcome():
     team = RecipeConfig(helpfulness_weight=1.0, outcome_weight=2.0, min_questions=1).validate()
     _, terms = doctor_reward(CASE, ["Where?", FINAL], [A3], team)  # facts 1 and 2 of 4, correct
-    assert team_score(terms, asked=1, cfg=team) == pytest.approx(1.0 * 2 / 4 + 2.0 * 1.0)
+    assert team_score(terms, accepted=1.0, cfg=team) == pytest.approx(1.0 * 2 / 4 + 2.0 * 1.0)
     # a diagnosis before the required question is not accepted: no outcome to share
-    assert team_score(terms, asked=0, cfg=team) == pytest.approx(1.0 * 2 / 4)
+    assert team_score(terms, accepted=0.0, cfg=team) == pytest.approx(1.0 * 2 / 4)
     _, wrong = doctor_reward(CASE, ["Where?", "Diagnosis: gout\nRecommendation: x"], [A3], team)
-    assert team_score(wrong, asked=1, cfg=team) == pytest.approx(1.0 * 2 / 4)
-    assert team_score(terms, asked=1, cfg=CFG) == 0.0  # off by default
+    assert team_score(wrong, accepted=1.0, cfg=team) == pytest.approx(1.0 * 2 / 4)
+    assert team_score(terms, accepted=1.0, cfg=CFG) == 0.0  # off by default
 
 
 # ---- the reward hook -------------------------------------------------------------------------
