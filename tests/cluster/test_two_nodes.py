@@ -86,6 +86,14 @@ class Nodes:
         (raylet,) = [p for p in psutil.Process(proc.pid).children() if p.name() == "raylet"]
         raylet.kill()
 
+    def wait_dead(self, ip: str, timeout_s: float = 30) -> None:
+        import ray
+
+        deadline = time.monotonic() + timeout_s
+        while [n for n in ray.nodes() if n["Alive"] and n["NodeManagerAddress"] == ip]:
+            assert time.monotonic() < deadline, f"Ray did not mark the node at {ip} dead"
+            time.sleep(0.2)
+
     def stop(self) -> None:
         procs = [p for p in reversed(self.started) if p.poll() is None]  # the head last
         for p in procs:
@@ -152,8 +160,16 @@ def test_a_run_across_two_nodes_stops_when_one_dies_and_resumes_losing_nothing(t
     assert [e.node for e in doctor.engines + patient.engines] == [1, 1]
 
     def on_step(row):
+        # node 1 dies after step 1 (its checkpoint is the one the resume starts from). Its
+        # engines are processes of their own and keep serving without their raylet, so on a
+        # fast machine the run could end before Ray notices: step 2, if it ends, holds the loop
+        # until Ray has marked the node dead and the run's watcher (which looks every second)
+        # has had time to stop it, before step 2's checkpoint
         if row["step"] == 1:
             nodes.kill_raylet(worker)
+        if row["step"] == 2:
+            nodes.wait_dead(WORKER_IP)
+            time.sleep(3)
 
     with pytest.raises(NodeLost) as lost:
         run_plan(cfg, plan, on_step=on_step)
