@@ -6,7 +6,9 @@ covers both seeds and held-out items.
 Each seed is a plain ``python -m kernel train --recipe R --preset P --num_steps N --seed S``
 with the evaluation of the starting weights switched on (``--eval.at_start true``), in
 ``<out>/seed<S>``; seeds run one after another (one model-loading process at a time) and a
-seed whose run already finished is kept, so an interrupted call resumes. ``--minutes`` is only
+seed whose run already finished is kept, so an interrupted call resumes: a seed cut short goes
+on from its last checkpoint (every ``--save-every`` steps), and its ``commit.txt`` adds the step
+and the commit it resumed at. ``--minutes`` is only
 a safety cap per seed: a seed it stops early is reported as such (``capped``), since its step
 count then depends on the machine's load. Flags after ``--`` go to every run unchanged (``--
 --optim.lr 1e-5``). A recipe that needs a service (deep_research: the retriever) is launched
@@ -301,7 +303,18 @@ class SeedRun:
     def commit(self) -> str:
         """The commit the seed trained at (written when it started), else the current one."""
         stamp = self.path / "commit.txt"
-        return stamp.read_text().strip() if stamp.exists() else commit()
+        return stamp.read_text().splitlines()[0] if stamp.exists() else commit()
+
+    @property
+    def commits(self) -> list[str]:
+        """Every commit the seed trained at: where it started, then where it resumed."""
+        return [self.commit] + [line.rsplit(": ", 1)[1] for line in self.resumed]
+
+    @property
+    def resumed(self) -> list[str]:
+        """Where an interrupted seed went on, and at which commit ("resumed at step N: sha")."""
+        stamp = self.path / "commit.txt"
+        return stamp.read_text().splitlines()[1:] if stamp.exists() else []
 
     @property
     def seed(self) -> int:
@@ -401,6 +414,7 @@ def report(
                 "samples": r.samples(),
                 "tokens_per_step": round(r.tokens_per_step(), 1),
             }
+            | ({"resumed": r.resumed} if r.resumed else {})
         )
     subsets = {}
     if headline.subset:
@@ -446,7 +460,7 @@ def report(
         "agents": agents,
         "phases_s": {k: round(sum(r.phases()[k] for r in runs), 1) for k in runs[0].phases()},
         "command": command_line,
-        "commit": ", ".join(sorted({r.commit for r in runs})),
+        "commit": ", ".join(sorted({c for r in runs for c in r.commits})),
         "machine": machine(),
     }
 
@@ -557,6 +571,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--out", default=None, help="run folder (default runs/learning/<recipe>[-<preset>])"
     )
+    p.add_argument(
+        "--save-every",
+        type=int,
+        default=8,
+        help="checkpoint each seed every N steps (0: only at its end); a seed interrupted "
+        "(Ctrl-C, a lost session) goes on from its last checkpoint when the same command runs "
+        "again, and its commit.txt says where it resumed",
+    )
     p.add_argument("--resamples", type=int, default=10000, help="bootstrap resamples")
     p.add_argument(
         "--report-only",
@@ -589,7 +611,10 @@ def split_argv(argv: list[str]) -> tuple[list[str], list[str]]:
 
 
 def train_seed(args: argparse.Namespace, seed: int, out: Path, extra: list[str]) -> None:
-    """One seed's kernel run into ``out`` (kept when it already finished)."""
+    """One seed's kernel run into ``out`` (kept when it already finished; an unfinished one
+    goes on from its last checkpoint)."""
+    from kernel.run.checkpoint import checkpoints  # torch: only to train
+
     if (out / "metrics.jsonl").exists():
         rows = read_jsonl(out / "metrics.jsonl")
         if (
@@ -600,6 +625,9 @@ def train_seed(args: argparse.Namespace, seed: int, out: Path, extra: list[str])
             return
     flags = ["--seed", str(seed), "--num_steps", str(args.steps), "--eval.at_start", "true"]
     flags += ["--max_minutes", str(args.minutes)] if args.minutes else []
+    flags += ["--save_every", str(args.save_every)] if args.save_every else []
+    found = checkpoints(out)  # an interrupted seed goes on from its last checkpoint
+    flags += ["--resume", "true"] if found else []
     flags += extra
     env = dict(os.environ)
     if headline_of(args.recipe, args.preset).run_sh:  # e.g. deep_research: the retriever first
@@ -612,7 +640,13 @@ def train_seed(args: argparse.Namespace, seed: int, out: Path, extra: list[str])
         shown = shlex.join(cmd)
     print(f"seed {seed}: $ {shown}", flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "commit.txt").write_text(commit() + "\n")  # what trained, whatever changes later
+    if found:  # the commit it started at stays first; each resume adds the one it went on at
+        step = found[-1].name.removeprefix("step_")
+        print(f"seed {seed}: resuming from {found[-1]}", flush=True)
+        with (out / "commit.txt").open("a") as f:
+            f.write(f"resumed at step {step}: {commit()}\n")
+    else:
+        (out / "commit.txt").write_text(commit() + "\n")  # what trained, whatever changes later
     if subprocess.run(cmd, cwd=ROOT, env=env).returncode != 0:
         sys.exit(f"bench_learning.py: the training run of seed {seed} failed (its logs: {out})")
 

@@ -8,8 +8,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -79,6 +83,40 @@ def test_learn_preset_one_step_through_bench_learning(preset, tmp_path):
     for updates in (0, 1):
         path = tmp_path / "seed0" / "eval" / f"step_{updates}.jsonl"
         assert {json.loads(x)["row"] for x in path.open()} == {0, 1}
+
+
+@pytest.mark.slow
+def test_a_seed_cut_short_goes_on_from_its_checkpoint(tmp_path):
+    """A session lost mid-seed (SIGKILL to bench_learning and its run) costs only the steps
+    since the last checkpoint: the same command goes on from it, each step is trained once, and
+    commit.txt says where the seed resumed."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_learning.py")]
+    cmd += ["--recipe", "math_solver_verifier", "--out", str(tmp_path), "--resamples", "200"]
+    cmd += ["--steps", "3", "--save-every", "1", "--"]
+    cmd += ["--eval.max_prompts", "2", "--rollout.max_response_len", "12"]
+    cmd += ["--data.n_samples_per_prompt", "2", "--data.prompts_per_step", "1"]
+    seed = tmp_path / "seed0"
+    with open(tmp_path / "first.log", "w") as log:
+        first = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=log, start_new_session=True)
+        deadline = time.monotonic() + 600
+        while not (seed / "checkpoints" / "step_1").is_dir():
+            assert first.poll() is None, (tmp_path / "first.log").read_text()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint after step 1 in 10 minutes"
+            time.sleep(0.5)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    assert not (seed / "eval" / "step_3.jsonl").exists()
+
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"seed 0: resuming from {seed / 'checkpoints'}" in again.stdout
+    rows = [json.loads(line) for line in (seed / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if r["step"] >= 0] == [0, 1, 2]  # each step once
+    started, resumed = (seed / "commit.txt").read_text().splitlines()
+    assert re.fullmatch(rf"resumed at step [12]: {re.escape(started)}", resumed), resumed
+    report = json.loads((tmp_path / "learning.json").read_text())
+    assert report["steps"] == 3 and report["per_seed"][0]["resumed"] == [resumed]
+    assert {json.loads(x)["row"] for x in (seed / "eval" / "step_0.jsonl").open()} == {0, 1}
 
 
 # ---- the statistics ---------------------------------------------------------------------------
