@@ -29,7 +29,10 @@ questions (0 when none), so a question that reveals nothing new costs the doctor
 
 Skill apart from format: the episode metrics ``diagnosis_correct`` (``correct`` above, whatever
 the format, from here) and ``questions_asked`` (the number of questions, from generate.py) say
-what the doctor did; the reward mixes them with format.
+what the doctor did; the reward mixes them with format. Where the doctor is shown the case's
+candidate conditions, ``named_candidate`` (the diagnosis names exactly one of them, right or
+wrong) tells picking from the list apart from telling the candidates apart: a doctor naming a
+candidate at random is right one time in ``len(candidates)``.
 
 Patient (``patient_rule_score``, plus the optional judge)::
 
@@ -162,6 +165,17 @@ def diagnosis_correct(final: Final | None, case: Case) -> float:
     return float(diagnosis_matches(stated, case.diagnosis, case.synonyms) and bool(stated))
 
 
+def candidate_named(final: Final | None, case: Case) -> float | None:
+    """1.0 when the final diagnosis names exactly one of the case's candidate conditions (the
+    right one or not), 0.0 when it names none or several (also without a final turn); None for
+    a case without candidates."""
+    if not case.candidates:
+        return None
+    stated = final.diagnosis if final else ""
+    named = [c for c in case.candidates if stated and diagnosis_matches(stated, c)]
+    return float(len(named) == 1)
+
+
 def diagnosis_score(final: Final | None, truth: str, metric: str) -> float:
     """Fuzzy similarity (0..1) of the stated diagnosis to the true one; 0 without a final turn.
     Reported as ``diagnosis_similarity``, never rewarded: token_set_ratio gives a list of
@@ -271,6 +285,8 @@ def doctor_reward(
         "facts_revealed": sum(gains),
         "compliance": compliance_penalty(doctor_turns, cfg),
     }
+    if (named := candidate_named(final, case)) is not None:
+        terms["named_candidate"] = named  # reported only
     accepted = diagnosis_accepted(doctor_turns, cfg)
     total = (
         cfg.diagnosis_weight * terms["diagnosis_correct"] * accepted

@@ -13,6 +13,7 @@ import base64
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import quote
 
@@ -35,6 +36,7 @@ from recipes.takes_two.reward import (
     JudgeError,
     asks_question,
     asks_several,
+    candidate_named,
     case_vocab,
     compliance_penalty,
     content_words,
@@ -320,6 +322,23 @@ def test_doctor_reward_golden():
     # no diagnosis after two double questions: 0 + 0 + 1.0*(0.25+0)/2 - (2*0.5 + 1.0)
     total, _ = doctor_reward(CASE, ["Where? Why?", "Which side? When?"], [A1, A1], CFG)
     assert total == pytest.approx(0.25 / 2 - (2 * 0.5 + 1.0))
+
+
+def test_candidate_named_tells_picking_from_the_list_apart_from_being_right():
+    """Reported beside diagnosis_correct where the doctor is shown the candidates: naming one
+    of them, right or wrong, is 1; none, several or no final turn 0; no candidates: None."""
+    shown = replace(CASE, candidates=("migraine", "gout", "lumbar muscle strain"))
+    named = lambda text: candidate_named(parse_final(text), shown)  # noqa: E731
+    assert named(FINAL) == 1.0 and named("Diagnosis: Gout\nRecommendation: rest") == 1.0
+    assert named("Diagnosis: migraine or gout\nRecommendation: rest") == 0.0  # several
+    assert named("Diagnosis: influenza\nRecommendation: rest") == 0.0  # not a candidate
+    assert named("Diagnosis: \nRecommendation: rest") == 0.0
+    assert candidate_named(None, shown) == 0.0
+    assert candidate_named(parse_final(FINAL), CASE) is None
+    turns = ["Where?", "Diagnosis: gout\nRecommendation: rest"]
+    _, terms = doctor_reward(shown, turns, [A1], CFG)
+    assert terms["named_candidate"] == 1.0 and terms["diagnosis_correct"] == 0.0
+    assert "named_candidate" not in doctor_reward(CASE, turns, [A1], CFG)[1]
 
 
 # ---- patient terms ---------------------------------------------------------------------------

@@ -1,0 +1,74 @@
+"""recipes/takes_two/read_replies.py reads a run's held-out replies: correct diagnoses (in
+agreement with the logged ones), diagnoses naming one candidate, right or wrong, the chance of
+naming one at random, and the doctor's first turns; plain and gzipped evaluation files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from recipes.takes_two import read_replies
+
+TEST = "recipes/takes_two/data/test_shared.jsonl"  # row 0: migraine, row 1: influenza
+
+
+def _episodes() -> list[dict]:
+    final = "<|im_end|>\n<|im_start|>assistant\nDiagnosis: {}\nRecommendation: rest<|im_end|>\n"
+    asked = "Can you please?<|im_end|>\n<|im_start|>user\nI see zigzag lines." + final
+    return [
+        {  # names a candidate (gout), the wrong one
+            "row": 0,
+            "agent": "doctor",
+            "texts": [asked.format("Gout")],
+            "metrics": [{"diagnosis_correct": 0.0, "facts_revealed": 0.25}],
+        },
+        {  # right; then a list of two candidates: names none, scores 0
+            "row": 1,
+            "agent": "doctor",
+            "texts": [asked.format("Influenza"), asked.format("influenza, strep throat")],
+            "metrics": [
+                {"diagnosis_correct": 1.0, "facts_revealed": 0.5},
+                {"diagnosis_correct": 0.0, "facts_revealed": 0.0},
+            ],
+        },
+        {"row": 1, "agent": "patient", "texts": ["It came on suddenly."], "metrics": [{}]},
+    ]
+
+
+def _run(tmp_path: Path) -> Path:
+    seed = tmp_path / "run" / "seed0"
+    (seed / "eval").mkdir(parents=True)
+    (seed / "config.json").write_text(json.dumps({"eval": {"path": TEST}}))
+    lines = "".join(json.dumps(e) + "\n" for e in _episodes())
+    (seed / "eval" / "step_0.jsonl").write_text(lines)
+    with gzip.open(seed / "eval" / "step_32.jsonl.gz", "wt") as f:
+        f.write(lines)
+    return seed.parent
+
+
+def test_read_counts_candidates_named_and_checks_the_logged_diagnoses(tmp_path):
+    run = _run(tmp_path)
+    rows = [json.loads(line) for line in Path(TEST).read_text().splitlines()]
+    assert rows[0]["label"]["diagnosis"] == "migraine" and "gout" in rows[0]["candidates"]
+    assert rows[1]["label"]["diagnosis"] == "influenza" and "strep throat" in rows[1]["candidates"]
+    cases = [read_replies.case_of(r) for r in rows]
+    figures = read_replies.read(run / "seed0" / "eval" / "step_32.jsonl.gz", cases)
+    assert figures["n"] == 3 and figures["agree"] == 3  # the patient's entry is not counted
+    assert figures["correct"] == 1 / 3 and figures["named"] == 2 / 3
+    assert figures["correct_if_named"] == 0.5
+    assert figures["chance"] == 1 / len(rows[0]["candidates"])
+    assert figures["facts"] == 0.75 / 3
+    assert figures["first_turns"] == {"Can you please?": 3}
+
+
+def test_main_prints_the_first_and_last_evaluation_of_each_seed(tmp_path, capsys):
+    run = _run(tmp_path)
+    read_replies.main([str(run)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:5] == ["run", "seed", "eval", "n", "correct"]
+    assert [line.split()[:3] for line in lines[1:]] == [
+        ["run", "seed0", "step_0"],
+        ["run", "seed0", "step_32"],
+    ]
+    assert "1 different: 'Can you please?' x3" in lines[1]
