@@ -300,21 +300,22 @@ class SeedRun:
         return cls(path, rows, config, steps, first_eval(path), last)
 
     @property
-    def commit(self) -> str:
-        """The commit the seed trained at (written when it started), else the current one."""
-        stamp = self.path / "commit.txt"
-        return stamp.read_text().splitlines()[0] if stamp.exists() else commit()
+    def stamp(self) -> list[str]:
+        """commit.txt's lines: the commit the seed started at (else the current one), then one
+        "resumed at step N: <commit>" line per resume."""
+        path = self.path / "commit.txt"
+        return path.read_text().splitlines() if path.exists() else [commit()]
 
     @property
     def commits(self) -> list[str]:
         """Every commit the seed trained at: where it started, then where it resumed."""
-        return [self.commit] + [line.rsplit(": ", 1)[1] for line in self.resumed]
+        first, *resumed = self.stamp
+        return [first] + [line.rsplit(": ", 1)[1] for line in resumed]
 
     @property
     def resumed(self) -> list[str]:
         """Where an interrupted seed went on, and at which commit ("resumed at step N: sha")."""
-        stamp = self.path / "commit.txt"
-        return stamp.read_text().splitlines()[1:] if stamp.exists() else []
+        return self.stamp[1:]
 
     @property
     def seed(self) -> int:
