@@ -1,8 +1,9 @@
 """Read a takes_two run's held-out replies before believing its score.
 
 ``python -m recipes.takes_two.read_replies RUN [RUN ...]`` takes ``scripts/bench_learning.py``
-run folders (``runs/learning/takes_two``, ``docs/results/takes_two_frozen``) and prints, per
-seed and held-out evaluation (the first and the last), from the replies themselves:
+run folders (``runs/learning/takes_two``, ``docs/results/takes_two_frozen``), read through that
+script's ``SeedRun`` (run it from the repository root), and prints, per seed and held-out
+evaluation (the first and the last), from the replies themselves:
 
 - ``correct``: correct single diagnoses (``reward.diagnosis_correct``), and how many of them
   agree with the ``diagnosis_correct`` the run logged (they should be all);
@@ -21,44 +22,30 @@ A doctor whose ``correct`` rises only because ``named`` rises, with ``correct | 
 from __future__ import annotations
 
 import argparse
-import gzip
-import json
 import re
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
-from kernel.hooks import package_file
+from kernel.buffer import DataBuffer, DataConfig
+from kernel.run.evaluation import eval_data
 from recipes.takes_two.data import Case, diagnosis_matches
 from recipes.takes_two.reward import candidate_named, diagnosis_correct, parse_final
+from scripts.bench_learning import SeedRun, read_jsonl, seed_dirs
 
 _TURN_END = re.compile(r"<\|im_end\|>|<\|eot_id\|>|</s>|\n")
-
-
-def _read_jsonl(path: Path) -> list[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
-def _eval_file(seed: Path, name: str) -> Path:
-    plain = seed / "eval" / name
-    return plain if plain.exists() else plain.with_suffix(".jsonl.gz")
 
 
 def _short(text: str, chars: int = 60) -> str:
     return text if len(text) <= chars else text[: chars - 3] + "..."
 
 
-def case_of(row: dict) -> Case:
-    label = row["label"]
-    return Case(
-        chief_complaint=row["prompt"],
-        facts=list(row.get("facts", [])),
-        diagnosis=label["diagnosis"],
-        recommendation=label.get("recommendation", ""),
-        synonyms=tuple(label.get("synonyms", ())),
-        candidates=tuple(row.get("candidates", ())),
-    )
+def held_out_cases(config: dict) -> list[Case]:
+    """The held-out cases of a run whose ``config.json`` is ``config``, by row, read as its
+    evaluation read them (``eval_data``: eval.path in order, up to eval.max_prompts)."""
+    run = SimpleNamespace(data=DataConfig(**config["data"]), eval=SimpleNamespace(**config["eval"]))
+    buffer = DataBuffer(eval_data(run))
+    return [Case.from_sample(group[0]) for group in buffer.next_groups(len(buffer))]
 
 
 def chance(case: Case) -> float:
@@ -71,7 +58,7 @@ def read(path: Path, cases: list[Case]) -> dict:
     """The figures of one held-out evaluation file (the doctor's entries)."""
     n = correct = agree = named = named_right = 0
     odds, facts, firsts = 0.0, 0.0, Counter()
-    for item in _read_jsonl(path):
+    for item in read_jsonl(path):
         if item["agent"] != "doctor":
             continue
         case = cases[item["row"]]
@@ -101,11 +88,18 @@ def read(path: Path, cases: list[Case]) -> dict:
     }
 
 
-def seeds(run: Path) -> list[Path]:
-    found = {p.parent for p in run.glob("seed*/config.json")}
-    if not found:
-        raise SystemExit(f"read_replies: no seed<S>/config.json under {run}")
-    return sorted(found, key=lambda p: int(p.name[4:]))
+def _line(where: str, f: dict, turns: int) -> str:
+    """One evaluation's figures as a table line (and a warning line first if the rescored
+    diagnoses differ from the logged ones)."""
+    common = "; ".join(f"{_short(t)!r} x{k}" for t, k in f["first_turns"].most_common(turns))
+    line = (
+        f"{where} {f['n']:>4} {f['correct']:>8.3f} {f['named']:>6.3f} "
+        f"{f['correct_if_named']:>13.3f} {f['chance']:>6.3f} {f['facts']:>6.3f}  "
+        f"{len(f['first_turns'])} different: {common}"
+    )
+    if f["agree"] != f["n"]:
+        line = f"  warning: {f['n'] - f['agree']} diagnoses differ from the logged ones\n{line}"
+    return line
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -118,25 +112,15 @@ def main(argv: list[str] | None = None) -> None:
     head = f"{'run':<20} {'seed':<6} {'eval':<9} {'n':>4} {'correct':>8} {'named':>6}"
     print(head + f" {'correct|named':>13} {'chance':>6} {'facts':>6}  first turns")
     for run in args.runs:
-        for seed in seeds(run):
-            config = json.loads((seed / "config.json").read_text())
-            cases = [case_of(r) for r in _read_jsonl(Path(package_file(config["eval"]["path"])))]
-            names = sorted(
-                (p.name.split(".")[0] for p in (seed / "eval").glob("step_*.jsonl*")),
-                key=lambda s: int(s[5:]),
-            )
-            for name in dict.fromkeys([names[0], names[-1]]):
-                f = read(_eval_file(seed, name + ".jsonl"), cases)
-                if f["agree"] != f["n"]:
-                    print(f"  warning: {f['n'] - f['agree']} diagnoses differ from the logged ones")
-                common = "; ".join(
-                    f"{_short(t)!r} x{k}" for t, k in f["first_turns"].most_common(args.turns)
-                )
-                print(
-                    f"{run.name:<20} {seed.name:<6} {name:<9} {f['n']:>4} {f['correct']:>8.3f} "
-                    f"{f['named']:>6.3f} {f['correct_if_named']:>13.3f} {f['chance']:>6.3f} "
-                    f"{f['facts']:>6.3f}  {len(f['first_turns'])} different: {common}"
-                )
+        dirs = seed_dirs(run)
+        if not dirs:
+            raise SystemExit(f"read_replies: no seed<S>/metrics.jsonl under {run}")
+        for seed in map(SeedRun.read, dirs):
+            cases = held_out_cases(seed.config)
+            for path in dict.fromkeys([seed.first, seed.last]):
+                f = read(path, cases)
+                name = path.name.split(".")[0]
+                print(_line(f"{run.name:<20} {seed.path.name:<6} {name:<9}", f, args.turns))
 
 
 if __name__ == "__main__":
