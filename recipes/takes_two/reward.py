@@ -261,7 +261,7 @@ def compliance_penalty(doctor_turns: Sequence[str], cfg: RecipeConfig) -> float:
     else:
         if not final.well_formed:
             penalty += cfg.malformed_penalty
-        if questions_asked(questions) < cfg.min_questions:
+        if not diagnosis_accepted(doctor_turns, cfg):  # the closing turn asks nothing
             penalty += cfg.early_diagnosis_penalty
     return -penalty
 
