@@ -10,7 +10,8 @@ says whether it was right, which drives the kernel's asymmetric outcome weightin
 ``solver_verifier`` (Dr.MAS math): the solver proposes; the verifier answers ``Verdict:
 approve`` or ``Verdict: reject`` (its reply may open with a given ``verifier_prefix``); on
 reject the solver revises in the same dialogue, until approval or ``max_loops``. A verdict the
-verifier did not state in that form is a format failure, never an approval. The final
+verifier did not state in that form, or stated both ways, is a format failure, never an
+approval; so is a selector's judgment naming two rewrites. The final
 solution's answer is the episode's answer.
 
 ``solver`` (the single-agent baseline, and what a learning run on a small budget trains):
@@ -39,19 +40,24 @@ JUDGMENT = re.compile(r"judgment\s*:\s*\**\s*(\d+)", re.IGNORECASE)
 VERDICT = re.compile(r"verdict\s*:\s*\**\s*(approve|reject)", re.IGNORECASE)
 
 
+def _stated_once(found: list[str]) -> str | None:
+    """The one value a reply states (repeating it is allowed); None if none, or a hedge: two
+    different values ("Verdict: approve Verdict: reject") would let a list pass as an answer,
+    which a trained verifier learned (347 of its 448 held-out turns)."""
+    values = {f.lower() for f in found}
+    return values.pop() if len(values) == 1 else None
+
+
 def parse_judgment(text: str, n: int) -> int | None:
-    """0-based index from the LAST 'Judgment: N' with 1 <= N <= n, else None."""
-    found = JUDGMENT.findall(text)
-    if not found:
-        return None
-    k = int(found[-1])
-    return k - 1 if 1 <= k <= n else None
+    """0-based index of the one 'Judgment: N' stated, 1 <= N <= n; else None (also a hedge)."""
+    k = _stated_once([str(int(k)) for k in JUDGMENT.findall(text)])
+    return int(k) - 1 if k is not None and 1 <= int(k) <= n else None
 
 
 def parse_verdict(text: str) -> bool | None:
-    """True for approve, False for reject (the last stated verdict), None if malformed."""
-    found = VERDICT.findall(text)
-    return None if not found else found[-1].lower() == "approve"
+    """True for approve, False for reject; None if malformed: no verdict, or both stated."""
+    verdict = _stated_once(VERDICT.findall(text))
+    return None if verdict is None else verdict == "approve"
 
 
 def srs_metrics(

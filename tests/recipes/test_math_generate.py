@@ -32,7 +32,8 @@ TINY = ROOT / "recipes" / "math_solver_verifier" / "presets" / "tiny.yaml"
     ("text", "n", "expected"),
     [
         ("Judgment: 2", 3, 1),
-        ("judgment:1 ... Judgment: **3**", 3, 2),  # the last one counts, markdown allowed
+        ("judgment: **3** ... so, Judgment: 3", 3, 2),  # repeated, markdown allowed
+        ("judgment:1 ... Judgment: **3**", 3, None),  # two picks: a hedge, no judgment
         ("Judgment: 4", 3, None),  # out of range
         ("Judgment: 0", 3, None),
         ("I pick the second one", 3, None),
@@ -47,7 +48,16 @@ def test_parse_judgment(text, n, expected):
     [
         ("Verdict: approve", True),
         ("verdict: Reject", False),
-        ("Verdict: reject. On second thought, Verdict: approve", True),
+        ("Verdict: reject. On second thought, Verdict: approve", None),  # both: a hedge
+        ("Verdict: approve. I checked it again. Verdict: approve", True),
+        # real replies of a verifier trained 32 steps with the last verdict counting (1be2e57)
+        ("Verdict: \nVerdict: approve\nVerdict: reject", None),
+        ("Verdict: \nVerdict: approve", True),
+        (
+            "Verdict: \nYes, the final answer is correct.\n\n"
+            "Verdict: approve: Verdict: reject: Note: Verdict: Continue:",
+            None,
+        ),
         ("Looks right to me, approved!", None),  # malformed: a format failure, not approval
         ("", None),
     ],
