@@ -1,0 +1,148 @@
+"""Read a math_solver_verifier run's held-out replies before believing its score.
+
+``python -m recipes.math_solver_verifier.read_replies RUN [RUN ...]`` takes
+``scripts/bench_learning.py`` run folders (``runs/learning/math_verifier``,
+``docs/results/math_solver``), read through that script's ``SeedRun`` (run it from the
+repository root), and prints, per seed, held-out evaluation (the first and the last) and role,
+from the replies themselves:
+
+- ``right``: the role's own final answers that are right, rescored with ``reward.score`` (for
+  the verifier and the selector, the episodes' outcomes as logged); ``answered``: final answers
+  that are a number at all;
+- ``first``: where a role speaks more than once (the solver of ``solver_verifier``), its first
+  answers that are right, and ``revised``, the share of dialogues with a second turn;
+- ``decisions``: the verifier's verdicts (approve, reject, none stated, both stated) and the
+  selector's picks (one, none, two different), counted per turn;
+- ``approved right``: of the episodes the verifier approved, the share whose answer was right;
+- the mean length of a dialogue in characters and its most common opening.
+
+A solver whose ``right`` rises while ``first`` falls learned to lean on the revisions; a
+verifier that mostly rejects is right as often as wrong answers are common, and decides
+nothing; a reply's opening that repeats across problems is a template, not a computation.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+from kernel.buffer import DataBuffer, DataConfig
+from kernel.run.evaluation import eval_data
+from recipes.math_solver_verifier.generate import JUDGMENT, VERDICT
+from recipes.math_solver_verifier.reward import MathRewardConfig, final_answer, score
+from scripts.bench_learning import SeedRun, read_jsonl, seed_dirs
+
+# a role's dialogue as decoded (ChatML, SmolLM2's template): its turns end with <|im_end|>,
+# and another speaker's message sits between two of them
+_NEXT_TURN = re.compile(r"<\|im_start\|>assistant\n")
+_TURN_END = "<|im_end|>"
+
+
+def turns(text: str) -> list[str]:
+    """The role's own turns in a decoded dialogue, first to last."""
+    return [part.split(_TURN_END, 1)[0] for part in _NEXT_TURN.split(text)]
+
+
+def _decision(turn: str, pattern: re.Pattern) -> str:
+    stated = {m.lower() for m in pattern.findall(turn)}
+    if not stated:
+        return "none"
+    return "both" if len(stated) > 1 else ("one" if pattern is JUDGMENT else stated.pop())
+
+
+def held_out_labels(config: dict) -> list[str]:
+    """The labels of a run's held-out problems, by row, read as its evaluation read them."""
+    run = SimpleNamespace(data=DataConfig(**config["data"]), eval=SimpleNamespace(**config["eval"]))
+    buffer = DataBuffer(eval_data(run))
+    return [str(group[0].label) for group in buffer.next_groups(len(buffer))]
+
+
+def read(path: Path, labels: list[str], cfg: MathRewardConfig) -> dict[str, dict]:
+    """The figures of one held-out evaluation file, per role."""
+    acc: dict[str, Counter] = {}
+    openings: dict[str, Counter] = {}
+    for item in read_jsonl(path):
+        role, label = item["agent"], labels[item["row"]]
+        c = acc.setdefault(role, Counter())
+        for text, passed, logged in zip(
+            item["texts"], item["passed"], item["metrics"], strict=True
+        ):
+            said = turns(text)
+            c["n"] += 1
+            c["chars"] += len(text)
+            openings.setdefault(role, Counter())[" ".join(said[0].split()[:6])] += 1
+            if role in ("solver", "rewriter"):
+                c["right"] += score(said[-1], label, cfg) == 1.0
+                c["answered"] += final_answer(said[-1], label, cfg) is not None
+                c["first"] += score(said[0], label, cfg) == 1.0
+                c["revised"] += len(said) > 1
+                if "approved_correct" in logged:
+                    c["approved"] += 1
+                    c["approved_right"] += logged["approved_correct"]
+            else:
+                c["right"] += passed
+                pattern = VERDICT if role == "verifier" else JUDGMENT
+                for turn in said:
+                    c["turns"] += 1
+                    c["decision:" + _decision(turn, pattern)] += 1
+    out = {}
+    for role, c in acc.items():
+        n = c["n"]
+        figures = {"n": n, "right": c["right"] / n, "chars": c["chars"] / n}
+        if role in ("solver", "rewriter"):
+            figures |= {k: c[k] / n for k in ("answered", "first", "revised")}
+            if c["approved"]:
+                figures["approved_right"] = c["approved_right"] / c["approved"]
+        else:
+            figures["decisions"] = {
+                k.split(":", 1)[1]: v / c["turns"]
+                for k, v in c.items()
+                if k.startswith("decision:")
+            }
+        figures["opening"] = openings[role].most_common(1)[0]
+        out[role] = figures
+    return out
+
+
+def _line(where: str, role: str, f: dict) -> str:
+    multi = f.get("revised", 0) > 0
+    parts = [f"{where} {role:<9} {f['n']:>4} {f['right']:>6.3f}"]
+    if "answered" in f:
+        parts.append(f"answered {f['answered']:.3f}")
+    if multi:
+        parts.append(f"first {f['first']:.3f} revised {f['revised']:.3f}")
+    if "approved_right" in f:
+        parts.append(f"approved right {f['approved_right']:.3f}")
+    if "decisions" in f:
+        parts.append(" ".join(f"{k} {v:.3f}" for k, v in sorted(f["decisions"].items())))
+    text, count = f["opening"]
+    parts.append(f"{f['chars']:.0f} chars, opening {text[:48]!r} x{count}")
+    return "; ".join(parts)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("runs", nargs="+", type=Path, help="bench_learning run folders")
+    args = parser.parse_args(argv)
+    print(f"{'run':<20} {'seed':<6} {'eval':<9} {'role':<9} {'n':>4} {'right':>6}; the rest")
+    for run in args.runs:
+        dirs = seed_dirs(run)
+        if not dirs:
+            raise SystemExit(f"read_replies: no seed<S>/metrics.jsonl under {run}")
+        for seed in map(SeedRun.read, dirs):
+            labels = held_out_labels(seed.config)
+            answer = seed.config.get("recipe_args", {}).get("answer") or {}
+            cfg = MathRewardConfig(**answer)
+            for path in dict.fromkeys([seed.first, seed.last]):
+                where = f"{run.name:<20} {seed.path.name:<6} {path.name.split('.')[0]:<9}"
+                for role, figures in sorted(read(path, labels, cfg).items()):
+                    print(_line(where, role, figures))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,102 @@
+"""recipes/math_solver_verifier/read_replies.py reads a run's held-out replies: each role's own
+final answers rescored, first answers against revised ones, the verifier's verdicts (a reply
+stating both counted apart) and the selector's picks; plain and gzipped evaluation files."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+from recipes.math_solver_verifier import read_replies
+from recipes.math_solver_verifier.reward import MathRewardConfig
+
+TEST = "recipes/math_solver_verifier/data/arith2-12d_test.jsonl"  # row 0: 5 - 3, row 1: -9 - 8
+CONFIG = {  # the parts of a run's config.json its evaluation reads the held-out problems by
+    "data": {},
+    "eval": {"path": TEST, "n_samples": 2, "max_prompts": 4},
+    "recipe_args": {"answer": {"format_penalty": -0.5}},
+}
+REVISE = "<|im_end|>\n<|im_start|>user\nA verifier rejected your solution.<|im_end|>\n"
+REVISE += "<|im_start|>assistant\n"
+
+
+def _episodes() -> list[dict]:
+    return [
+        {  # wrong, then revised to the right answer; the one without a number never revised
+            "row": 0,
+            "agent": "solver",
+            "passed": [True, False],
+            "texts": [
+                "5 - 3 = 1." + REVISE + "5 - 3 = 2.<|im_end|>\n",
+                "I cannot say.<|im_end|>\n",
+            ],
+            "metrics": [{"solved": 1.0, "approved_correct": 1.0}, {"solved": 0.0}],
+        },
+        {  # right at once; approved
+            "row": 1,
+            "agent": "solver",
+            "passed": [True, True],
+            "texts": ["-9 - 8 = -17<|im_end|>\n", "The answer is -17.<|im_end|>\n"],
+            "metrics": [{"approved_correct": 1.0}, {"approved_correct": 1.0}],
+        },
+        {  # one reply states both verdicts, then approves; the other states none
+            "row": 0,
+            "agent": "verifier",
+            "passed": [True, False],
+            "texts": [
+                "Verdict: approve\nVerdict: reject" + REVISE + "Verdict: approve<|im_end|>\n",
+                "Verdict: looks fine<|im_end|>\n",
+            ],
+            "metrics": [{}, {}],
+        },
+    ]
+
+
+def _run(tmp_path: Path) -> Path:
+    seed = tmp_path / "run" / "seed0"
+    (seed / "eval").mkdir(parents=True)
+    (seed / "config.json").write_text(json.dumps(CONFIG))
+    (seed / "metrics.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in range(32)))
+    lines = "".join(json.dumps(e) + "\n" for e in _episodes())
+    (seed / "eval" / "step_0.jsonl").write_text(lines)
+    with gzip.open(seed / "eval" / "step_32.jsonl.gz", "wt") as f:
+        f.write(lines)
+    return seed.parent
+
+
+def test_turns_splits_a_role_dialogue_at_the_other_speakers_messages():
+    assert read_replies.turns("a<|im_end|>\n") == ["a"]
+    assert read_replies.turns("a" + REVISE + "b<|im_end|>\n") == ["a", "b"]
+
+
+def test_read_rescores_answers_and_counts_verdicts(tmp_path):
+    run = _run(tmp_path)
+    rows = [json.loads(line) for line in Path(TEST).read_text().splitlines()]
+    assert [r["label"] for r in rows[:2]] == ["2", "-17"]
+    labels = read_replies.held_out_labels(CONFIG)
+    assert labels == [r["label"] for r in rows[:4]]
+    cfg = MathRewardConfig(format_penalty=-0.5)
+    figures = read_replies.read(run / "seed0" / "eval" / "step_32.jsonl.gz", labels, cfg)
+    solver, verifier = figures["solver"], figures["verifier"]
+    assert solver["n"] == 4 and solver["right"] == 3 / 4  # the revised answer counts
+    assert solver["answered"] == 3 / 4 and solver["first"] == 2 / 4 and solver["revised"] == 1 / 4
+    assert solver["approved_right"] == 1.0
+    assert solver["opening"] == ("5 - 3 = 1.", 1)
+    assert verifier["n"] == 2 and verifier["right"] == 1 / 2  # the logged outcome
+    assert verifier["decisions"] == {"both": 1 / 3, "approve": 1 / 3, "none": 1 / 3}
+
+
+def test_main_prints_each_role_of_the_first_and_last_evaluation(tmp_path, capsys):
+    run = _run(tmp_path)
+    read_replies.main([str(run)])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split()[:6] == ["run", "seed", "eval", "role", "n", "right;"]
+    assert [line.split()[:4] for line in lines[1:]] == [
+        ["run", "seed0", "step_0", "solver"],
+        ["run", "seed0", "step_0", "verifier"],
+        ["run", "seed0", "step_32", "solver"],
+        ["run", "seed0", "step_32", "verifier"],
+    ]
+    assert "first 0.500 revised 0.250" in lines[1]
+    assert "approve 0.333 both 0.333 none 0.333" in lines[2]
