@@ -56,6 +56,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -265,6 +266,14 @@ def seed_dirs(out: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[4:]))
 
 
+def read_seeds(out: Path, who: str) -> list[SeedRun]:
+    """Every finished seed of the run in ``out``; exits naming ``out`` if it holds none."""
+    dirs = seed_dirs(out)
+    if not dirs:
+        raise SystemExit(f"{who}: no seed<S>/metrics.jsonl under {out}")
+    return [SeedRun.read(d) for d in dirs]
+
+
 def final_eval(out: Path, rows: list[dict]) -> tuple[int, Path]:
     """(steps done, the last held-out evaluation's file) of the finished kernel run in ``out``
     whose metrics rows are ``rows``; exits naming the file if the run did not finish."""
@@ -320,6 +329,21 @@ class SeedRun:
     @property
     def seed(self) -> int:
         return int(self.config.get("seed", 0))
+
+    @property
+    def evaluations(self) -> list[Path]:
+        """The first and the last held-out evaluation files (one, if they are the same)."""
+        return list(dict.fromkeys([self.first, self.last]))
+
+    def held_out(self) -> list:
+        """The held-out items, one Sample per row, read as the run's evaluation read them
+        (``eval_data``: eval.path in order, up to eval.max_prompts)."""
+        from kernel.buffer import DataBuffer, DataConfig
+        from kernel.run.evaluation import eval_data
+
+        data, held = DataConfig(**self.config["data"]), SimpleNamespace(**self.config["eval"])
+        buffer = DataBuffer(eval_data(SimpleNamespace(data=data, eval=held)))
+        return [group[0] for group in buffer.next_groups(len(buffer))]
 
     @property
     def train_rows(self) -> list[dict]:

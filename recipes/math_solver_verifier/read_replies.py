@@ -27,13 +27,10 @@ import argparse
 import re
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
-from kernel.buffer import DataBuffer, DataConfig
-from kernel.run.evaluation import eval_data
 from recipes.math_solver_verifier.generate import JUDGMENT, VERDICT
 from recipes.math_solver_verifier.reward import MathRewardConfig, final_answer, score
-from scripts.bench_learning import SeedRun, read_jsonl, seed_dirs
+from scripts.bench_learning import read_jsonl, read_seeds
 
 # a role's dialogue as decoded (ChatML, SmolLM2's template): its turns end with <|im_end|>,
 # and another speaker's message sits between two of them
@@ -51,13 +48,6 @@ def _decision(turn: str, pattern: re.Pattern) -> str:
     if not stated:
         return "none"
     return "both" if len(stated) > 1 else ("one" if pattern is JUDGMENT else stated.pop())
-
-
-def held_out_labels(config: dict) -> list[str]:
-    """The labels of a run's held-out problems, by row, read as its evaluation read them."""
-    run = SimpleNamespace(data=DataConfig(**config["data"]), eval=SimpleNamespace(**config["eval"]))
-    buffer = DataBuffer(eval_data(run))
-    return [str(group[0].label) for group in buffer.next_groups(len(buffer))]
 
 
 def read(path: Path, labels: list[str], cfg: MathRewardConfig) -> dict[str, dict]:
@@ -131,14 +121,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     print(f"{'run':<20} {'seed':<6} {'eval':<9} {'role':<9} {'n':>4} {'right':>6}; the rest")
     for run in args.runs:
-        dirs = seed_dirs(run)
-        if not dirs:
-            raise SystemExit(f"read_replies: no seed<S>/metrics.jsonl under {run}")
-        for seed in map(SeedRun.read, dirs):
-            labels = held_out_labels(seed.config)
+        for seed in read_seeds(run, "read_replies"):
+            labels = [str(sample.label) for sample in seed.held_out()]
             answer = seed.config.get("recipe_args", {}).get("answer") or {}
             cfg = MathRewardConfig(**answer)
-            for path in dict.fromkeys([seed.first, seed.last]):
+            for path in seed.evaluations:
                 where = f"{run.name:<20} {seed.path.name:<6} {path.name.split('.')[0]:<9}"
                 for role, figures in sorted(read(path, labels, cfg).items()):
                     print(_line(where, role, figures))

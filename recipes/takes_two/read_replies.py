@@ -25,13 +25,10 @@ import argparse
 import re
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
-from kernel.buffer import DataBuffer, DataConfig
-from kernel.run.evaluation import eval_data
 from recipes.takes_two.data import Case, diagnosis_matches
 from recipes.takes_two.reward import candidate_named, diagnosis_correct, parse_final
-from scripts.bench_learning import SeedRun, read_jsonl, seed_dirs
+from scripts.bench_learning import SeedRun, read_jsonl, read_seeds
 
 _TURN_END = re.compile(r"<\|im_end\|>|<\|eot_id\|>|</s>|\n")
 
@@ -40,12 +37,9 @@ def _short(text: str, chars: int = 60) -> str:
     return text if len(text) <= chars else text[: chars - 3] + "..."
 
 
-def held_out_cases(config: dict) -> list[Case]:
-    """The held-out cases of a run whose ``config.json`` is ``config``, by row, read as its
-    evaluation read them (``eval_data``: eval.path in order, up to eval.max_prompts)."""
-    run = SimpleNamespace(data=DataConfig(**config["data"]), eval=SimpleNamespace(**config["eval"]))
-    buffer = DataBuffer(eval_data(run))
-    return [Case.from_sample(group[0]) for group in buffer.next_groups(len(buffer))]
+def held_out_cases(seed: SeedRun) -> list[Case]:
+    """The held-out cases of a run's seed, by row, read as its evaluation read them."""
+    return [Case.from_sample(sample) for sample in seed.held_out()]
 
 
 def chance(case: Case) -> float:
@@ -112,12 +106,9 @@ def main(argv: list[str] | None = None) -> None:
     head = f"{'run':<20} {'seed':<6} {'eval':<9} {'n':>4} {'correct':>8} {'named':>6}"
     print(head + f" {'correct|named':>13} {'chance':>6} {'facts':>6}  first turns")
     for run in args.runs:
-        dirs = seed_dirs(run)
-        if not dirs:
-            raise SystemExit(f"read_replies: no seed<S>/metrics.jsonl under {run}")
-        for seed in map(SeedRun.read, dirs):
-            cases = held_out_cases(seed.config)
-            for path in dict.fromkeys([seed.first, seed.last]):
+        for seed in read_seeds(run, "read_replies"):
+            cases = held_out_cases(seed)
+            for path in seed.evaluations:
                 f = read(path, cases)
                 name = path.name.split(".")[0]
                 print(_line(f"{run.name:<20} {seed.path.name:<6} {name:<9}", f, args.turns))

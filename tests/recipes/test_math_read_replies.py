@@ -4,12 +4,13 @@ stating both counted apart) and the selector's picks; plain and gzipped evaluati
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
 from recipes.math_solver_verifier import read_replies
 from recipes.math_solver_verifier.reward import MathRewardConfig
+from scripts.bench_learning import SeedRun
+from tests.recipes.conftest import write_learning_run
 
 TEST = "recipes/math_solver_verifier/data/arith2-12d_test.jsonl"  # row 0: 5 - 3, row 1: -9 - 8
 CONFIG = {  # the parts of a run's config.json its evaluation reads the held-out problems by
@@ -54,15 +55,7 @@ def _episodes() -> list[dict]:
 
 
 def _run(tmp_path: Path) -> Path:
-    seed = tmp_path / "run" / "seed0"
-    (seed / "eval").mkdir(parents=True)
-    (seed / "config.json").write_text(json.dumps(CONFIG))
-    (seed / "metrics.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in range(32)))
-    lines = "".join(json.dumps(e) + "\n" for e in _episodes())
-    (seed / "eval" / "step_0.jsonl").write_text(lines)
-    with gzip.open(seed / "eval" / "step_32.jsonl.gz", "wt") as f:
-        f.write(lines)
-    return seed.parent
+    return write_learning_run(tmp_path, CONFIG, _episodes())
 
 
 def test_turns_splits_a_role_dialogue_at_the_other_speakers_messages():
@@ -74,7 +67,7 @@ def test_read_rescores_answers_and_counts_verdicts(tmp_path):
     run = _run(tmp_path)
     rows = [json.loads(line) for line in Path(TEST).read_text().splitlines()]
     assert [r["label"] for r in rows[:2]] == ["2", "-17"]
-    labels = read_replies.held_out_labels(CONFIG)
+    labels = [str(sample.label) for sample in SeedRun.read(run / "seed0").held_out()]
     assert labels == [r["label"] for r in rows[:4]]
     cfg = MathRewardConfig(format_penalty=-0.5)
     figures = read_replies.read(run / "seed0" / "eval" / "step_32.jsonl.gz", labels, cfg)

@@ -4,11 +4,12 @@ naming one at random, and the doctor's first turns; plain and gzipped evaluation
 
 from __future__ import annotations
 
-import gzip
 import json
 from pathlib import Path
 
 from recipes.takes_two import read_replies
+from scripts.bench_learning import SeedRun
+from tests.recipes.conftest import write_learning_run
 
 TEST = "recipes/takes_two/data/test_shared.jsonl"  # row 0: migraine, row 1: influenza
 CONFIG = {  # the parts of a run's config.json its evaluation reads the held-out cases by
@@ -41,15 +42,7 @@ def _episodes() -> list[dict]:
 
 
 def _run(tmp_path: Path) -> Path:
-    seed = tmp_path / "run" / "seed0"
-    (seed / "eval").mkdir(parents=True)
-    (seed / "config.json").write_text(json.dumps(CONFIG))
-    (seed / "metrics.jsonl").write_text("".join(json.dumps({"step": i}) + "\n" for i in range(32)))
-    lines = "".join(json.dumps(e) + "\n" for e in _episodes())
-    (seed / "eval" / "step_0.jsonl").write_text(lines)
-    with gzip.open(seed / "eval" / "step_32.jsonl.gz", "wt") as f:
-        f.write(lines)
-    return seed.parent
+    return write_learning_run(tmp_path, CONFIG, _episodes())
 
 
 def test_read_counts_candidates_named_and_checks_the_logged_diagnoses(tmp_path):
@@ -57,7 +50,7 @@ def test_read_counts_candidates_named_and_checks_the_logged_diagnoses(tmp_path):
     rows = [json.loads(line) for line in Path(TEST).read_text().splitlines()]
     assert rows[0]["label"]["diagnosis"] == "migraine" and "gout" in rows[0]["candidates"]
     assert rows[1]["label"]["diagnosis"] == "influenza" and "strep throat" in rows[1]["candidates"]
-    cases = read_replies.held_out_cases(CONFIG)
+    cases = read_replies.held_out_cases(SeedRun.read(run / "seed0"))
     assert [c.diagnosis for c in cases] == [r["label"]["diagnosis"] for r in rows[:4]]
     figures = read_replies.read(run / "seed0" / "eval" / "step_32.jsonl.gz", cases)
     assert figures["n"] == 3 and figures["agree"] == 3  # the patient's entry is not counted
