@@ -28,10 +28,6 @@ class RecipeConfig:
     """Text the selector's reply opens with (given, out of its loss), e.g. "Judgment: ": a
     small model that never states ``Judgment: N`` by itself then picks with its first
     tokens (SmolLM2-135M states it in 0 of 128 held-out selections without it)."""
-    verifier_prefix: str = ""
-    """Text each verifier reply opens with (given, out of its loss), e.g. "Verdict: ": the
-    verifier's first tokens are then its decision (SmolLM2-135M states a verdict in about a
-    fifth of its replies without it)."""
     answer: MathRewardConfig = field(default_factory=MathRewardConfig)
     """Answer extraction and checking."""
 

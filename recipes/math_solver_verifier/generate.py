@@ -7,11 +7,11 @@ may open with a given ``selector_prefix``, out of its loss). The
 selected rewrite's answer is the episode's answer: ``metadata["correct"]`` on every sample
 says whether it was right, which drives the kernel's asymmetric outcome weighting.
 
-``solver_verifier`` (Dr.MAS math): the solver proposes; the verifier answers ``Verdict:
-approve`` or ``Verdict: reject`` (its reply may open with a given ``verifier_prefix``); on
-reject the solver revises in the same dialogue, until approval or ``max_loops``. A verdict the
-verifier did not state in that form, or stated both ways, is a format failure, never an
-approval; so is a selector's judgment naming two rewrites. The final
+``solver_verifier`` (Dr.MAS math): the solver proposes; the verifier's reply opens with its
+verdict, Yes (approve) or No (reject), and explains; on reject the solver revises in the same
+dialogue, reading the verifier's reply, until approval or ``max_loops``. A reply that opens
+otherwise is a format failure, never an approval; a selector's judgment naming two rewrites is
+no pick. The final
 solution's answer is the episode's answer.
 
 ``solver`` (the single-agent baseline, and what a learning run on a small budget trains):
@@ -37,27 +37,23 @@ from recipes.math_solver_verifier.config import as_config
 from recipes.math_solver_verifier.reward import final_answer, is_equivalent
 
 JUDGMENT = re.compile(r"judgment\s*:\s*\**\s*(\d+)", re.IGNORECASE)
-VERDICT = re.compile(r"verdict\s*:\s*\**\s*(approve|reject)", re.IGNORECASE)
-
-
-def _stated_once(found: list[str]) -> str | None:
-    """The one value a reply states (repeating it is allowed); None if none, or a hedge: two
-    different values ("Verdict: approve Verdict: reject") would let a list pass as an answer,
-    which a trained verifier learned (347 of its 448 held-out turns)."""
-    values = {f.lower() for f in found}
-    return values.pop() if len(values) == 1 else None
+VERDICT = re.compile(r"\W*(yes|no)\b", re.IGNORECASE)  # the reply's first word
 
 
 def parse_judgment(text: str, n: int) -> int | None:
-    """0-based index of the one 'Judgment: N' stated, 1 <= N <= n; else None (also a hedge)."""
-    k = _stated_once([str(int(k)) for k in JUDGMENT.findall(text)])
-    return int(k) - 1 if k is not None and 1 <= int(k) <= n else None
+    """0-based index of the 'Judgment: N' stated, 1 <= N <= n (repeating it is allowed); None
+    if there is none, or two different picks: a list would pass for a pick."""
+    picks = {int(k) for k in JUDGMENT.findall(text)}
+    k = picks.pop() if len(picks) == 1 else 0
+    return k - 1 if 1 <= k <= n else None
 
 
 def parse_verdict(text: str) -> bool | None:
-    """True for approve, False for reject; None if malformed: no verdict, or both stated."""
-    verdict = _stated_once(VERDICT.findall(text))
-    return None if verdict is None else verdict == "approve"
+    """True (approve) if the reply's first word is Yes, False (reject) if No, None if it opens
+    otherwise. Only the first word counts, so no reply states both: a verifier paid on its
+    last stated 'Verdict: approve|reject' learned to write both (347 of 448 held-out turns)."""
+    first = VERDICT.match(text)
+    return None if first is None else first.group(1).lower() == "yes"
 
 
 def srs_metrics(
@@ -156,7 +152,7 @@ async def solver_verifier(ctx: RolloutContext, seed: Sample) -> list[Sample | No
             verifier = Dialogue(ctx.agents["verifier"], first=check)
         elif not verifier.say("user", check):
             break
-        await verifier.speak(prefix=cfg.verifier_prefix)
+        await verifier.speak()
         verdicts.append(parse_verdict(verifier.text))
         if verdicts[-1] is True:
             break

@@ -36,7 +36,7 @@ def selector(problem: str, solutions: list[str], max_chars: int) -> str:
 def verifier(problem: str, solution: str, max_chars: int) -> str:
     return (
         f"Problem: {problem}\n\nProposed solution:\n{solution[:max_chars].strip() or '(empty)'}"
-        "\n\nIs the final answer correct? End with 'Verdict: approve' or 'Verdict: reject'."
+        "\n\nIs the final answer correct? Start your reply with Yes or No."
     )
 
 

@@ -11,8 +11,8 @@ from the replies themselves:
   that are a number at all;
 - ``first``: where a role speaks more than once (the solver of ``solver_verifier``), its first
   answers that are right, and ``revised``, the share of dialogues with a second turn;
-- ``decisions``: the verifier's verdicts (approve, reject, none stated, both stated) and the
-  selector's picks (one, none, two different), counted per turn;
+- ``decisions``: the verifier's verdicts (approve, reject, none: a reply opening with neither
+  Yes nor No) and the selector's picks (one, none, two different), counted per turn;
 - ``approved right``: of the episodes the verifier approved, the share whose answer was right;
 - the mean length of a dialogue in characters and its most common opening.
 
@@ -28,7 +28,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from recipes.math_solver_verifier.generate import JUDGMENT, VERDICT
+from recipes.math_solver_verifier.generate import JUDGMENT, parse_verdict
 from recipes.math_solver_verifier.reward import MathRewardConfig, final_answer, score
 from scripts.bench_learning import read_jsonl, read_seeds
 
@@ -43,11 +43,13 @@ def turns(text: str) -> list[str]:
     return [part.split(_TURN_END, 1)[0] for part in _NEXT_TURN.split(text)]
 
 
-def _decision(turn: str, pattern: re.Pattern) -> str:
-    stated = {m.lower() for m in pattern.findall(turn)}
-    if not stated:
-        return "none"
-    return "both" if len(stated) > 1 else ("one" if pattern is JUDGMENT else stated.pop())
+def decision(role: str, turn: str) -> str:
+    """The verifier's verdict (approve, reject, none) or the selector's pick (one, none, two:
+    different picks stated) in one of its turns."""
+    if role == "verifier":
+        return {True: "approve", False: "reject", None: "none"}[parse_verdict(turn)]
+    picks = set(map(int, JUDGMENT.findall(turn)))
+    return "one" if len(picks) == 1 else ("two" if picks else "none")
 
 
 def read(path: Path, labels: list[str], cfg: MathRewardConfig) -> dict[str, dict]:
@@ -74,10 +76,9 @@ def read(path: Path, labels: list[str], cfg: MathRewardConfig) -> dict[str, dict
                     c["approved_right"] += logged["approved_correct"]
             else:
                 c["right"] += passed
-                pattern = VERDICT if role == "verifier" else JUDGMENT
                 for turn in said:
                     c["turns"] += 1
-                    c["decision:" + _decision(turn, pattern)] += 1
+                    c["decision:" + decision(role, turn)] += 1
     out = {}
     for role, c in acc.items():
         n = c["n"]

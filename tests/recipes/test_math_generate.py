@@ -32,8 +32,8 @@ TINY = ROOT / "recipes" / "math_solver_verifier" / "presets" / "tiny.yaml"
     ("text", "n", "expected"),
     [
         ("Judgment: 2", 3, 1),
-        ("judgment: **3** ... so, Judgment: 3", 3, 2),  # repeated, markdown allowed
-        ("judgment:1 ... Judgment: **3**", 3, None),  # two picks: a hedge, no judgment
+        ("judgment: **3** ... so, Judgment: 03", 3, 2),  # repeated, markdown allowed
+        ("judgment:1 ... Judgment: **3**", 3, None),  # two picks: a list, no judgment
         ("Judgment: 4", 3, None),  # out of range
         ("Judgment: 0", 3, None),
         ("I pick the second one", 3, None),
@@ -46,19 +46,16 @@ def test_parse_judgment(text, n, expected):
 @pytest.mark.parametrize(
     ("text", "expected"),
     [
-        ("Verdict: approve", True),
-        ("verdict: Reject", False),
-        ("Verdict: reject. On second thought, Verdict: approve", None),  # both: a hedge
-        ("Verdict: approve. I checked it again. Verdict: approve", True),
-        # real replies of a verifier trained 32 steps with the last verdict counting (1be2e57)
+        ("Yes, the final answer is correct.", True),
+        ("no. 5 - 3 is 2, not 1.", False),
+        ("**No**, it is 2.", False),
+        ("\nYes.", True),
+        ("Not quite: it is 2.", None),  # 'Not' is no verdict
+        ("The final answer is correct. Yes.", None),  # the verdict must open the reply
+        # replies of a verifier trained 32 steps to end with 'Verdict: approve|reject', the last
+        # one stated counting (1be2e57): under the first-word rule, none is a verdict
         ("Verdict: \nVerdict: approve\nVerdict: reject", None),
-        ("Verdict: \nVerdict: approve", True),
-        (
-            "Verdict: \nYes, the final answer is correct.\n\n"
-            "Verdict: approve: Verdict: reject: Note: Verdict: Continue:",
-            None,
-        ),
-        ("Looks right to me, approved!", None),  # malformed: a format failure, not approval
+        ("Verdict: \nVerdict: approve", None),
         ("", None),
     ],
 )
@@ -228,19 +225,17 @@ def test_a_selector_prefix_is_given_not_trained_and_the_pick_follows_it(
     assert own.startswith("2, the second one.") and "Judgment" not in own
 
 
-def test_a_verifier_prefix_is_given_not_trained_and_the_verdict_follows_it(
+def test_the_verdict_opens_the_verifiers_reply_and_the_solver_revises_on_no(
     scripted_agent, smollm2_tokenizer
 ):
     tok = smollm2_tokenizer
     agents = {
         "solver": scripted_agent("solver", tok, ["5 - 3 = 1", "Sorry: 5 - 3 = 2"]),
-        "verifier": scripted_agent("verifier", tok, ["reject, 5 - 3 is not 1.", "approve"]),
+        "verifier": scripted_agent("verifier", tok, ["No, 5 - 3 is not 1.", "Yes."]),
     }
-    config = RecipeConfig(
-        workflow="solver_verifier", max_loops=3, verifier_prefix="Verdict: "
-    ).validate()
+    config = RecipeConfig(workflow="solver_verifier", max_loops=3).validate()
     samples = asyncio.run(generate(RolloutContext(agents=agents, config=config), _seed()))
-    (ver,) = [s for s in samples if s.agent == "verifier"]
+    sol, ver = samples
     assert ver.metadata["verdicts"] == [False, True] and ver.metadata["correct"] is True
-    own = _own_text(ver, tok)  # the prefix is context: the verifier trains on its decisions
-    assert "reject" in own and "approve" in own and "Verdict" not in own
+    assert "No, 5 - 3 is not 1." in tok.decode(sol.prompt_ids + sol.response_ids)
+    assert sol.metadata["metrics"]["early_termination"] == 1.0

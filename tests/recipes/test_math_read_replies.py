@@ -1,6 +1,7 @@
 """recipes/math_solver_verifier/read_replies.py reads a run's held-out replies: each role's own
 final answers rescored, first answers against revised ones, the verifier's verdicts (a reply
-stating both counted apart) and the selector's picks; plain and gzipped evaluation files."""
+opening with neither Yes nor No counted apart) and the selector's picks; plain and gzipped
+evaluation files."""
 
 from __future__ import annotations
 
@@ -41,13 +42,13 @@ def _episodes() -> list[dict]:
             "texts": ["-9 - 8 = -17<|im_end|>\n", "The answer is -17.<|im_end|>\n"],
             "metrics": [{"approved_correct": 1.0}, {"approved_correct": 1.0}],
         },
-        {  # one reply states both verdicts, then approves; the other states none
+        {  # one reply rejects, then approves; the other opens with no verdict
             "row": 0,
             "agent": "verifier",
             "passed": [True, False],
             "texts": [
-                "Verdict: approve\nVerdict: reject" + REVISE + "Verdict: approve<|im_end|>\n",
-                "Verdict: looks fine<|im_end|>\n",
+                "No, 5 - 3 is 2." + REVISE + "Yes.<|im_end|>\n",
+                "Verdict: approve<|im_end|>\n",
             ],
             "metrics": [{}, {}],
         },
@@ -77,7 +78,7 @@ def test_read_rescores_answers_and_counts_verdicts(tmp_path):
     assert solver["approved_right"] == 1.0
     assert solver["opening"] == ("5 - 3 = 1.", 1)
     assert verifier["n"] == 2 and verifier["right"] == 1 / 2  # the logged outcome
-    assert verifier["decisions"] == {"both": 1 / 3, "approve": 1 / 3, "none": 1 / 3}
+    assert verifier["decisions"] == {"reject": 1 / 3, "approve": 1 / 3, "none": 1 / 3}
 
 
 def test_main_prints_each_role_of_the_first_and_last_evaluation(tmp_path, capsys):
@@ -92,4 +93,4 @@ def test_main_prints_each_role_of_the_first_and_last_evaluation(tmp_path, capsys
         ["run", "seed0", "step_32", "verifier"],
     ]
     assert "first 0.500 revised 0.250" in lines[1]
-    assert "approve 0.333 both 0.333 none 0.333" in lines[2]
+    assert "approve 0.333 none 0.333 reject 0.333" in lines[2]
