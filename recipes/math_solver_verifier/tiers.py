@@ -33,35 +33,49 @@ def tier_rows(tier: str, n: int, seed: int) -> list[dict]:
     return [r | {"tier": tier} for r in rows]
 
 
-def answer_greedily(model, tokenizer, problems: list[str], max_new_tokens: int, batch: int):
-    """The model's greedy reply to each problem as the recipe's solver is asked it."""
+def reply(
+    model,
+    tokenizer,
+    chats: list[list[dict]],
+    max_new_tokens: int,
+    batch: int,
+    prefix: str = "",
+    temperature: float = 0.0,
+) -> list[str]:
+    """The model's reply to each chat (messages rendered with its chat template, the reply
+    opening with ``prefix``, given), greedy at temperature 0, else sampled; the prefix is not
+    part of the returned text."""
     import torch
 
     tokenizer.padding_side = "left"
+    sampling = (
+        {"do_sample": True, "temperature": temperature} if temperature else {"do_sample": False}
+    )
     replies = []
-    for i in range(0, len(problems), batch):
-        chats = [
-            tokenizer.apply_chat_template(
-                [
-                    {"role": "system", "content": prompts.SOLVER_SYSTEM},
-                    {"role": "user", "content": prompts.solver(p)},
-                ],
-                tokenize=False,
-                add_generation_prompt=True,
-            )
-            for p in problems[i : i + batch]
+    for i in range(0, len(chats), batch):
+        texts = [
+            tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) + prefix
+            for chat in chats[i : i + batch]
         ]
-        enc = tokenizer(chats, return_tensors="pt", padding=True, add_special_tokens=False)
+        enc = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
         with torch.no_grad():
             out = model.generate(
                 **enc,
                 max_new_tokens=max_new_tokens,
-                do_sample=False,
                 pad_token_id=tokenizer.pad_token_id,
+                **sampling,
             )
         new = out[:, enc["input_ids"].shape[1] :]
         replies += tokenizer.batch_decode(new, skip_special_tokens=True)
     return replies
+
+
+def solver_chat(problem: str) -> list[dict]:
+    """The recipe's solver prompt for ``problem``."""
+    return [
+        {"role": "system", "content": prompts.SOLVER_SYSTEM},
+        {"role": "user", "content": prompts.solver(problem)},
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -91,9 +105,8 @@ def main(argv: list[str] | None = None) -> int:
     for tier in args.tiers.split(","):
         rows = tier_rows(tier, args.n, args.seed)
         t0 = time.perf_counter()
-        texts = answer_greedily(
-            model, tokenizer, [r["prompt"] for r in rows], args.max_new_tokens, args.batch
-        )
+        chats = [solver_chat(r["prompt"]) for r in rows]
+        texts = reply(model, tokenizer, chats, args.max_new_tokens, args.batch)
         seconds = time.perf_counter() - t0
         right = [score(t, r["label"], cfg) == 1.0 for t, r in zip(texts, rows, strict=True)]
         boxed = [score(t, r["label"], boxed_only) == 1.0 for t, r in zip(texts, rows, strict=True)]

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from recipes.math_solver_verifier import read_replies
+from recipes.math_solver_verifier import read_replies, verdicts
 from recipes.math_solver_verifier.reward import MathRewardConfig
 from scripts.bench_learning import SeedRun
 from tests.recipes.conftest import write_learning_run
@@ -94,3 +94,30 @@ def test_main_prints_each_role_of_the_first_and_last_evaluation(tmp_path, capsys
     ]
     assert "first 0.500 revised 0.250" in lines[1]
     assert "approve 0.333 none 0.333 reject 0.333" in lines[2]
+
+
+def test_verdict_parsers_of_both_protocols():
+    assert verdicts.tag_verdict("Verdict: \nVerdict: approve") is True
+    assert verdicts.tag_verdict("Verdict: approve\nVerdict: reject") is None  # two: none
+    assert verdicts.tag_verdict("Verdict: Yes") is None
+    ask, prefix, parse = verdicts.PROTOCOLS["verdict_tag"]
+    assert ask("Calculate 5 - 3.", "2", 400).endswith("'Verdict: reject'.") and prefix
+    ask, prefix, parse = verdicts.PROTOCOLS["yes_no"]
+    assert ask("Calculate 5 - 3.", "2", 400).endswith("Yes or No.") and not prefix
+    assert parse("No, it is 2.") is False
+
+
+def test_verdicts_probe_runs_both_protocols_on_a_runs_solutions(tmp_path, tiny_model_dir, capsys):
+    run = _run(tmp_path)  # the solvers' first answers: row 0 (5 - 3) wrong, row 1 right
+    picked = verdicts.solutions(run, 1, seed=0)
+    assert [(q, ok) for q, _, ok in picked] == [
+        ("Calculate ( -9 - 8 ).", True),
+        ("Calculate 5 - 3.", False),
+    ]
+    flags = ["--solutions", str(run), "--n", "1", "--samples", "2", "--max-new-tokens", "4"]
+    assert verdicts.main([*flags, "--model", str(tiny_model_dir)]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert [line.split(" | ")[:2] for line in table[2:]] == [
+        ["| yes_no", "4"],
+        ["| verdict_tag", "4"],
+    ]
