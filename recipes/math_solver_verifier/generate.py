@@ -11,8 +11,7 @@ says whether it was right, which drives the kernel's asymmetric outcome weightin
 verdict, Yes (approve) or No (reject), and explains; on reject the solver revises in the same
 dialogue, reading the verifier's reply, until approval or ``max_loops``. A reply that opens
 otherwise is a format failure, never an approval; a selector's judgment naming two rewrites is
-no pick. The final
-solution's answer is the episode's answer.
+no pick. The final solution's answer is the episode's answer.
 
 ``solver`` (the single-agent baseline, and what a learning run on a small budget trains):
 ``num_parallel`` solvers answer independently; each is the episode's answer for its own sample
