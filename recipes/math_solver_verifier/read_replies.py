@@ -28,6 +28,7 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from recipes.math_solver_verifier.config import as_config
 from recipes.math_solver_verifier.generate import JUDGMENT, parse_verdict
 from recipes.math_solver_verifier.reward import MathRewardConfig, final_answer, score
 from scripts.bench_learning import read_jsonl, read_seeds
@@ -67,9 +68,10 @@ def read(path: Path, labels: list[str], cfg: MathRewardConfig) -> dict[str, dict
             c["chars"] += len(text)
             openings.setdefault(role, Counter())[" ".join(said[0].split()[:6])] += 1
             if role in ("solver", "rewriter"):
-                c["right"] += score(said[-1], label, cfg) == 1.0
+                right = score(said[-1], label, cfg) == 1.0
+                c["right"] += right
                 c["answered"] += final_answer(said[-1], label, cfg) is not None
-                c["first"] += score(said[0], label, cfg) == 1.0
+                c["first"] += right if len(said) == 1 else score(said[0], label, cfg) == 1.0
                 c["revised"] += len(said) > 1
                 if "approved_correct" in logged:
                     c["approved"] += 1
@@ -124,8 +126,7 @@ def main(argv: list[str] | None = None) -> None:
     for run in args.runs:
         for seed in read_seeds(run, "read_replies"):
             labels = [str(sample.label) for sample in seed.held_out()]
-            answer = seed.config.get("recipe_args", {}).get("answer") or {}
-            cfg = MathRewardConfig(**answer)
+            cfg = as_config(seed.config.get("recipe_args", {})).answer
             for path in seed.evaluations:
                 where = f"{run.name:<20} {seed.path.name:<6} {path.name.split('.')[0]:<9}"
                 for role, figures in sorted(read(path, labels, cfg).items()):

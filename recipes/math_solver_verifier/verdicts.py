@@ -28,6 +28,7 @@ from pathlib import Path
 
 from recipes.math_solver_verifier import prompts
 from recipes.math_solver_verifier.generate import parse_verdict
+from recipes.math_solver_verifier.read_replies import turns
 from recipes.math_solver_verifier.reward import MathRewardConfig, score
 from recipes.math_solver_verifier.tiers import reply
 from scripts.bench_learning import read_jsonl, read_seeds
@@ -63,7 +64,7 @@ def solutions(run: Path, n: int, seed: int) -> list[tuple[str, str, bool]]:
                 continue
             problem = problems[item["row"]]
             for text in item["texts"]:
-                first = text.split("<|im_end|>", 1)[0]
+                first = turns(text)[0]
                 ok = score(first, str(problem.label), cfg) == 1.0
                 (right if ok else wrong).append((str(problem.prompt), first, ok))
     if len(right) < n or len(wrong) < n:
