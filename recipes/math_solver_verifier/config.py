@@ -8,6 +8,7 @@ from kernel.hooks import recipe_config
 from recipes.math_solver_verifier.reward import MathRewardConfig
 
 WORKFLOWS = ("solver_rewriter_selector", "solver_verifier", "solver")
+VERIFIER_REWARDS = ("verdict", "outcome")
 
 
 @dataclass
@@ -22,6 +23,12 @@ class RecipeConfig:
     """Solvers (and rewriters) per episode in solver_rewriter_selector."""
     max_loops: int = 3
     """Solver/verifier rounds at most in solver_verifier."""
+    verifier_reward: str = "verdict"
+    """What the verifier is paid for in solver_verifier: verdict (1 when its last verdict is
+    right: approve exactly when the final answer is right) or outcome (the final answer's
+    score, the solver's team reward: a rejection pays only when the revision that follows is
+    right, so saying No to a solver that is almost always wrong earns nothing by itself). A
+    missing verdict scores ``answer.format_penalty`` either way."""
     max_solution_chars: int = 1500
     """Each solution quoted to another role is cut to this many characters."""
     selector_prefix: str = ""
@@ -39,6 +46,11 @@ class RecipeConfig:
         if self.workflow not in WORKFLOWS:
             raise ValueError(
                 f"recipe_args.workflow must be one of {WORKFLOWS}, got {self.workflow!r}"
+            )
+        if self.verifier_reward not in VERIFIER_REWARDS:
+            raise ValueError(
+                f"recipe_args.verifier_reward must be one of {VERIFIER_REWARDS}, "
+                f"got {self.verifier_reward!r}"
             )
         if self.num_parallel < 1 or self.max_loops < 1 or self.max_solution_chars < 1:
             raise ValueError("recipe_args.num_parallel, max_loops, max_solution_chars must be >= 1")

@@ -287,10 +287,12 @@ def reward(ctx: RolloutContext, samples: list[Sample]) -> RewardResult:
       ``format_penalty`` if it gave none;
     - selector: 1.0 if the solution it picked was right, 0.0 if not, ``format_penalty`` if it
       stated no valid ``Judgment: N``;
-    - verifier: 1.0 if its last verdict was right (approve exactly when the final answer is
-      right), 0.0 if not, ``format_penalty`` if its last verdict was malformed.
+    - verifier: with ``verifier_reward: verdict`` 1.0 if its last verdict was right (approve
+      exactly when the final answer is right), 0.0 if not; with ``outcome`` 1.0 if the final
+      answer is right, 0.0 if not; ``format_penalty`` if its last verdict was malformed.
     """
     cfg = getattr(ctx.config, "answer", None) or MathRewardConfig()
+    pay_outcome = getattr(ctx.config, "verifier_reward", "verdict") == "outcome"
     out: list[float | None] = []
     for s in samples:
         role, meta = s.metadata.get("role", s.agent), s.metadata
@@ -301,7 +303,10 @@ def reward(ctx: RolloutContext, samples: list[Sample]) -> RewardResult:
             out.append(float(meta["correct"]) if ok else cfg.format_penalty)
         elif role == "verifier":
             last = (meta.get("verdicts") or [None])[-1]
-            out.append(cfg.format_penalty if last is None else float(last == meta["correct"]))
+            if last is None:
+                out.append(cfg.format_penalty)
+            else:
+                out.append(float(meta["correct"] if pay_outcome else last == meta["correct"]))
         else:
             raise ValueError(f"sample {s.key}: unknown role {role!r}")
     return out

@@ -258,6 +258,25 @@ def test_reward_hook_scores_each_role_on_its_own_decision():
         reward(ctx, [_sample("judge")])
 
 
+def test_outcome_pays_the_verifier_for_the_final_answer_not_its_verdict():
+    from recipes.math_solver_verifier.config import RecipeConfig
+
+    episode = [
+        _sample("verifier", verdicts=[False, False], correct=False),  # right to reject: 0.0
+        _sample("verifier", verdicts=[False, True], correct=True),  # the revision was right
+        _sample("verifier", verdicts=[True], correct=False),  # approved a wrong answer: 0.0
+        _sample("verifier", verdicts=[False, None], correct=True),  # malformed: penalty
+        _sample("solver", text="\\boxed{5}", correct=True),  # other roles: unchanged
+    ]
+    cfg = RecipeConfig(workflow="solver_verifier", verifier_reward="outcome").validate()
+    cfg.answer.format_penalty = -0.5
+    assert reward(RolloutContext(config=cfg), episode) == [0.0, 1.0, 0.0, -0.5, 1.0]
+    cfg.verifier_reward = "verdict"
+    assert reward(RolloutContext(config=cfg), episode) == [1.0, 1.0, 0.0, -0.5, 1.0]
+    with pytest.raises(ValueError, match="verifier_reward must be one of"):
+        RecipeConfig(verifier_reward="team").validate()
+
+
 async def _call(samples):
     fn = load_reward("recipes.math_solver_verifier.reward.reward")
     return await call_reward(fn, RolloutContext(), samples)
