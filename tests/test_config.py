@@ -37,7 +37,9 @@ def test_recipe_args_strings_stay_strings(tmp_path):
     JSON and from YAML (jsonargparse reads strings inside a dict[str, Any] again as YAML)."""
     args = {"prefix": "def {f}(x):\n    return ", "n": "1", "k": 2, "sub": {"s": "a: b"}}
     cfg_file = tmp_path / "run.yaml"
-    cfg_file.write_text(yaml.safe_dump({"recipe_args": args, "data": {"path": "x.jsonl"}}))
+    # the toy recipe has no config class: its hooks get recipe_args as they are
+    run = {"recipe": "toy", "recipe_args": args, "data": {"path": "x.jsonl"}}
+    cfg_file.write_text(yaml.safe_dump(run))
     assert load_train_config([], yaml_path=cfg_file).recipe_args == args
     flag = f"--recipe_args={json.dumps(args)}"
     assert load_train_config([flag], yaml_path=cfg_file).recipe_args == args
@@ -74,9 +76,12 @@ def test_cli_help_info_and_config_errors():
         ("config", "--data.path=x.jsonl", "--num_steps=3"),
         ("train", "--preset", "nope"),
         ("train", "--preset", "toy", "--generate_fn=kernel.toy.nothing"),
+        ("config", "--data.path=x.jsonl", "--recipe_args.verifier_reward=team"),
     ]
     with ThreadPoolExecutor(len(calls)) as pool:  # independent processes, started together
-        help_out, info, bad, typo, good, no_preset, bad_hook = pool.map(lambda a: _cli(*a), calls)
+        help_out, info, bad, typo, good, no_preset, bad_hook, bad_recipe_arg = pool.map(
+            lambda a: _cli(*a), calls
+        )
     assert help_out.returncode == 0
     for cmd in ("info", "train", "eval", "config", "plot", "launch"):
         assert cmd in help_out.stdout
@@ -87,6 +92,9 @@ def test_cli_help_info_and_config_errors():
     assert good.returncode == 0 and yaml.safe_load(good.stdout)["num_steps"] == 3
     assert no_preset.returncode == 2 and "--preset nope" in no_preset.stderr
     assert bad_hook.returncode == 2 and "kernel.toy.nothing" in bad_hook.stderr
+    # recipe_args are the recipe config's fields, checked with the rest before anything starts
+    assert bad_recipe_arg.returncode == 2
+    assert "recipe_args.verifier_reward must be one of" in bad_recipe_arg.stderr
 
 
 def test_ray_trainer_ranks_must_split_over_the_trainers_parallel_sizes(tmp_path):
@@ -114,11 +122,10 @@ def test_ray_trainer_ranks_must_split_over_the_trainers_parallel_sizes(tmp_path)
     ids=lambda p: f"{p.parent.parent.name}/{p.stem}",
 )
 def test_every_preset_passes_its_checks(preset):
-    """Each shipped preset loads and validates as it is (its recipe config included)."""
-    from kernel.hooks import default_recipe_config, load_recipe_config
-
-    cfg = load_train_config([], yaml_path=preset).validate()
-    load_recipe_config(cfg.recipe_config or default_recipe_config(cfg.recipe), cfg.recipe_args)
+    """Each shipped preset loads and validates as it is (its recipe config included: the
+    plan builds it)."""
+    plan = load_train_config([], yaml_path=preset).plan()
+    assert plan.recipe is not None
 
 
 def test_the_run_plan_resolves_every_agent_and_model_once(tmp_path):

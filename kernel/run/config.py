@@ -26,6 +26,7 @@ from kernel.advantages import TEAM_ESTIMATORS, AdvantageConfig
 from kernel.buffer import DataConfig
 from kernel.engine.pool import EngineConfig
 from kernel.env.spec import env_specs
+from kernel.hooks import default_recipe_config, load_recipe_config
 from kernel.loss import LossConfig
 from kernel.metrics import LogConfig
 from kernel.rewards import RewardConfig
@@ -276,7 +277,10 @@ class TrainConfig:
         if not self.data.path:
             raise ValueError("data.path is empty: give a .jsonl/.parquet file or a dataset name")
         self._check_jobs(specs, models)
-        return RunPlan(self, tuple(models), tuple(specs), remote)
+        recipe = load_recipe_config(
+            self.recipe_config or default_recipe_config(self.recipe), self.recipe_args
+        )
+        return RunPlan(self, tuple(models), tuple(specs), remote, recipe)
 
     def _check_jobs(self, specs: list[AgentSpec], models: list[ModelPlan]) -> None:
         """Agents as independent jobs: what a producing job (remote agents) and a consuming
@@ -462,6 +466,7 @@ class RunPlan:
     models: tuple[ModelPlan, ...]
     agents: tuple[AgentSpec, ...]
     remote: tuple[ModelPlan, ...] = ()  # agents other jobs play (kernel.run.jobs): not started
+    recipe: Any = None  # the recipe's config built from recipe_args and validated: ctx.config
 
     def model_of(self, agent: str) -> ModelPlan:
         """The model ``agent`` plays (its own, or the one it shares; a remote agent's is the

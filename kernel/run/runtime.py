@@ -42,9 +42,7 @@ from kernel.engine.pool import EnginePool
 from kernel.env.spec import env_specs
 from kernel.hooks import (
     RolloutContext,
-    default_recipe_config,
     load_generate,
-    load_recipe_config,
     load_reward,
     package_file,
 )
@@ -172,9 +170,7 @@ class Runtime:
         stop everything it started on the way out."""
         generate = load_generate(cfg.generate_fn or f"recipes.{cfg.recipe}.generate.generate")
         reward = load_reward(cfg.reward_fn or f"recipes.{cfg.recipe}.reward.reward")
-        recipe_config = load_recipe_config(
-            cfg.recipe_config or default_recipe_config(cfg.recipe), cfg.recipe_args
-        )
+        plan = cfg.plan()  # recipe_args too: plan.recipe is what the hooks see as ctx.config
         out = Path(cfg.output_dir)
         found = checkpoints(out)
         if found and not cfg.resume:
@@ -186,7 +182,6 @@ class Runtime:
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
 
-        plan = cfg.plan()
         plan.check_ray_ranks(placed=placement)
         with contextlib.ExitStack() as stack:  # Ray, if this run starts it, stops last
             if cfg.ray.enabled and cfg.ray.start():
@@ -240,7 +235,7 @@ class Runtime:
             handles = agent_handles(plan, models, queue, remote)
             ctx = RolloutContext(
                 agents=handles,
-                config=recipe_config,
+                config=plan.recipe,
                 run=cfg,
                 step=start,
                 envs=env_specs(cfg.environments),
