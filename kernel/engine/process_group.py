@@ -59,17 +59,32 @@ class GroupConfig:
         return f"tcp://{self.master_address}:{self.master_port}"
 
 
-def init_custom_process_group(config: GroupConfig, rank: int) -> dist.ProcessGroup:
-    """Join the group as ``rank``; blocks until all ``world_size`` ranks have joined."""
+def listen(host: str, port: int = 0, timeout_s: float = 300.0) -> dist.TCPStore:
+    """Rank 0's rendezvous store, listening on ``host``:``port`` from now on (port 0: one the OS
+    picks, read back as ``store.port``). Binding it before the port is handed to the other ranks
+    leaves no moment in which another process can take the port -- a port that was merely free
+    a moment ago can be gone by the time rank 0 listens (EADDRINUSE)."""
+    timeout = timedelta(seconds=timeout_s)
+    return dist.TCPStore(host, port, is_master=True, timeout=timeout, wait_for_workers=False)
+
+
+def init_custom_process_group(
+    config: GroupConfig, rank: int, store: dist.TCPStore | None = None
+) -> dist.ProcessGroup:
+    """Join the group as ``rank``; blocks until all ``world_size`` ranks have joined. Rank 0 may
+    pass the store it already ``listen``s on (at ``config.master_port``); without one it opens
+    the port itself."""
     config.validate()
     if not 0 <= rank < config.world_size:
         raise ValueError(f"rank must be in 0..{config.world_size - 1}, got {rank}")
     if config.backend == "nccl" and not torch.cuda.is_available():
         raise ValueError("backend 'nccl' needs a CUDA device; use 'gloo' on CPU")
     timeout = timedelta(seconds=config.timeout_s)
-    store, rank, world_size = next(
-        c10d.rendezvous(config.init_method, rank, config.world_size, timeout=timeout)
-    )
+    world_size = config.world_size
+    if store is None:
+        store, rank, world_size = next(
+            c10d.rendezvous(config.init_method, rank, world_size, timeout=timeout)
+        )
     store.set_timeout(timeout)
     group, _ = c10d._new_process_group_helper(
         world_size,

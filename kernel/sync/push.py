@@ -58,11 +58,11 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from kernel.engine.client import EngineError
-from kernel.engine.launch import free_port
 from kernel.engine.process_group import (
     GroupConfig,
     destroy_custom_process_group,
     init_custom_process_group,
+    listen,
 )
 from kernel.engine.weights import FlatBucketWriter, encode_named_tensors
 from kernel.sample import Sample
@@ -144,6 +144,7 @@ class LocalBroadcaster:
     def __init__(self, trainer, host: str = "127.0.0.1"):
         self.trainer, self.host = trainer, host
         self.group = None
+        self._store = None  # rank 0's rendezvous store, listening since rendezvous()
         self._buckets = None  # the export in progress: an iterator of buckets
         self._bucket: list[NamedTensor] = []  # the bucket gathered last
         self._ahead: list[NamedTensor] = []  # the one after it (none: that one is the last)
@@ -151,9 +152,10 @@ class LocalBroadcaster:
         self._writer: FlatBucketWriter | None = None  # the shared transport's buffer
 
     def rendezvous(self) -> tuple[str, int]:
-        """Where the group meets: this host and a port free on it."""
-
-        return self.host, free_port(self.host)
+        """Where the group meets: this host and a port on it that rank 0's store already
+        listens on (``join`` uses that store)."""
+        self._store = listen(self.host)
+        return self.host, self._store.port
 
     def backend(self) -> str:
         """nccl for a trainer on a GPU, gloo otherwise (SyncConfig.backend auto)."""
@@ -162,7 +164,7 @@ class LocalBroadcaster:
     def join(self, cfg) -> None:
         """Join the weight-sync group as rank 0 (blocks until every engine has joined)."""
 
-        self.group = init_custom_process_group(cfg, 0)
+        self.group = init_custom_process_group(cfg, 0, self._store)
 
     def start(self, bucket_bytes: int, backend: str) -> None:
         """Begin an export of the trainer's weights in buckets of ``bucket_bytes``."""
@@ -211,6 +213,7 @@ class LocalBroadcaster:
         if self.group is not None:
             destroy_custom_process_group(self.group)
             self.group = None
+        self._store = None
 
 
 class WeightSync:

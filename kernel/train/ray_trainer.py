@@ -3,11 +3,12 @@
 ``RayTrainer`` is a ``kernel.train.trainer.Trainer`` like the backends it runs, so the loop
 and WeightSync use it as they use one; the distributed weight sync broadcasts from rank 0's
 actor, and the shared one has every rank share its own copy, for the engines on its GPU
-(``RayBroadcaster``). Rank 0 picks the rendezvous address (its node's IP and the planned
-or a free port); the ranks form one process group (gloo on CPU, NCCL on GPUs). Each rank's
-trainer comes from ``build_trainer``: TorchTrainer settings shard the model over the ranks with
-FSDP2, MegatronTrainer settings split them tensor x pipeline x data parallel. A global batch is
-split over the data-parallel replicas with ``kernel.train.batching.shard_samples`` here, so each
+(``RayBroadcaster``). Rank 0 opens the rendezvous (its node's IP and the planned port, or one
+the OS picks, listening before the others are told it); the ranks form one process group
+(gloo on CPU, NCCL on GPUs). Each rank's trainer comes from ``build_trainer``: TorchTrainer
+settings shard the model over the ranks with FSDP2, MegatronTrainer settings split them
+tensor x pipeline x data parallel. A global batch is split over the data-parallel replicas
+with ``kernel.train.batching.shard_samples`` here, so each
 actor receives only its replica's share (every TP/PP rank of a Megatron replica the same one).
 
 Faults: every call waits on the ranks as they finish, so a rank whose process died is seen at
@@ -28,7 +29,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from kernel.engine.launch import free_port
+from kernel.engine.process_group import listen
 from kernel.sample import Sample
 from kernel.sync.push import LocalBroadcaster
 from kernel.train.batching import shard_samples
@@ -96,17 +97,18 @@ class TrainerRankActor:
     def __init__(self, rank: int, world_size: int, gpu: int | None = None):
         self.rank, self.world_size = rank, world_size
         self.trainer = None
+        self._store = None  # rank 0's rendezvous store (address())
         self._broadcaster = None  # the distributed weight sync's end in this rank (lazily)
         if gpu is not None:  # the planned GPU, before CUDA starts (Ray's own pick is ignored)
             os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
 
     def address(self, port: int | None = None) -> tuple[str, int]:
-        """This node's IP and ``port`` (None: one free on it): the group's rendezvous (asked of
-        rank 0)."""
+        """This node's IP and ``port`` (None: one the OS picks), where this rank's store listens
+        from now on: the group's rendezvous (asked of rank 0, before the others join)."""
         import ray
 
-        ip = ray.util.get_node_ip_address()
-        return ip, port or free_port(ip)
+        self._store = listen(ray.util.get_node_ip_address(), port or 0)
+        return self._store.host, self._store.port
 
     def setup(
         self, master: tuple[str, int], backend: str | None, timeout_s: float, *trainer_args
@@ -125,11 +127,17 @@ class TrainerRankActor:
         if self.world_size > 1:
             import torch
 
+            timeout = timedelta(seconds=timeout_s)
+            store = self._store  # rank 0's, listening since address()
+            if self.rank > 0:
+                store = dist.TCPStore(master[0], master[1], is_master=False, timeout=timeout)
+            store.set_timeout(timeout)
             dist.init_process_group(
                 backend or ("nccl" if torch.cuda.is_available() else "gloo"),
+                store=store,
                 rank=self.rank,
                 world_size=self.world_size,
-                timeout=timedelta(seconds=timeout_s),
+                timeout=timeout,
             )
         self.trainer = build_trainer(*trainer_args)
         return os.getpid(), self.trainer.rank, self.trainer.world_size
