@@ -39,6 +39,12 @@ def plan_ports(each: int = 4) -> dict[str, int]:
     return {f"{n}_base_port": base + i * each for i, n in enumerate(names)}
 
 
+def rendezvous_port() -> int:
+    """One port for a test's torch.distributed ranks, which bind it seconds later (after Python
+    and torch start): below the ephemeral range for the same reason, and free now."""
+    return _free_run(1)
+
+
 def _free_run(span: int) -> int:
     """A port ``p`` below the ephemeral range with ``p .. p + span - 1`` free now."""
     top = _ephemeral_start() - span

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from tests.ports import rendezvous_port
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_ranks(
@@ -23,7 +18,7 @@ def run_ranks(
 ) -> None:
     """Run ``python script *argv(rank, port)`` for every rank at once, with one free rendezvous
     port; fails with the tail of every rank's log unless all of them exit 0."""
-    port = free_port()
+    port = rendezvous_port()
     environ = os.environ | {"PYTHONPATH": str(ROOT)} | (env or {})
     procs = [
         subprocess.Popen(

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +24,7 @@ from kernel.loss import LossConfig
 from kernel.train.batching import plan_microbatches, shard_samples
 from kernel.train.optim import OptimConfig
 from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+from tests.ports import rendezvous_port
 
 OPTIM = OptimConfig(lr=1e-3, warmup_steps=1, decay="linear")
 LOSS = LossConfig(agg="seq_mean_token_mean", tis_cap=2.0, kl_coef=0.1)  # + sharded ref
@@ -51,12 +51,6 @@ def run_rank(rank: int, world: int, port: int, model_dir: str, out: Path) -> Non
     dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_world_size_two_equals_world_size_one(char_model_dir, make_samples, tmp_path):
     batches = [make_samples(BATCH, seed=step) for step in range(STEPS + 1)]
@@ -68,7 +62,7 @@ def test_world_size_two_equals_world_size_one(char_model_dir, make_samples, tmp_
     assert counts[2] != counts[3]  # in step 2 one rank runs a dummy micro-batch
     with (tmp_path / "batches.pkl").open("wb") as f:
         pickle.dump(batches, f)
-    port, repo = free_port(), Path(__file__).resolve().parents[2]
+    port, repo = rendezvous_port(), Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
