@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -38,8 +39,41 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
+_PICK = random.SystemRandom()  # not the module's generator: a run seeds that one
+_LOWEST_PORT = 20000
+
+
+def ephemeral_start() -> int:
+    """The first port of the OS's ephemeral range, from which it hands out the local ports of
+    outgoing connections (and of a bind to port 0)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+def bindable(host: str, port: int) -> bool:
+    """Whether ``host``:``port`` can be bound now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (the OS picks it)."""
+    """A TCP port free on ``host`` now, for a server that binds it a moment later. It is picked
+    at random below the ephemeral range: a port the OS picks lies in that range, where any
+    connection opened meanwhile (Ray's gRPC opens hundreds) can be handed the same number, and
+    the server then fails with "address already in use" -- it did, in CI. Where that range
+    starts too low to leave room, the OS picks."""
+    top = ephemeral_start()
+    if top - _LOWEST_PORT >= 1000:
+        for _ in range(100):
+            port = _PICK.randrange(_LOWEST_PORT, top)
+            if bindable(host, port):
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from tests.ports import rendezvous_port
+from kernel.engine.launch import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -18,7 +18,7 @@ def run_ranks(
 ) -> None:
     """Run ``python script *argv(rank, port)`` for every rank at once, with one free rendezvous
     port; fails with the tail of every rank's log unless all of them exit 0."""
-    port = rendezvous_port()
+    port = free_port()
     environ = os.environ | {"PYTHONPATH": str(ROOT)} | (env or {})
     procs = [
         subprocess.Popen(

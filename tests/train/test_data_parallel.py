@@ -20,11 +20,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from kernel.engine.launch import free_port
 from kernel.loss import LossConfig
 from kernel.train.batching import plan_microbatches, shard_samples
 from kernel.train.optim import OptimConfig
 from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
-from tests.ports import rendezvous_port
 
 OPTIM = OptimConfig(lr=1e-3, warmup_steps=1, decay="linear")
 LOSS = LossConfig(agg="seq_mean_token_mean", tis_cap=2.0, kl_coef=0.1)  # + sharded ref
@@ -62,7 +62,7 @@ def test_world_size_two_equals_world_size_one(char_model_dir, make_samples, tmp_
     assert counts[2] != counts[3]  # in step 2 one rank runs a dummy micro-batch
     with (tmp_path / "batches.pkl").open("wb") as f:
         pickle.dump(batches, f)
-    port, repo = rendezvous_port(), Path(__file__).resolve().parents[2]
+    port, repo = free_port(), Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo), "OMP_NUM_THREADS": "1"}
     procs = [
         subprocess.Popen(
