@@ -266,6 +266,16 @@ def seed_dirs(out: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name[4:]))
 
 
+def replies_parser(doc: str) -> argparse.ArgumentParser:
+    """The command line of a recipe's ``read_replies`` (``doc``: its module docstring): the
+    run folders this script wrote."""
+    parser = argparse.ArgumentParser(
+        description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("runs", nargs="+", type=Path, help="bench_learning run folders")
+    return parser
+
+
 def read_seeds(out: Path, who: str) -> list[SeedRun]:
     """Every finished seed of the run in ``out``; exits naming ``out`` if it holds none."""
     dirs = seed_dirs(out)

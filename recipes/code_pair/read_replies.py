@@ -20,14 +20,13 @@ nothing, whatever the team reward says.
 
 from __future__ import annotations
 
-import argparse
 from collections import Counter
 from pathlib import Path
 
 from recipes.code_pair import code
 from recipes.code_pair.config import HELPER
 from recipes.code_pair.reward import STATUS_NAMES
-from scripts.bench_learning import read_jsonl, read_seeds
+from scripts.bench_learning import read_jsonl, read_seeds, replies_parser
 
 AUX = "aux"
 
@@ -101,16 +100,11 @@ def _line(where: str, role: str, f: dict) -> str:
             f"solved rows {f['solved']}",
         ]
     text, count = f["opening"]
-    parts.append(f"{f['chars']:.0f} chars, opening {text[:48]!r} x{count}")
-    return "; ".join(parts)
+    return "; ".join([*parts, f"{f['chars']:.0f} chars, opening {text[:48]!r} x{count}"])
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("runs", nargs="+", type=Path, help="bench_learning run folders")
-    args = parser.parse_args(argv)
+    args = replies_parser(__doc__).parse_args(argv)
     print(f"{'run':<16} {'seed':<6} {'eval':<9} {'role':<7} {'n':>4}; the figures")
     for run in args.runs:
         for seed in read_seeds(run, "read_replies"):

@@ -23,7 +23,6 @@ nothing; a reply's opening that repeats across problems is a template, not a com
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections import Counter
 from pathlib import Path
@@ -31,7 +30,7 @@ from pathlib import Path
 from recipes.math_solver_verifier.config import as_config
 from recipes.math_solver_verifier.generate import JUDGMENT, parse_verdict
 from recipes.math_solver_verifier.reward import MathRewardConfig, final_answer, score
-from scripts.bench_learning import read_jsonl, read_seeds
+from scripts.bench_learning import read_jsonl, read_seeds, replies_parser
 
 # a role's dialogue as decoded (ChatML, SmolLM2's template): its turns end with <|im_end|>,
 # and another speaker's message sits between two of them
@@ -117,11 +116,7 @@ def _line(where: str, role: str, f: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("runs", nargs="+", type=Path, help="bench_learning run folders")
-    args = parser.parse_args(argv)
+    args = replies_parser(__doc__).parse_args(argv)
     print(f"{'run':<20} {'seed':<6} {'eval':<9} {'role':<9} {'n':>4} {'right':>6}; the rest")
     for run in args.runs:
         for seed in read_seeds(run, "read_replies"):

@@ -21,14 +21,13 @@ A doctor whose ``correct`` rises only because ``named`` rises, with ``correct | 
 
 from __future__ import annotations
 
-import argparse
 import re
 from collections import Counter
 from pathlib import Path
 
 from recipes.takes_two.data import Case, diagnosis_matches
 from recipes.takes_two.reward import candidate_named, diagnosis_correct, parse_final
-from scripts.bench_learning import SeedRun, read_jsonl, read_seeds
+from scripts.bench_learning import SeedRun, read_jsonl, read_seeds, replies_parser
 
 _TURN_END = re.compile(r"<\|im_end\|>|<\|eot_id\|>|</s>|\n")
 
@@ -97,10 +96,7 @@ def _line(where: str, f: dict, turns: int) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("runs", nargs="+", type=Path, help="bench_learning run folders")
+    parser = replies_parser(__doc__)
     parser.add_argument("--turns", type=int, default=3, help="first turns to show per seed")
     args = parser.parse_args(argv)
     head = f"{'run':<20} {'seed':<6} {'eval':<9} {'n':>4} {'correct':>8} {'named':>6}"
