@@ -8,8 +8,8 @@ the OS picks, listening before the others are told it); the ranks form one proce
 (gloo on CPU, NCCL on GPUs). Each rank's trainer comes from ``build_trainer``: TorchTrainer
 settings shard the model over the ranks with FSDP2, MegatronTrainer settings split them
 tensor x pipeline x data parallel. A global batch is split over the data-parallel replicas
-with ``kernel.train.batching.shard_samples`` here, so each
-actor receives only its replica's share (every TP/PP rank of a Megatron replica the same one).
+with ``kernel.train.batching.shard_samples`` here, so each actor receives only its replica's
+share (every TP/PP rank of a Megatron replica the same one).
 
 Faults: every call waits on the ranks as they finish, so a rank whose process died is seen at
 once (Ray reports ``RayActorError``) instead of waiting on the survivors, which would block in a
