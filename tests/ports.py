@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 
-from kernel.engine.launch import bindable, ephemeral_start
+from kernel.engine.launch import LOWEST_PORT, bindable, ephemeral_start
 
 _PICK = random.SystemRandom()  # a test may seed the module's generator
 
@@ -30,7 +30,7 @@ def _free_run(span: int) -> int:
     """A port ``p`` below the ephemeral range with ``p .. p + span - 1`` free now."""
     top = ephemeral_start() - span
     for _ in range(1000):
-        p = _PICK.randrange(20000, top)
+        p = _PICK.randrange(LOWEST_PORT, top)
         if all(bindable("0.0.0.0", p + i) for i in range(span)):
             return p
-    raise RuntimeError(f"no {span} consecutive free ports in 20000..{top}")
+    raise RuntimeError(f"no {span} consecutive free ports in {LOWEST_PORT}..{top}")

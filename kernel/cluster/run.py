@@ -103,6 +103,7 @@ def run_plan(cfg, plan, on_step=None) -> list[dict]:
         if server == "auto":
             server = "sglang" if has_gpus else "embedded"
         cfg = _launch_config(cfg, plan)
+        run = cfg.plan()  # every group's model settings, resolved once
         out = Path(cfg.output_dir)
         record: dict[str, list] = {"engines": [], "routers": []}
         engines: dict[str, list[str]] = {}
@@ -112,7 +113,7 @@ def run_plan(cfg, plan, on_step=None) -> list[dict]:
                 ip, actor = _service(nodes[e.node], 0 if g.colocate else len(e.gpus) * has_gpus)
                 services.append(actor)
                 url = f"http://{ip}:{e.port}"
-                command, env = _engine_command(server, cfg, g, e, ip, out, plan.cluster.sglang_args)
+                command, env = _engine_command(server, run, g, e, ip, out, plan.cluster.sglang_args)
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, e.gpus))
                 log = out / "logs" / g.owner / f"engine{e.index}.log"
                 pid = _get(
@@ -127,12 +128,12 @@ def run_plan(cfg, plan, on_step=None) -> list[dict]:
         routers = {}
         for g in plan.groups:
             routers[g.owner] = _start_router(
-                cfg, g, engines[g.owner], nodes[0], plan, services, record
+                run, g, engines[g.owner], nodes[0], plan, services, record
             )
         _write(out, record)
 
         placement = {
-            g.owner: _placement(cfg, g, nodes, has_gpus, plan) for g in plan.groups if g.trainer
+            g.owner: _placement(run, g, nodes, has_gpus, plan) for g in plan.groups if g.trainer
         }
         with _watch_nodes(nodes, plan, out):
             return train(_placed_config(cfg, plan, engines, routers), on_step, placement)
@@ -280,17 +281,18 @@ def _service(node: tuple[str, str], num_gpus: int):
     return ip, actor
 
 
-def _owner_settings(cfg, g):
-    """The model settings of group ``g`` (those of the agent that owns its model)."""
-    return cfg.plan().model_of(g.owner).settings
+def _owner_settings(run, g):
+    """The model settings of group ``g`` (those of the agent that owns its model) in the run's
+    ``RunPlan``."""
+    return run.model_of(g.owner).settings
 
 
-def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args):
+def _engine_command(server: str, run, g, e, ip: str, out: Path, sglang_args):
     """The command line of engine ``e`` of group ``g`` and its environment: real SGLang (with
     its LoRA flags, the cluster's ``sglang_args``, then the model's own ``engine.sglang_args``)
     or the embedded server, each with the model's ``engine.api_key`` if it has one."""
 
-    settings = _owner_settings(cfg, g)
+    settings = _owner_settings(run, g)
     model = materialize_model(settings.model, out / "models")
     if server == "sglang":
         cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model]
@@ -303,7 +305,7 @@ def _engine_command(server: str, cfg, g, e, ip: str, out: Path, sglang_args):
         cmd += _lora_flags(settings.engine)
         return cmd + list(sglang_args) + list(settings.engine.sglang_args), {}
 
-    config = settings.engine.server_config(model, host=ip, port=e.port, seed=cfg.seed + e.index)
+    config = settings.engine.server_config(model, host=ip, port=e.port, seed=run.cfg.seed + e.index)
     return server_command(config.validate()), server_env(config)
 
 
@@ -325,7 +327,7 @@ def _lora_flags(engine) -> list[str]:
     return flags + (["--lora-paths", *engine.lora_paths] if engine.lora_paths else [])
 
 
-def _start_router(cfg, g, urls, node, plan, services: list, record: dict) -> str:
+def _start_router(run, g, urls, node, plan, services: list, record: dict) -> str:
     """Group ``g``'s sglang-router on plan node 0, with its engines registered; its URL."""
 
     ip, actor = _service(node, 0)
@@ -336,9 +338,9 @@ def _start_router(cfg, g, urls, node, plan, services: list, record: dict) -> str
         worker_urls=urls,
         policy="round_robin",
         prometheus_port=g.metrics_port,
-        api_key=_owner_settings(cfg, g).engine.api_key,
+        api_key=_owner_settings(run, g).engine.api_key,
     ).validate()
-    log = Path(cfg.output_dir) / "logs" / g.owner / "router.log"
+    log = Path(run.cfg.output_dir) / "logs" / g.owner / "router.log"
     pid = _get(
         actor.start.remote(f"router of {g.owner!r}", config.url, config.command(), str(log), {})
     )
@@ -348,12 +350,12 @@ def _start_router(cfg, g, urls, node, plan, services: list, record: dict) -> str
     return config.url
 
 
-def _placement(cfg, g, nodes, has_gpus: bool, plan) -> ModelPlacement:
+def _placement(run, g, nodes, has_gpus: bool, plan) -> ModelPlacement:
     """Group ``g``'s trainer ranks as RayTrainer options, its colocation, pool and sync. The
     trainers of a shared pool split each GPU's Ray reservation (they take turns on it)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    device = getattr(_owner_settings(cfg, g).trainer, "device", None)  # megatron: none
+    device = getattr(_owner_settings(run, g).trainer, "device", None)  # megatron: none
     sharing = sum(x.pool == g.pool for x in plan.groups) if g.pool else 1
     options = {
         "world_size": len(g.trainer),
@@ -362,7 +364,7 @@ def _placement(cfg, g, nodes, has_gpus: bool, plan) -> ModelPlacement:
         ],
         "gpus": [r.gpu for r in g.trainer],
         "master_port": g.master_port,
-        "num_cpus": cfg.ray.num_cpus_per_rank,
+        "num_cpus": run.cfg.ray.num_cpus_per_rank,
         "num_gpus": 1 / sharing if has_gpus else 0,
         "backend": "gloo" if device == "cpu" else None,  # None: each rank's CUDA decides
     }

@@ -40,7 +40,7 @@ def _die_with_parent() -> None:
 
 
 _PICK = random.SystemRandom()  # not the module's generator: a run seeds that one
-_LOWEST_PORT = 20000
+LOWEST_PORT = 20000  # where free_port (and a test plan's ports) start looking
 
 
 def ephemeral_start() -> int:
@@ -69,9 +69,9 @@ def free_port(host: str = "127.0.0.1") -> int:
     the server then fails with "address already in use" -- it did, in CI. Where that range
     starts too low to leave room, the OS picks."""
     top = ephemeral_start()
-    if top - _LOWEST_PORT >= 1000:
+    if top - LOWEST_PORT >= 1000:
         for _ in range(100):
-            port = _PICK.randrange(_LOWEST_PORT, top)
+            port = _PICK.randrange(LOWEST_PORT, top)
             if bindable(host, port):
                 return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -31,10 +31,6 @@ from scripts.bench_learning import read_jsonl, read_seeds, replies_parser
 AUX = "aux"
 
 
-def _entry(reply: str, entry_point: str) -> str | None:
-    return code.find_function(code.extract_code(reply), entry_point)
-
-
 def read(path: Path, entry_points: list[str]) -> dict[str, dict]:
     """The figures of one held-out evaluation file, per role."""
     acc: dict[str, Counter] = {}
@@ -49,14 +45,15 @@ def read(path: Path, entry_points: list[str]) -> dict[str, dict]:
         ):
             c["n"] += 1
             c["chars"] += len(text)
-            first = code.extract_code(text).strip().split("\n", 1)[0]
-            openings.setdefault(role, Counter())[first[:60]] += 1
+            written = code.extract_code(text)
+            openings.setdefault(role, Counter())[written.strip().split("\n", 1)[0][:60]] += 1
+            entry = code.find_function(written, entry_point)
             if role == HELPER:
-                aux = code.find_function(code.extract_code(text), AUX)
+                aux = code.find_function(written, AUX)
                 c["defines_aux"] += aux is not None and code.returns_something(aux)
-                c["writes_entry"] += _entry(text, entry_point) is not None
+                c["writes_entry"] += entry is not None
                 continue
-            function = _entry(text, entry_point) or ""
+            function = entry or ""
             uses = code.calls(function, AUX)
             c["passed"] += passed
             c["checks"] += logged.get("checks_passed", 0.0)

@@ -211,7 +211,7 @@ def test_a_colocated_sglang_engine_is_started_to_release_its_memory(tmp_path):
     engine's TP size and memory share; its engine TP ranks read the trainer ranks' copies."""
     cfg = toy(tmp_path, {"train_gpus": 4, "colocate": True, "engine_tensor_parallel": 2})
     (g,) = make_plan(cfg, cluster(4)).groups
-    cmd, env = _engine_command("sglang", cfg, g, g.engines[1], "10.0.0.1", tmp_path, [])
+    cmd, env = _engine_command("sglang", cfg.plan(), g, g.engines[1], "10.0.0.1", tmp_path, [])
     assert cmd[1:3] == ["-m", "sglang.launch_server"] and env == {}
     assert "--enable-memory-saver" in cmd
     assert cmd[cmd.index("--tp-size") + 1] == "2"

@@ -163,16 +163,17 @@ def test_sglang_command_adds_the_models_own_flags_after_the_clusters(tmp_path):
     agents = json.dumps([spec, {"name": "patient", "model": "/ckpt/patient"}])
     cfg = recipe_config("takes_two", "--agents", agents)
     doctor, patient = make_plan(cfg, ONE).groups
+    run = cfg.plan()
     cluster_args = ["--dtype", "bfloat16"]
     ip, out = "10.0.0.1", tmp_path
-    cmd, env = _engine_command("sglang", cfg, doctor, doctor.engines[1], ip, out, cluster_args)
+    cmd, env = _engine_command("sglang", run, doctor, doctor.engines[1], ip, out, cluster_args)
     assert cmd[1:3] == ["-m", "sglang.launch_server"] and env == {}
     assert cmd[3:] == [
         "--model-path", "/ckpt/doctor", "--host", "10.0.0.1", "--port", "30011", "--tp-size", "1",
         "--mem-fraction-static", str(doctor.mem_fraction_static),
         "--dtype", "bfloat16", "--context-length", "8192",
     ]  # fmt: skip
-    cmd, _ = _engine_command("sglang", cfg, patient, patient.engines[0], ip, out, cluster_args)
+    cmd, _ = _engine_command("sglang", run, patient, patient.engines[0], ip, out, cluster_args)
     assert cmd[4] == "/ckpt/patient" and cmd[-2:] == cluster_args
     with pytest.raises(
         ValueError, match=r"engine\.sglang_args: \['--tp', 2\] is not a valid list\[str\]"
@@ -189,9 +190,10 @@ def test_an_engine_api_key_reaches_sglang_by_flag_and_the_embedded_server_by_env
     spec = {"name": "doctor", "model": "/ckpt/doctor", "engine": {"api_key": "k-123"}}
     cfg = recipe_config("takes_two", "--agents", json.dumps([spec, "patient"]))
     (doctor,) = make_plan(cfg, ONE).groups
-    cmd, env = _engine_command("sglang", cfg, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
+    run = cfg.plan()
+    cmd, env = _engine_command("sglang", run, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
     assert cmd[cmd.index("--api-key") + 1] == "k-123" and env == {}
-    cmd, env = _engine_command("embedded", cfg, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
+    cmd, env = _engine_command("embedded", run, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
     assert "k-123" not in " ".join(cmd) and env == {"TANDEM_API_KEY": "k-123"}
 
 
@@ -206,20 +208,21 @@ def test_lora_engines_get_sglangs_lora_flags_and_the_embedded_servers_theirs(tmp
     spec = {"name": "doctor", "model": "/ckpt/doctor", "engine": lora}
     cfg = recipe_config("takes_two", "--agents", json.dumps([spec, "patient"]))
     (doctor,) = make_plan(cfg, ONE).groups
-    cmd, _ = _engine_command("sglang", cfg, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
+    run = cfg.plan()
+    cmd, _ = _engine_command("sglang", run, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
     at = cmd.index("--enable-lora")
     assert cmd[at:] == [
         "--enable-lora", "--max-loras-per-batch", "2", "--max-lora-rank", "16",
         "--lora-target-modules", "q_proj", "v_proj",
     ]  # fmt: skip
-    cmd, _ = _engine_command("embedded", cfg, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
+    cmd, _ = _engine_command("embedded", run, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
     assert cmd[cmd.index("--enable_lora") + 1] == "True"
     assert cmd[cmd.index("--max_loras_per_batch") + 1] == "2"
     spec["engine"] = {"enable_lora": True}  # no rank, no targets: SGLang could load none
     cfg = recipe_config("takes_two", "--agents", json.dumps([spec, "patient"]))
     (doctor,) = make_plan(cfg, ONE).groups
     with pytest.raises(ValueError, match=r"engine\.max_lora_rank"):
-        _engine_command("sglang", cfg, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
+        _engine_command("sglang", cfg.plan(), doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
 
 
 def test_takes_two_on_two_nodes():
