@@ -8,14 +8,19 @@
 #   5. rl     GRPO from the SFT model for RL_STEPS steps (scripts/bench_learning.py: held-out
 #             before and after, with a bootstrap interval)
 # and prints the held-out accuracy after each stage. Every stage writes under OUT; a stage whose
-# output exists is skipped, so the same command resumes.
+# output exists is skipped, so the same command resumes. Another recipe's preset goes the same
+# way (RECIPE, PRESET; AGENT: the agent whose accuracy is printed, whose answers are kept):
 #   bash scripts/sft_to_rl.sh                      # OUT=runs/sft_to_rl
 #   COLLECT_PROMPTS=64 RL_STEPS=2 bash scripts/sft_to_rl.sh   # a quick pass
+#   RECIPE=gym PRESET=tools AGENT=default OUT=runs/sft_to_rl_gym bash scripts/sft_to_rl.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT="${OUT:-runs/sft_to_rl}"
 PY="${PY:-.venv/bin/python}"
-RECIPE=(--recipe math_solver_verifier --preset learn)
+RECIPE="${RECIPE:-math_solver_verifier}"
+PRESET="${PRESET:-learn}"
+AGENT="${AGENT:-solver}"
+RUN=(--recipe "$RECIPE" --preset "$PRESET")
 EVAL_PROMPTS="${EVAL_PROMPTS:-256}"
 COLLECT_PROMPTS="${COLLECT_PROMPTS:-512}"
 N_SAMPLES="${N_SAMPLES:-4}"
@@ -28,7 +33,7 @@ stage() { echo; echo "== $1"; }
 evaluate() {  # evaluate NAME [flags]: held-out accuracy into $OUT/eval_NAME/eval.json
   local name="$1"; shift
   [ -f "$OUT/eval_$name/eval.json" ] && { echo "(done: $OUT/eval_$name/eval.json)"; return; }
-  "$PY" -m kernel eval "${RECIPE[@]}" --output_dir "$OUT/eval_$name" \
+  "$PY" -m kernel eval "${RUN[@]}" --output_dir "$OUT/eval_$name" \
     --eval.max_prompts "$EVAL_PROMPTS" "$@"
 }
 
@@ -36,31 +41,31 @@ stage "1. base model, held out"
 evaluate base
 
 stage "2. collect: $N_SAMPLES answers to each of $COLLECT_PROMPTS training problems, best correct"
-"$PY" -m kernel collect "${RECIPE[@]}" --output_dir "$OUT/collect" \
+"$PY" -m kernel collect "${RUN[@]}" --output_dir "$OUT/collect" \
   --collect.max_prompts "$COLLECT_PROMPTS" --collect.n_samples "$N_SAMPLES" \
-  --collect.keep best --collect.min_reward 1
+  --collect.keep best --collect.min_reward 1 --collect.agents "[$AGENT]"
 wc -l < "$OUT/collect/trajectories.jsonl" | xargs echo "kept answers:"
 
 stage "3. sft on the kept answers, $EPOCHS epochs"
-[ -d "$OUT/sft/model" ] || "$PY" -m kernel sft "${RECIPE[@]}" --output_dir "$OUT/sft" \
-  --sft.path "$OUT/collect/trajectories.jsonl" --sft.epochs "$EPOCHS"
+[ -d "$OUT/sft/model" ] || "$PY" -m kernel sft "${RUN[@]}" --output_dir "$OUT/sft" \
+  --sft.path "$OUT/collect/trajectories.jsonl" --sft.agent "$AGENT" --sft.epochs "$EPOCHS"
 
 stage "4. sft model, held out"
 evaluate sft --model "$OUT/sft/model"
 
 stage "5. rl from the sft model, $RL_STEPS steps"
-[ -f "$OUT/rl/learning.json" ] || "$PY" scripts/bench_learning.py --recipe math_solver_verifier \
+[ -f "$OUT/rl/learning.json" ] || "$PY" scripts/bench_learning.py "${RUN[@]}" \
   --steps "$RL_STEPS" --out "$OUT/rl" -- --model "$OUT/sft/model" \
   --eval.max_prompts "$EVAL_PROMPTS"
 
-stage "summary: held-out accuracy of the solver (the learn preset's evaluation, $EVAL_PROMPTS problems)"
-"$PY" - "$OUT" <<'EOF'
+stage "summary: held-out accuracy of $AGENT ($RECIPE $PRESET's evaluation, $EVAL_PROMPTS items)"
+"$PY" - "$OUT" "$AGENT" <<'EOF'
 import json, sys
 from pathlib import Path
-out = Path(sys.argv[1])
+out, agent = Path(sys.argv[1]), sys.argv[2]
 def acc(path):
     row = json.loads(path.read_text())
-    return next(v for k, v in row.items() if k.startswith("eval/solver/avg@"))
+    return next(v for k, v in row.items() if k.startswith(f"eval/{agent}/avg@"))
 rl = json.loads((out / "rl" / "learning.json").read_text())
 kept = sum(1 for _ in (out / "collect" / "trajectories.jsonl").open())
 print(f"| stage | accuracy |\n|---|---|")
