@@ -5,8 +5,8 @@
 #      per problem (rejection sampling: collect.min_reward 1)
 #   3. sft    the model on those answers (their exact ids and loss masks)
 #   4. eval   the SFT model
-#   5. rl     GRPO from the SFT model for RL_STEPS steps (scripts/bench_learning.py: held-out
-#             before and after, with a bootstrap interval)
+#   5. rl     GRPO from the SFT model for RL_STEPS steps, SEEDS seeds (scripts/bench_learning.py:
+#             held-out before and after, with a bootstrap interval)
 # and prints the held-out accuracy after each stage. Every stage writes under OUT; a stage whose
 # output exists is skipped, so the same command resumes. Another recipe's preset goes the same
 # way (RECIPE, PRESET; AGENT: the agent whose accuracy is printed, whose answers are kept):
@@ -26,6 +26,7 @@ COLLECT_PROMPTS="${COLLECT_PROMPTS:-512}"
 N_SAMPLES="${N_SAMPLES:-4}"
 EPOCHS="${EPOCHS:-2}"
 RL_STEPS="${RL_STEPS:-32}"
+SEEDS="${SEEDS:-1}"
 [ -x "$PY" ] || bash scripts/setup.sh dev,math,models
 mkdir -p "$OUT"
 
@@ -53,9 +54,9 @@ stage "3. sft on the kept answers, $EPOCHS epochs"
 stage "4. sft model, held out"
 evaluate sft --model "$OUT/sft/model"
 
-stage "5. rl from the sft model, $RL_STEPS steps"
+stage "5. rl from the sft model, $RL_STEPS steps, $SEEDS seed(s)"
 [ -f "$OUT/rl/learning.json" ] || "$PY" scripts/bench_learning.py "${RUN[@]}" \
-  --steps "$RL_STEPS" --out "$OUT/rl" -- --model "$OUT/sft/model" \
+  --steps "$RL_STEPS" --seeds "$SEEDS" --out "$OUT/rl" -- --model "$OUT/sft/model" \
   --eval.max_prompts "$EVAL_PROMPTS"
 
 stage "summary: held-out accuracy of $AGENT ($RECIPE $PRESET's evaluation, $EVAL_PROMPTS items)"
