@@ -54,6 +54,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -274,6 +275,16 @@ def replies_parser(doc: str) -> argparse.ArgumentParser:
     )
     parser.add_argument("runs", nargs="+", type=Path, help="bench_learning run folders")
     return parser
+
+
+def each_seed(runs: list[Path], width: int) -> Iterator[tuple[SeedRun, list[tuple[str, Path]]]]:
+    """A read_replies table's rows: every finished seed of every run folder in ``runs``, with
+    its first and last held-out evaluation, each labelled "run seed eval" (the run's name
+    padded to ``width``)."""
+    for run in runs:
+        for seed in read_seeds(run, "read_replies"):
+            where = f"{run.name:<{width}} {seed.path.name:<6}"
+            yield seed, [(f"{where} {p.name.split('.')[0]:<9}", p) for p in seed.evaluations]
 
 
 def read_seeds(out: Path, who: str) -> list[SeedRun]:

@@ -26,7 +26,7 @@ from pathlib import Path
 from recipes.code_pair import code
 from recipes.code_pair.config import HELPER
 from recipes.code_pair.reward import STATUS_NAMES
-from scripts.bench_learning import read_jsonl, read_seeds, replies_parser
+from scripts.bench_learning import each_seed, read_jsonl, replies_parser
 
 AUX = "aux"
 
@@ -103,13 +103,11 @@ def _line(where: str, role: str, f: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = replies_parser(__doc__).parse_args(argv)
     print(f"{'run':<16} {'seed':<6} {'eval':<9} {'role':<7} {'n':>4}; the figures")
-    for run in args.runs:
-        for seed in read_seeds(run, "read_replies"):
-            entry_points = [sample.metadata["entry_point"] for sample in seed.held_out()]
-            for path in seed.evaluations:
-                where = f"{run.name:<16} {seed.path.name:<6} {path.name.split('.')[0]:<9}"
-                for role, figures in sorted(read(path, entry_points).items()):
-                    print(_line(where, role, figures))
+    for seed, evaluations in each_seed(args.runs, 16):
+        entry_points = [sample.metadata["entry_point"] for sample in seed.held_out()]
+        for where, path in evaluations:
+            for role, figures in sorted(read(path, entry_points).items()):
+                print(_line(where, role, figures))
 
 
 if __name__ == "__main__":

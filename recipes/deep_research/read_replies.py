@@ -24,7 +24,7 @@ from collections import Counter
 from pathlib import Path
 
 from recipes.deep_research.reward import answer_in, exact_match, gold_answers, normalize
-from scripts.bench_learning import read_jsonl, read_seeds, replies_parser
+from scripts.bench_learning import each_seed, read_jsonl, replies_parser
 
 _ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 _SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
@@ -124,13 +124,11 @@ def _line(where: str, role: str, f: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = replies_parser(__doc__).parse_args(argv)
     print(f"{'run':<16} {'seed':<6} {'eval':<9} {'role':<8} {'n':>4}; the figures")
-    for run in args.runs:
-        for seed in read_seeds(run, "read_replies"):
-            held_out = seed.held_out()
-            for path in seed.evaluations:
-                where = f"{run.name:<16} {seed.path.name:<6} {path.name.split('.')[0]:<9}"
-                for role, figures in sorted(read(path, held_out).items()):
-                    print(_line(where, role, figures))
+    for seed, evaluations in each_seed(args.runs, 16):
+        held_out = seed.held_out()
+        for where, path in evaluations:
+            for role, figures in sorted(read(path, held_out).items()):
+                print(_line(where, role, figures))
 
 
 if __name__ == "__main__":

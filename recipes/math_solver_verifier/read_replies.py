@@ -30,7 +30,7 @@ from pathlib import Path
 from recipes.math_solver_verifier.config import as_config
 from recipes.math_solver_verifier.generate import JUDGMENT, parse_verdict
 from recipes.math_solver_verifier.reward import MathRewardConfig, final_answer, score
-from scripts.bench_learning import read_jsonl, read_seeds, replies_parser
+from scripts.bench_learning import each_seed, read_jsonl, replies_parser
 
 # a role's dialogue as decoded (ChatML, SmolLM2's template): its turns end with <|im_end|>,
 # and another speaker's message sits between two of them
@@ -118,14 +118,12 @@ def _line(where: str, role: str, f: dict) -> str:
 def main(argv: list[str] | None = None) -> None:
     args = replies_parser(__doc__).parse_args(argv)
     print(f"{'run':<20} {'seed':<6} {'eval':<9} {'role':<9} {'n':>4} {'right':>6}; the rest")
-    for run in args.runs:
-        for seed in read_seeds(run, "read_replies"):
-            labels = [str(sample.label) for sample in seed.held_out()]
-            cfg = as_config(seed.config.get("recipe_args", {})).answer
-            for path in seed.evaluations:
-                where = f"{run.name:<20} {seed.path.name:<6} {path.name.split('.')[0]:<9}"
-                for role, figures in sorted(read(path, labels, cfg).items()):
-                    print(_line(where, role, figures))
+    for seed, evaluations in each_seed(args.runs, 20):
+        labels = [str(sample.label) for sample in seed.held_out()]
+        cfg = as_config(seed.config.get("recipe_args", {})).answer
+        for where, path in evaluations:
+            for role, figures in sorted(read(path, labels, cfg).items()):
+                print(_line(where, role, figures))
 
 
 if __name__ == "__main__":

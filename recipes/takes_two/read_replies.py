@@ -27,7 +27,7 @@ from pathlib import Path
 
 from recipes.takes_two.data import Case, diagnosis_matches
 from recipes.takes_two.reward import candidate_named, diagnosis_correct, parse_final
-from scripts.bench_learning import SeedRun, read_jsonl, read_seeds, replies_parser
+from scripts.bench_learning import SeedRun, each_seed, read_jsonl, replies_parser
 
 _TURN_END = re.compile(r"<\|im_end\|>|<\|eot_id\|>|</s>|\n")
 
@@ -101,13 +101,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     head = f"{'run':<20} {'seed':<6} {'eval':<9} {'n':>4} {'correct':>8} {'named':>6}"
     print(head + f" {'correct|named':>13} {'chance':>6} {'facts':>6}  first turns")
-    for run in args.runs:
-        for seed in read_seeds(run, "read_replies"):
-            cases = held_out_cases(seed)
-            for path in seed.evaluations:
-                f = read(path, cases)
-                name = path.name.split(".")[0]
-                print(_line(f"{run.name:<20} {seed.path.name:<6} {name:<9}", f, args.turns))
+    for seed, evaluations in each_seed(args.runs, 20):
+        cases = held_out_cases(seed)
+        for where, path in evaluations:
+            print(_line(where, read(path, cases), args.turns))
 
 
 if __name__ == "__main__":
