@@ -26,10 +26,14 @@ from pathlib import Path
 from recipes.deep_research.reward import answer_in, exact_match, gold_answers, normalize
 from scripts.bench_learning import each_seed, read_jsonl, replies_parser
 
-_ANSWER = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
-_SEARCH = re.compile(r"<search>(.*?)</search>", re.DOTALL)
-_QUERY = re.compile(r"<query>(.*?)</query>", re.DOTALL)
-_SUMMARY = re.compile(r"<summary>(.*?)</summary>", re.DOTALL)
+
+def _tag(name: str) -> re.Pattern:
+    """A tag's text up to its closing tag, or where its turn ends: a scaffolded turn stops at a
+    line break and the recipe closes the tag it left open (generate._closed)."""
+    return re.compile(rf"<{name}>(.*?)(?=</{name}>|<\|im_end\|>|<\|eot_id\|>|</s>|\n|$)", re.S)
+
+
+_ANSWER, _QUERY, _SUMMARY = _tag("answer"), _tag("query"), _tag("summary")
 _INFORMATION = re.compile(r"<information>(.*?)</information>", re.DOTALL)
 
 

@@ -46,12 +46,13 @@ EPISODES = [
         "texts": [_agent("Nothing found.", None), _agent("Nothing found.", "poet")],
         "metrics": [_logged(0.0), _logged(1.0)],
     },
-    {  # the question as the query, the fact retrieved and kept; another query, nothing found
+    {  # the question as the query, the fact retrieved and kept (a summary its turn's end closed:
+        # a scaffolded turn stops at a line break); another query, nothing found
         "row": 0,
         "agent": "searcher",
         "texts": [
             "<query>In which town was Dorbek Garul born?</query>\n<information>[p070] Dorbek "
-            "Garul: born in the town of Nyquoholm.</information><summary>Nyquoholm</summary>",
+            "Garul: born in the town of Nyquoholm.</information><summary>Nyquoholm.<|im_end|>\n",
             "<query>Garul</query>\n<information>[p093] Zanka Dorrho</information>"
             "<summary>Zanka</summary>",
         ],
