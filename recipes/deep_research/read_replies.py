@@ -28,9 +28,10 @@ from scripts.bench_learning import each_seed, read_jsonl, replies_parser
 
 
 def _tag(name: str) -> re.Pattern:
-    """A tag's text up to its closing tag, or where its turn ends: a scaffolded turn stops at a
+    """A tag's text up to the next closing tag (its own, or one the model wrote in its place:
+    "<summary>... 1842.</information>"), or where its turn ends: a scaffolded turn stops at a
     line break and the recipe closes the tag it left open (generate._closed)."""
-    return re.compile(rf"<{name}>(.*?)(?=</{name}>|<\|im_end\|>|<\|eot_id\|>|</s>|\n|$)", re.S)
+    return re.compile(rf"<{name}>(.*?)(?=</|<\|im_end\|>|<\|eot_id\|>|\n|$)", re.S)
 
 
 _ANSWER, _QUERY, _SUMMARY = _tag("answer"), _tag("query"), _tag("summary")

@@ -47,14 +47,16 @@ EPISODES = [
         "metrics": [_logged(0.0), _logged(1.0)],
     },
     {  # the question as the query, the fact retrieved and kept (a summary its turn's end closed:
-        # a scaffolded turn stops at a line break); another query, nothing found
+        # a scaffolded turn stops at a line break); another query, nothing retrieved, the fact
+        # kept all the same (from the question's own words? the model's guess), in a summary
+        # another tag closed
         "row": 0,
         "agent": "searcher",
         "texts": [
             "<query>In which town was Dorbek Garul born?</query>\n<information>[p070] Dorbek "
             "Garul: born in the town of Nyquoholm.</information><summary>Nyquoholm.<|im_end|>\n",
             "<query>Garul</query>\n<information>[p093] Zanka Dorrho</information>"
-            "<summary>Zanka</summary>",
+            "<summary>Born in Nyquoholm.</information>",
         ],
         "metrics": [{}, {}],
     },
@@ -70,7 +72,7 @@ def test_read_separates_finding_the_fact_from_writing_only_the_fact(tmp_path):
     assert agent["answered"] == 3 / 4 and agent["copies"] == 1 / 3
     assert agent["words"] == (1 + 7 + 1) / 3
     assert agent["top_answer"] == ("nyquoholm", 1)
-    assert searcher == {"n": 2, "question": 1 / 2, "retrieved": 1 / 2, "kept": 1 / 2}
+    assert searcher == {"n": 2, "question": 1 / 2, "retrieved": 1 / 2, "kept": 2 / 2}
 
 
 def test_cli_prints_every_evaluation_of_every_seed(tmp_path, capsys):
