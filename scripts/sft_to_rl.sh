@@ -45,7 +45,9 @@ stage "2. collect: $N_SAMPLES answers to each of $COLLECT_PROMPTS training probl
 "$PY" -m kernel collect "${RUN[@]}" --output_dir "$OUT/collect" \
   --collect.max_prompts "$COLLECT_PROMPTS" --collect.n_samples "$N_SAMPLES" \
   --collect.keep best --collect.min_reward 1 --collect.agents "[$AGENT]"
-wc -l < "$OUT/collect/trajectories.jsonl" | xargs echo "kept answers:"
+KEPT=$(wc -l < "$OUT/collect/trajectories.jsonl")
+echo "kept answers: $KEPT"
+[ "$KEPT" -gt 0 ] || { echo "no rolled-out answer was right: raise COLLECT_PROMPTS or N_SAMPLES" >&2; exit 1; }
 
 stage "3. sft on the kept answers, $EPOCHS epochs"
 [ -d "$OUT/sft/model" ] || "$PY" -m kernel sft "${RUN[@]}" --output_dir "$OUT/sft" \
