@@ -540,7 +540,15 @@ def against(
 
 def publish(out: Path, runs: list[SeedRun], name: str) -> Path:
     """Copy the report and what it was computed from into docs/results/<name>/: learning.json,
-    and per seed its config, metrics, first and last evaluation (gzipped) and curves."""
+    and per seed its config, metrics, first and last evaluation (gzipped) and curves. A seed
+    that trained at a tree with uncommitted changes is kept out of a results table: it may go
+    under partial/ only."""
+    dirty = [f"seed {r.seed} ({c})" for r in runs for c in r.commits if c.endswith("+dirty")]
+    if dirty and not name.startswith("partial/"):
+        sys.exit(
+            f"bench_learning.py: --publish {name}: {', '.join(dirty)} trained with uncommitted "
+            "changes; commit, run it again, or --publish partial/NAME"
+        )
     dest = RESULTS / name
     if dest.exists():
         shutil.rmtree(dest)

@@ -118,3 +118,22 @@ def test_the_bench_table_shows_the_newest_measurement_and_flags_a_drop(tmp_path,
     assert "| 1.6 | 1.5 | +7% |" in rows[3]
     with pytest.raises(ValueError, match="lacks"):
         prov.publish("x", {"commit": "c"})
+
+
+def test_publish_keeps_a_seed_trained_with_uncommitted_changes_out_of_the_tables(
+    tmp_path, monkeypatch
+):
+    """--publish NAME refuses a run with a seed whose commit is "+dirty", naming the seed;
+    --publish partial/NAME keeps it."""
+    from tests.recipes.conftest import write_learning_run
+
+    bench = module("bench_learning")
+    monkeypatch.setattr(bench, "RESULTS", tmp_path / "results")
+    run = write_learning_run(tmp_path, {"data": {}, "eval": {}}, [], steps=2)
+    (run / "seed0" / "commit.txt").write_text("abc123+dirty\n")
+    (run / "learning.json").write_text("{}")
+    runs = [bench.SeedRun.read(run / "seed0")]
+    with pytest.raises(SystemExit, match=r"seed 0 \(abc123\+dirty\)"):
+        bench.publish(run, runs, "arm")
+    assert not (tmp_path / "results" / "arm").exists()
+    assert (bench.publish(run, runs, "partial/arm") / "seed0" / "commit.txt").exists()
