@@ -62,15 +62,14 @@ stage "5. rl from the sft model, $RL_STEPS steps, $SEEDS seed(s)"
   --eval.max_prompts "$EVAL_PROMPTS"
 
 stage "summary: held-out accuracy of $AGENT ($RECIPE $PRESET's evaluation, $EVAL_PROMPTS items)"
-"$PY" - "$OUT" "$AGENT" <<'EOF'
+"$PY" - "$OUT" "$AGENT" "$KEPT" <<'EOF'
 import json, sys
 from pathlib import Path
-out, agent = Path(sys.argv[1]), sys.argv[2]
+out, agent, kept = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
 def acc(path):
     row = json.loads(path.read_text())
     return next(v for k, v in row.items() if k.startswith(f"eval/{agent}/avg@"))
 rl = json.loads((out / "rl" / "learning.json").read_text())
-kept = sum(1 for _ in (out / "collect" / "trajectories.jsonl").open())
 print(f"| stage | accuracy |\n|---|---|")
 print(f"| base SmolLM2-135M-Instruct | {acc(out / 'eval_base' / 'eval.json'):.3f} |")
 print(f"| + SFT on {kept} kept correct answers | {acc(out / 'eval_sft' / 'eval.json'):.3f} |")

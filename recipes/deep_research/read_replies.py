@@ -59,7 +59,8 @@ def read(path: Path, held_out: list) -> dict[str, dict]:
         golds = gold_answers(sample.label)
         question = normalize(sample.prompt)
         for text, logged in zip(item["texts"], item["metrics"], strict=True):
-            seen = answer_in(" ".join(_INFORMATION.findall(text)), golds)
+            information = [block.strip() for block in _INFORMATION.findall(text)]
+            seen = answer_in(" ".join(information), golds)
             if item["agent"] == "searcher":
                 first, summary = _QUERY.findall(text)[:1], _last(_SUMMARY, text)
                 searcher.setdefault("question", []).append(
@@ -69,8 +70,7 @@ def read(path: Path, held_out: list) -> dict[str, dict]:
                 searcher.setdefault("kept", []).append(answer_in(summary, golds))
                 continue
             answer = _last(_ANSWER, text)
-            em = logged.get("exact_match", exact_match(answer, golds))
-            information = _last(_INFORMATION, text)
+            em = logged["exact_match"] if "exact_match" in logged else exact_match(answer, golds)
             for key, value in (
                 ("em", em),
                 ("f1", logged.get("f1")),
@@ -86,7 +86,7 @@ def read(path: Path, held_out: list) -> dict[str, dict]:
                 agent.setdefault("em_seen", []).append(em)
             if answer is not None:
                 agent.setdefault("words", []).append(len(answer.split()))
-                copies = information is not None and normalize(answer) == normalize(information)
+                copies = bool(information) and normalize(answer) == normalize(information[-1])
                 agent.setdefault("copies", []).append(float(copies))
                 answers[normalize(answer)] += 1
             by_hops.setdefault(int(sample.metadata.get("hops", 0)), []).append(em)
