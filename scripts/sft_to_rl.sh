@@ -62,17 +62,18 @@ stage "5. rl from the sft model, $RL_STEPS steps, $SEEDS seed(s)"
   --eval.max_prompts "$EVAL_PROMPTS"
 
 stage "summary: held-out accuracy of $AGENT ($RECIPE $PRESET's evaluation, $EVAL_PROMPTS items)"
-"$PY" - "$OUT" "$AGENT" "$KEPT" <<'EOF'
+"$PY" - "$OUT" "$AGENT" "$KEPT" <<'EOF' | tee "$OUT/summary.md"
 import json, sys
 from pathlib import Path
 out, agent, kept = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-def acc(path):
-    row = json.loads(path.read_text())
-    return next(v for k, v in row.items() if k.startswith(f"eval/{agent}/avg@"))
+def acc(stage):  # the share of right episodes (`passed`), not the mean reward
+    rows = (json.loads(line) for line in (out / stage / "eval" / "step_0.jsonl").open())
+    passed = [p for row in rows if row["agent"] == agent for p in row["passed"]]
+    return sum(passed) / len(passed)
 rl = json.loads((out / "rl" / "learning.json").read_text())
 print(f"| stage | accuracy |\n|---|---|")
-print(f"| base SmolLM2-135M-Instruct | {acc(out / 'eval_base' / 'eval.json'):.3f} |")
-print(f"| + SFT on {kept} kept correct answers | {acc(out / 'eval_sft' / 'eval.json'):.3f} |")
+print(f"| base SmolLM2-135M-Instruct | {acc('eval_base'):.3f} |")
+print(f"| + SFT on {kept} kept correct answers | {acc('eval_sft'):.3f} |")
 print(f"| + RL ({rl['steps']} steps) | {rl['after']:.3f} (RL's own diff {rl['diff']:+.3f} "
       f"[{rl['ci_low']:+.3f}, {rl['ci_high']:+.3f}]) |")
 EOF
