@@ -65,11 +65,11 @@ stage "summary: held-out accuracy of $AGENT ($RECIPE $PRESET's evaluation, $EVAL
 "$PY" - "$OUT" "$AGENT" "$KEPT" <<'EOF' | tee "$OUT/summary.md"
 import json, sys
 from pathlib import Path
+from scripts.bench_learning import item_scores
 out, agent, kept = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
-def acc(stage):  # the share of right episodes (`passed`), not the mean reward
-    rows = (json.loads(line) for line in (out / stage / "eval" / "step_0.jsonl").open())
-    passed = [p for row in rows if row["agent"] == agent for p in row["passed"]]
-    return sum(passed) / len(passed)
+def acc(stage):  # right answers (`passed`, not the mean reward), as bench_learning scores them
+    passed = item_scores(out / stage / "eval" / "step_0.jsonl")[agent]["passed"]
+    return sum(passed.values()) / len(passed)
 rl = json.loads((out / "rl" / "learning.json").read_text())
 print(f"| stage | accuracy |\n|---|---|")
 print(f"| base SmolLM2-135M-Instruct | {acc('eval_base'):.3f} |")
