@@ -109,6 +109,14 @@ def cmd_train(cfg) -> None:
         f"({', '.join(a.name for a in cfg.agent_specs())}) on {cfg.model}: "
         f"{cfg.num_steps} steps -> {cfg.output_dir}"
     )
+    # Written to a log file (a background run), a live bar shows only its last frame: print a
+    # line a step there instead, and say what the wait before the first step is.
+    plain = not console.is_terminal
+    if plain and cfg.eval.at_start and cfg.eval.path:
+        console.print(
+            f"evaluating the starting weights on {cfg.eval.path} "
+            f"({cfg.eval.n_samples} episodes per prompt) first"
+        )
     columns = [
         TextColumn("[bold]step"),
         BarColumn(),
@@ -116,7 +124,7 @@ def cmd_train(cfg) -> None:
         TextColumn("{task.fields[status]}"),
         TimeElapsedColumn(),
     ]
-    with Progress(*columns, console=console) as progress:
+    with Progress(*columns, console=console, disable=plain) as progress:
         task = progress.add_task("train", total=cfg.num_steps, status="starting engines")
 
         def on_step(row: dict) -> None:
@@ -129,6 +137,17 @@ def cmd_train(cfg) -> None:
                 f"{row['time/sync_s']:.2f}s"
             )
             progress.update(task, completed=row["step"] + 1, status=status)
+            if plain:
+                scores = "  ".join(
+                    f"{k.removeprefix('eval/')} {v:.3f}"
+                    for k, v in row.items()
+                    if k.startswith("eval/") and "/avg@" in k
+                )
+                console.print(
+                    f"step {row['step'] + 1}/{cfg.num_steps} in {row['time/step_s']:.0f}s  "
+                    f"{status}" + (f"  held-out {scores}" if scores else ""),
+                    soft_wrap=True,
+                )
 
         try:
             rows = train(cfg, on_step=on_step)

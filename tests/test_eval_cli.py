@@ -33,6 +33,9 @@ def test_eval_of_a_checkpoint_beats_the_starting_model(tmp_path):
     run = tmp_path / "run"
     r = kernel("train", "--preset", "toy", f"--output_dir={run}", "--num_steps=40")
     assert r.returncode == 0, r.stderr[-2000:]
+    # captured, not a terminal: a line a step instead of a live bar that shows only its end
+    steps = [line.split()[1] for line in r.stdout.splitlines() if line.startswith("step ")]
+    assert steps == [f"{k}/40" for k in range(1, 41)], r.stdout[-2000:]
     flags = ["--preset", "toy", f"--eval.path={PROMPTS}", "--eval.n_samples=4"]
     flags += ["--eval.pass_k=[1,4]", "--eval.max_prompts=16"]
     base = kernel("eval", *flags, f"--output_dir={tmp_path / 'base'}")
