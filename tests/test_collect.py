@@ -8,6 +8,7 @@ real episode's, a second run resumes with nothing left to do, and pairs differ i
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -129,9 +130,11 @@ def test_collect_end_to_end_resumes_and_pairs(tmp_path):
     assert engines["num_prefill_tokens"] > 0 and engines["num_cached_tokens"] >= 0
     assert "12 episodes in" in r.stdout and "episodes/s" in r.stdout
 
+    shutil.rmtree(out / "logs")  # the engines' logs: a rerun that starts an engine makes them
     again = kernel(*flags, f"--output_dir={out}")  # resumed: every row is done
     assert again.returncode == 0, again.stderr[-3000:]
     assert "0 samples rolled out this time" in again.stdout
+    assert not (out / "logs").exists()  # nothing left to roll out: no engine, no model loaded
     assert read(out / "trajectories.jsonl") == lines
 
     more = kernel(

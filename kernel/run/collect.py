@@ -28,9 +28,9 @@ kept.
 
 Resumable, and a crash loses no finished row: the rows are rolled out ``collect.chunk`` groups
 at a time; each row's lines are appended and flushed, then the row is recorded as done in
-``<output_dir>/done.jsonl``. Run the same command again and the done rows are skipped; lines of
-a row that was being written when the process died (no done record) are dropped first, so no
-row is written twice.
+``<output_dir>/done.jsonl``. Run the same command again and the done rows are skipped (with
+every row done, no engine starts and no model loads); lines of a row that was being written
+when the process died (no done record) are dropped first, so no row is written twice.
 """
 
 from __future__ import annotations
@@ -54,6 +54,7 @@ from kernel.run.runtime import Runtime
 from kernel.sample import Sample
 
 KEEP = ("all", "best", "pairs", "transitions")
+ENGINE_STATS = ("num_prefill_tokens", "num_cached_tokens")  # summed over the run's engines
 WORLD_MODEL_PROMPT = (
     "You are the environment. It showed:\n{observation}\n\nThe agent did:\n{action}\n\n"
     "What does the environment show next?"
@@ -242,6 +243,8 @@ async def _collect(cfg: TrainConfig, ccfg: CollectConfig, out: Output) -> dict:
     todo = [g for g in buffer.next_groups(len(buffer)) if g[0].metadata["row"] not in out.done]
     tries: dict[int, int] = {}
     summary = {"rows": len(out.done), "samples": 0, "kept": 0, "episodes": 0, "rollout_s": 0.0}
+    if not todo:  # a rerun with every row done: no engine to start, no model to load
+        return _finish(cfg, out, summary | {"engines": dict.fromkeys(ENGINE_STATS, 0)})
     async with Runtime.open(cfg, {}) as rt:
         tokenizers = {name: handle.tokenizer for name, handle in rt.ctx.agents.items()}
 
@@ -280,6 +283,11 @@ async def _collect(cfg: TrainConfig, ccfg: CollectConfig, out: Output) -> dict:
                     buffer.requeue(r.group)
                     todo += buffer.next_groups(1)
         summary["engines"] = await _engine_stats(rt)
+    return _finish(cfg, out, summary)
+
+
+def _finish(cfg: TrainConfig, out: Output, summary: dict) -> dict:
+    """The invocation's summary with its files, also written to ``collect.json``."""
     summary |= {"file": str(out.data), "done": str(out.done_path)}
     (Path(cfg.output_dir) / "collect.json").write_text(json.dumps(summary, indent=1) + "\n")
     return summary
@@ -288,11 +296,10 @@ async def _collect(cfg: TrainConfig, ccfg: CollectConfig, out: Output) -> dict:
 async def _engine_stats(rt: Runtime) -> dict[str, float]:
     """Prompt tokens the engines prefilled and served from their prefix caches, summed over
     every engine of the run (embedded engines report them; others count 0)."""
-    keys = ("num_prefill_tokens", "num_cached_tokens")
-    totals = dict.fromkeys(keys, 0)
+    totals = dict.fromkeys(ENGINE_STATS, 0)
     for m in rt.models:
         for client in m.clients:
             state = (await client.server_info()).get("internal_states", [{}])[0]
-            for k in keys:
+            for k in ENGINE_STATS:
                 totals[k] += state.get(k, 0)
     return totals
