@@ -107,7 +107,8 @@ def cmd_train(cfg) -> None:
     console.print(
         f"[bold]Tandem[/] training {cfg.recipe} "
         f"({', '.join(a.name for a in cfg.agent_specs())}) on {cfg.model}: "
-        f"{cfg.num_steps} steps -> {cfg.output_dir}"
+        f"{cfg.num_steps} steps -> {cfg.output_dir}",
+        soft_wrap=True,
     )
     # Written to a log file (a background run), a live bar shows only its last frame: print a
     # line a step there instead, and say what the wait before the first step is.
@@ -115,7 +116,8 @@ def cmd_train(cfg) -> None:
     if plain and cfg.eval.at_start and cfg.eval.path:
         console.print(
             f"evaluating the starting weights on {cfg.eval.path} "
-            f"({cfg.eval.n_samples} episodes per prompt) first"
+            f"({cfg.eval.n_samples} episodes per prompt) first",
+            soft_wrap=True,
         )
     columns = [
         TextColumn("[bold]step"),
