@@ -12,13 +12,15 @@ from the replies themselves:
 - ``first``: where a role speaks more than once (the solver of ``solver_verifier``), its first
   answers that are right, and ``revised``, the share of dialogues with a second turn;
 - ``decisions``: the verifier's verdicts (approve, reject, none: a reply opening with neither
-  Yes nor No) and the selector's picks (one, none, two different), counted per turn;
+  Yes nor No) and the selector's picks (``picks N``: the rewrite it chose; none: no valid pick;
+  two: different picks stated), counted per turn;
 - ``approved right``: of the episodes the verifier approved, the share whose answer was right;
 - the mean length of a dialogue in characters and its most common opening.
 
 A solver whose ``right`` rises while ``first`` falls learned to lean on the revisions; a
 verifier that mostly rejects is right as often as wrong answers are common, and decides
-nothing; a reply's opening that repeats across problems is a template, not a computation.
+nothing; a selector that picks one position whatever the rewrites say does not select; a
+reply's opening that repeats across problems is a template, not a computation.
 """
 
 from __future__ import annotations
@@ -27,9 +29,9 @@ import re
 from collections import Counter
 from pathlib import Path
 
-from recipes.math_solver_verifier.config import as_config
-from recipes.math_solver_verifier.generate import JUDGMENT, parse_verdict
-from recipes.math_solver_verifier.reward import MathRewardConfig, final_answer, score
+from recipes.math_solver_verifier.config import RecipeConfig, as_config
+from recipes.math_solver_verifier.generate import JUDGMENT, parse_judgment, parse_verdict
+from recipes.math_solver_verifier.reward import final_answer, score
 from scripts.bench_learning import each_seed, read_jsonl, replies_parser
 
 # a role's dialogue as decoded (ChatML, SmolLM2's template): its turns end with <|im_end|>,
@@ -43,17 +45,22 @@ def turns(text: str) -> list[str]:
     return [part.split(_TURN_END, 1)[0] for part in _NEXT_TURN.split(text)]
 
 
-def decision(role: str, turn: str) -> str:
-    """The verifier's verdict (approve, reject, none) or the selector's pick (one, none, two:
-    different picks stated) in one of its turns."""
+def decision(role: str, turn: str, n: int) -> str:
+    """The verifier's verdict (approve, reject, none) or the selector's pick among ``n``
+    rewrites (``picks N``; none: no valid pick; two: different picks stated) in one of its
+    turns."""
     if role == "verifier":
         return {True: "approve", False: "reject", None: "none"}[parse_verdict(turn)]
-    picks = set(map(int, JUDGMENT.findall(turn)))
-    return "one" if len(picks) == 1 else ("two" if picks else "none")
+    if len(set(map(int, JUDGMENT.findall(turn)))) > 1:
+        return "two"
+    pick = parse_judgment(turn, n)
+    return "none" if pick is None else f"picks {pick + 1}"
 
 
-def read(path: Path, labels: list[str], cfg: MathRewardConfig) -> dict[str, dict]:
-    """The figures of one held-out evaluation file, per role."""
+def read(path: Path, labels: list[str], recipe: RecipeConfig) -> dict[str, dict]:
+    """The figures of one held-out evaluation file, per role, scored and parsed by the run's
+    recipe config."""
+    cfg = recipe.answer
     acc: dict[str, Counter] = {}
     openings: dict[str, Counter] = {}
     for item in read_jsonl(path):
@@ -79,7 +86,7 @@ def read(path: Path, labels: list[str], cfg: MathRewardConfig) -> dict[str, dict
                 c["right"] += passed
                 for turn in said:
                     c["turns"] += 1
-                    c["decision:" + decision(role, turn)] += 1
+                    c["decision:" + decision(role, turn, recipe.num_parallel)] += 1
     out = {}
     for role, c in acc.items():
         n = c["n"]
@@ -120,9 +127,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{'run':<20} {'seed':<6} {'eval':<9} {'role':<9} {'n':>4} {'right':>6}; the rest")
     for seed, evaluations in each_seed(args.runs, 20):
         labels = [str(sample.label) for sample in seed.held_out()]
-        cfg = as_config(seed.config.get("recipe_args", {})).answer
+        recipe = as_config(seed.config.get("recipe_args", {}))
         for where, path in evaluations:
-            for role, figures in sorted(read(path, labels, cfg).items()):
+            for role, figures in sorted(read(path, labels, recipe).items()):
                 print(_line(where, role, figures))
 
 

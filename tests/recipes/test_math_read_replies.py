@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from recipes.math_solver_verifier import read_replies, verdicts
-from recipes.math_solver_verifier.reward import MathRewardConfig
+from recipes.math_solver_verifier.config import as_config
 from scripts.bench_learning import SeedRun
 from tests.recipes.conftest import write_learning_run
 
@@ -52,6 +52,17 @@ def _episodes() -> list[dict]:
             ],
             "metrics": [{}, {}],
         },
+        {  # the selector picks rewrite 2; then no valid pick (12 of 2); then two picks
+            "row": 0,
+            "agent": "selector",
+            "passed": [True, False, False],
+            "texts": [
+                "Judgment: 2<|im_end|>\n",
+                "Judgment: 12<|im_end|>\n",
+                "Judgment: 1, or Judgment: 2<|im_end|>\n",
+            ],
+            "metrics": [{}, {}, {}],
+        },
     ]
 
 
@@ -70,15 +81,17 @@ def test_read_rescores_answers_and_counts_verdicts(tmp_path):
     assert [r["label"] for r in rows[:2]] == ["2", "-17"]
     labels = [str(sample.label) for sample in SeedRun.read(run / "seed0").held_out()]
     assert labels == [r["label"] for r in rows[:4]]
-    cfg = MathRewardConfig(format_penalty=-0.5)
-    figures = read_replies.read(run / "seed0" / "eval" / "step_32.jsonl.gz", labels, cfg)
-    solver, verifier = figures["solver"], figures["verifier"]
+    recipe = as_config(CONFIG["recipe_args"])
+    figures = read_replies.read(run / "seed0" / "eval" / "step_32.jsonl.gz", labels, recipe)
+    solver, verifier, selector = figures["solver"], figures["verifier"], figures["selector"]
     assert solver["n"] == 4 and solver["right"] == 3 / 4  # the revised answer counts
     assert solver["answered"] == 3 / 4 and solver["first"] == 2 / 4 and solver["revised"] == 1 / 4
     assert solver["approved_right"] == 1.0
     assert solver["opening"] == ("5 - 3 = 1.", 1)
     assert verifier["n"] == 2 and verifier["right"] == 1 / 2  # the logged outcome
     assert verifier["decisions"] == {"reject": 1 / 3, "approve": 1 / 3, "none": 1 / 3}
+    assert selector["n"] == 3 and selector["right"] == 1 / 3  # the logged outcome
+    assert selector["decisions"] == {"picks 2": 1 / 3, "none": 1 / 3, "two": 1 / 3}
 
 
 def test_main_prints_each_role_of_the_first_and_last_evaluation(tmp_path, capsys):
@@ -87,13 +100,16 @@ def test_main_prints_each_role_of_the_first_and_last_evaluation(tmp_path, capsys
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:6] == ["run", "seed", "eval", "role", "n", "right;"]
     assert [line.split()[:4] for line in lines[1:]] == [
+        ["run", "seed0", "step_0", "selector"],
         ["run", "seed0", "step_0", "solver"],
         ["run", "seed0", "step_0", "verifier"],
+        ["run", "seed0", "step_32", "selector"],
         ["run", "seed0", "step_32", "solver"],
         ["run", "seed0", "step_32", "verifier"],
     ]
-    assert "first 0.500 revised 0.250" in lines[1]
-    assert "approve 0.333 none 0.333 reject 0.333" in lines[2]
+    assert "none 0.333 picks 2 0.333 two 0.333" in lines[1]
+    assert "first 0.500 revised 0.250" in lines[2]
+    assert "approve 0.333 none 0.333 reject 0.333" in lines[3]
 
 
 def test_verdict_parsers_of_both_protocols():
