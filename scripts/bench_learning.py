@@ -37,8 +37,8 @@ tokens per step; phases; the command, commit and machine) and each seed's ``curv
 ``--publish NAME`` copies the report, each seed's config, metrics and first and last
 evaluation files (gzipped) and curves into ``docs/results/NAME/``, where
 ``scripts/results_table.py`` builds the docs' tables from them. ``--report-only`` reports on
-finished runs again without training. Not run by CI (CI runs each ``learn`` preset for one
-step: tests/recipes/test_learn_presets.py).
+the finished seeds again without training (while another seed trains, too). Not run by CI
+(CI runs each ``learn`` preset for one step: tests/recipes/test_learn_presets.py).
 
 Example: python scripts/bench_learning.py --recipe math_solver_verifier --steps 60 --seeds 3
 """
@@ -288,22 +288,39 @@ def each_seed(runs: list[Path], width: int) -> Iterator[tuple[SeedRun, list[tupl
 
 
 def read_seeds(out: Path, who: str) -> list[SeedRun]:
-    """Every finished seed of the run in ``out``; exits naming ``out`` if it holds none."""
-    dirs = seed_dirs(out)
-    if not dirs:
-        raise SystemExit(f"{who}: no seed<S>/metrics.jsonl under {out}")
-    return [SeedRun.read(d) for d in dirs]
+    """Every finished seed of the run in ``out`` (a seed still training, or cut short before
+    its last evaluation, is named on stderr and left out); exits naming ``out`` if it holds
+    none."""
+    runs = []
+    for d in seed_dirs(out):
+        if last_eval(d, read_jsonl(_either(d / "metrics.jsonl"))) is None:
+            print(f"{who}: {d} has not finished (no last evaluation): left out", file=sys.stderr)
+        else:
+            runs.append(SeedRun.read(d))
+    if not runs:
+        raise SystemExit(f"{who}: no finished seed<S> under {out}")
+    return runs
+
+
+def last_eval(out: Path, rows: list[dict]) -> Path | None:
+    """The held-out evaluation file after the last of the kernel run in ``out`` whose metrics
+    rows are ``rows`` (None until the run has trained and evaluated)."""
+    steps = sum(1 for r in rows if r["step"] >= 0)
+    for name in (f"step_{steps}.jsonl", f"step_{steps}.jsonl.gz"):
+        if steps and (out / "eval" / name).exists():
+            return out / "eval" / name
+    return None
 
 
 def final_eval(out: Path, rows: list[dict]) -> tuple[int, Path]:
     """(steps done, the last held-out evaluation's file) of the finished kernel run in ``out``
     whose metrics rows are ``rows``; exits naming the file if the run did not finish."""
     steps = sum(1 for r in rows if r["step"] >= 0)
-    for name in (f"step_{steps}.jsonl", f"step_{steps}.jsonl.gz"):
-        if (out / "eval" / name).exists():
-            return steps, out / "eval" / name
-    missing = out / "eval" / f"step_{steps}.jsonl"
-    sys.exit(f"bench_learning.py: {missing} is missing: the run in {out} did not finish")
+    last = last_eval(out, rows)
+    if last is None:
+        missing = out / "eval" / f"step_{steps}.jsonl"
+        sys.exit(f"bench_learning.py: {missing} is missing: the run in {out} did not finish")
+    return steps, last
 
 
 def first_eval(out: Path) -> Path:
@@ -637,7 +654,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--report-only",
         action="store_true",
-        help="do not train: report on the finished seeds already in --out",
+        help="do not train: report on the finished seeds already in --out (a seed still "
+        "training is named and left out)",
     )
     p.add_argument(
         "--against",
@@ -721,12 +739,10 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         for seed in seeds:
             train_seed(args, seed, out / f"seed{seed}", extra)
-    dirs = seed_dirs(out)
-    if not args.report_only:
-        dirs = [out / f"seed{s}" for s in seeds]
-    if not dirs:
-        sys.exit(f"bench_learning.py: no finished run in {out}")
-    runs = [SeedRun.read(d) for d in dirs]
+    if args.report_only:  # the finished seeds; one still training is named and left out
+        runs = read_seeds(out, "bench_learning.py")
+    else:
+        runs = [SeedRun.read(out / f"seed{s}") for s in seeds]
 
     result = report(runs, args.recipe, args.preset, args.resamples, command(args, extra))
     if args.against:

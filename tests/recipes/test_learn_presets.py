@@ -264,6 +264,18 @@ def test_report_pools_seeds_and_reports_each(tmp_path, capsys):
     assert json.loads((out / "learning.json").read_text())["capped"] == [1]
 
 
+def test_report_only_leaves_out_a_seed_still_training_and_names_it(tmp_path, capsys):
+    m = bench_learning()
+    out = finished_run(tmp_path / "run", {0: ([0.0] * 4, [0.6, 0.8, 0.0, 0.0])})
+    training = finished_run(tmp_path / "later", {1: ([0.0] * 4, [0.6] * 4)}) / "seed1"
+    (training / "eval" / "step_2.jsonl").unlink()  # evaluated at the start, training now
+    training.rename(out / "seed1")
+    assert m.main(["--recipe", "takes_two", "--out", str(out), "--report-only"]) == 0
+    r = json.loads((out / "learning.json").read_text())
+    assert r["seeds"] == [0] and r["after"] == pytest.approx(2 / 4)
+    assert f"{out / 'seed1'} has not finished" in capsys.readouterr().err
+
+
 def test_against_compares_headlines_over_both_runs_seeds(tmp_path, capsys):
     m = bench_learning()
     frozen = finished_run(tmp_path / "frozen", {0: ([0.0] * 4, [0.2, 0.4, 0.6, 0.0])})
@@ -319,7 +331,7 @@ def test_bad_flags_are_refused_by_name(tmp_path):
     m = bench_learning()
     with pytest.raises(SystemExit, match="--steps N"):
         m.main(["--recipe", "takes_two", "--out", str(tmp_path)])
-    with pytest.raises(SystemExit, match="no finished run"):
+    with pytest.raises(SystemExit, match="no finished seed"):
         m.main(["--recipe", "takes_two", "--out", str(tmp_path), "--report-only"])
     with pytest.raises(SystemExit, match="no 'nope' preset"):
         m.main(["--recipe", "takes_two", "--preset", "nope", "--steps", "1"])
