@@ -40,7 +40,7 @@ from kernel.env.server import EnvServerConfig, serve
 from kernel.hooks import recipes_root
 from kernel.loss import AGG_MODES
 from kernel.plot import compare_runs, plot_metrics
-from kernel.run.checkpoint import export
+from kernel.run.checkpoint import checkpoints, export
 from kernel.run.collect import CollectConfig, collect
 from kernel.run.config import TrainConfig, check_yaml_file, config_files, read_help_text
 from kernel.run.dpo import DPOConfig, dpo
@@ -113,7 +113,8 @@ def cmd_train(cfg) -> None:
     # Written to a log file (a background run), a live bar shows only its last frame: print a
     # line a step there instead, and say what the wait before the first step is.
     plain = not console.is_terminal
-    if plain and cfg.eval.at_start and cfg.eval.path:
+    resuming = cfg.resume and checkpoints(Path(cfg.output_dir))  # its start was evaluated
+    if plain and cfg.eval.at_start and cfg.eval.path and not resuming:
         console.print(
             f"evaluating the starting weights on {cfg.eval.path} "
             f"({cfg.eval.n_samples} episodes per prompt) first",

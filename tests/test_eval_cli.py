@@ -71,3 +71,20 @@ def test_eval_errors_name_the_problem(tmp_path):
         f"--checkpoint={tmp_path / 'nowhere'}",
     )
     assert r.returncode == 2 and "has no model for agent 'default'" in r.stderr
+
+
+@pytest.mark.slow
+def test_a_log_says_the_start_is_evaluated_first_and_a_resumed_run_does_not(tmp_path):
+    """Written to a log, a fresh run says the starting weights are evaluated before step 1;
+    a resumed run evaluates no start (its first run did), so it does not say so."""
+    flags = ["train", "--preset", "toy", f"--output_dir={tmp_path}", f"--eval.path={PROMPTS}"]
+    flags += ["--eval.at_start=true", "--eval.max_prompts=4", "--save_every=2"]
+    said = "evaluating the starting weights"
+    first = kernel(*flags, "--num_steps=2")
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert said in first.stdout, first.stdout[-2000:]
+    more = kernel(*flags, "--num_steps=3", "--resume=true")
+    assert more.returncode == 0, more.stderr[-2000:]
+    assert said not in more.stdout, more.stdout[-2000:]
+    steps = [line.split()[1] for line in more.stdout.splitlines() if line.startswith("step ")]
+    assert steps == ["3/3"], more.stdout[-2000:]
