@@ -120,6 +120,12 @@ PRESET_HEADLINES = {
         "correct final answers of solver -> rewriter -> selector",
         beside=("reward", "solver_accuracy", "selector_format_ok"),
     ),
+    ("math_solver_verifier", "learn_select"): Headline(
+        "selector",
+        "passed",
+        "correct final answers of 2 solvers -> selector",
+        beside=("reward", "solver_accuracy", "selector_format_ok"),
+    ),
     ("debate", "learn_single"): Headline(
         "alice", "passed", "accuracy of one agent answering alone"
     ),

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from kernel.hooks import recipe_config
 from recipes.math_solver_verifier.reward import MathRewardConfig
 
-WORKFLOWS = ("solver_rewriter_selector", "solver_verifier", "solver")
+WORKFLOWS = ("solver_rewriter_selector", "solver_selector", "solver_verifier", "solver")
 VERIFIER_REWARDS = ("verdict", "outcome")
 
 
@@ -16,11 +16,12 @@ class RecipeConfig:
     """math_solver_verifier settings."""
 
     workflow: str = "solver_rewriter_selector"
-    """solver_rewriter_selector (parallel solvers, rewriters, one selector) or solver_verifier
-    (the solver revises until the verifier approves or max_loops) or solver (num_parallel
-    independent solvers, nothing else: the single-agent baseline)."""
+    """solver_rewriter_selector (parallel solvers, rewriters, one selector), solver_selector
+    (parallel solvers, one selector picking a solution), solver_verifier (the solver revises
+    until the verifier approves or max_loops) or solver (num_parallel independent solvers,
+    nothing else: the single-agent baseline)."""
     num_parallel: int = 2
-    """Solvers (and rewriters) per episode in solver_rewriter_selector."""
+    """Solvers (and rewriters) per episode in solver_rewriter_selector and solver_selector."""
     max_loops: int = 3
     """Solver/verifier rounds at most in solver_verifier."""
     verifier_reward: str = "verdict"
@@ -63,6 +64,8 @@ class RecipeConfig:
             return ("solver", "verifier")
         if self.workflow == "solver":
             return ("solver",)
+        if self.workflow == "solver_selector":
+            return ("solver", "selector")
         return ("solver", "rewriter", "selector")
 
 

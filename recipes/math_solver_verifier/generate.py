@@ -7,6 +7,10 @@ may open with a given ``selector_prefix``, out of its loss). The
 selected rewrite's answer is the episode's answer: ``metadata["correct"]`` on every sample
 says whether it was right, which drives the kernel's asymmetric outcome weighting.
 
+``solver_selector`` (best of ``num_parallel`` with a trained selector): the solvers answer
+independently and the selector reads their solutions, not rewrites, and picks one the same
+way; its pick's answer is the episode's answer.
+
 ``solver_verifier`` (Dr.MAS math): the solver proposes; the verifier's reply opens with its
 verdict, Yes (approve) or No (reject), and explains; on reject the solver revises in the same
 dialogue, reading the verifier's reply, until approval or ``max_loops``. A reply that opens
@@ -56,21 +60,25 @@ def parse_verdict(text: str) -> bool | None:
 
 
 def srs_metrics(
-    n: int, pick: int | None, correct_rewrites: list[bool], solver_correct: list[bool]
+    n: int, pick: int | None, offered: list[bool], solver_correct: list[bool], rewritten: bool
 ) -> dict[str, float | None]:
-    """Episode metrics of solver_rewriter_selector (None: not applicable, not averaged)."""
-    solved = pick is not None and correct_rewrites[pick]
-    return {
-        "turns": float(2 * n + 1),
+    """Episode metrics of solver_rewriter_selector (``rewritten``) and solver_selector: the
+    selector was offered ``n`` solutions, right or not as ``offered`` says (None: not
+    applicable, not averaged)."""
+    solved = pick is not None and offered[pick]
+    metrics = {
+        "turns": float(2 * n + 1 if rewritten else n + 1),
         "selector_format_ok": float(pick is not None),
         # picked a correct answer when one existed; undefined when none did
-        "selector_accuracy": float(solved) if any(correct_rewrites) else None,
+        "selector_accuracy": float(solved) if any(offered) else None,
         "solver_pass@k": float(any(solver_correct)),
-        # each solver's and each rewriter's own answer: the workflow against its parts
+        # each solver's (and each rewriter's) own answer: the workflow against its parts
         "solver_accuracy": sum(solver_correct) / len(solver_correct),
-        "rewrite_accuracy": sum(correct_rewrites) / len(correct_rewrites),
         "solved": float(solved),
     }
+    if rewritten:
+        metrics["rewrite_accuracy"] = sum(offered) / len(offered)
+    return metrics
 
 
 def verifier_metrics(
@@ -109,24 +117,36 @@ def _correct(answer: str | None, label, cfg) -> bool:
 
 
 async def solver_rewriter_selector(ctx: RolloutContext, seed: Sample) -> list[Sample | None]:
+    return await _selected(ctx, seed, rewrite=True)
+
+
+async def solver_selector(ctx: RolloutContext, seed: Sample) -> list[Sample | None]:
+    return await _selected(ctx, seed, rewrite=False)
+
+
+async def _selected(ctx: RolloutContext, seed: Sample, rewrite: bool) -> list[Sample | None]:
+    """num_parallel solvers, num_parallel rewriters if ``rewrite``, and the selector picking
+    one of the last solutions written."""
     cfg = as_config(ctx.config)
     problem, n = str(seed.prompt), cfg.num_parallel
 
     solvers = [_solver(ctx, problem) for _ in range(n)]
-    solutions = await _speak_all(solvers)
-    listing = prompts.rewriter(problem, solutions, cfg.max_solution_chars)
-    rewriters = [Dialogue(ctx.agents["rewriter"], first=listing) for _ in range(n)]
-    rewrites = await _speak_all(rewriters)
-    selection = prompts.selector(problem, rewrites, cfg.max_solution_chars)
+    offered = await _speak_all(solvers)
+    rewriters = []
+    if rewrite:
+        listing = prompts.rewriter(problem, offered, cfg.max_solution_chars)
+        rewriters = [Dialogue(ctx.agents["rewriter"], first=listing) for _ in range(n)]
+        offered = await _speak_all(rewriters)
+    selection = prompts.selector(problem, offered, cfg.max_solution_chars)
     selector = Dialogue(ctx.agents["selector"], first=selection)
     await selector.speak(prefix=cfg.selector_prefix)
     pick = parse_judgment(selector.text, n)
 
     answers = [_answer(t.text, seed.label, cfg) for t in solvers + rewriters]
     graded = [_correct(a, seed.label, cfg) for a in answers]
-    solver_correct, correct_rewrites = graded[:n], graded[n:]
-    correct = pick is not None and correct_rewrites[pick]
-    metrics = srs_metrics(n, pick, correct_rewrites, solver_correct)
+    solver_correct, offered_correct = graded[:n], graded[-n:]
+    correct = pick is not None and offered_correct[pick]
+    metrics = srs_metrics(n, pick, offered_correct, solver_correct, rewritten=rewrite)
     # the parallel attempts of a role are numbered as its turns (0..n-1)
     samples = [
         t.sample(seed, i % n, answer=a, correct=correct)
@@ -186,6 +206,7 @@ async def solver_only(ctx: RolloutContext, seed: Sample) -> list[Sample | None]:
 
 WORKFLOW_FNS = {
     "solver_rewriter_selector": solver_rewriter_selector,
+    "solver_selector": solver_selector,
     "solver_verifier": solver_verifier,
     "solver": solver_only,
 }

@@ -12,14 +12,14 @@ from the replies themselves:
 - ``first``: where a role speaks more than once (the solver of ``solver_verifier``), its first
   answers that are right, and ``revised``, the share of dialogues with a second turn;
 - ``decisions``: the verifier's verdicts (approve, reject, none: a reply opening with neither
-  Yes nor No) and the selector's picks (``picks N``: the rewrite it chose; none: no valid pick;
-  two: different picks stated), counted per turn;
+  Yes nor No) and the selector's picks (``picks N``: the rewrite it chose, or the solution
+  under ``solver_selector``; none: no valid pick; two: different picks stated), per turn;
 - ``approved right``: of the episodes the verifier approved, the share whose answer was right;
 - the mean length of a dialogue in characters and its most common opening.
 
 A solver whose ``right`` rises while ``first`` falls learned to lean on the revisions; a
 verifier that mostly rejects is right as often as wrong answers are common, and decides
-nothing; a selector that picks one position whatever the rewrites say does not select; a
+nothing; a selector that picks one position whatever the solutions say does not select; a
 reply's opening that repeats across problems is a template, not a computation.
 """
 
@@ -47,7 +47,7 @@ def turns(text: str) -> list[str]:
 
 def decision(role: str, turn: str, n: int) -> str:
     """The verifier's verdict (approve, reject, none) or the selector's pick among ``n``
-    rewrites (``picks N``; none: no valid pick; two: different picks stated) in one of its
+    solutions (``picks N``; none: no valid pick; two: different picks stated) in one of its
     turns."""
     if role == "verifier":
         return {True: "approve", False: "reject", None: "none"}[parse_verdict(turn)]

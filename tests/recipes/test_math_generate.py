@@ -65,7 +65,7 @@ def test_parse_verdict(text, expected):
 
 def test_episode_metric_goldens():
     # 2 solvers (second right), 2 rewrites (first right), selector picked the first: solved
-    m = srs_metrics(2, 0, [True, False], [False, True])
+    m = srs_metrics(2, 0, [True, False], [False, True], rewritten=True)
     assert m == {
         "turns": 5.0,
         "selector_format_ok": 1.0,
@@ -75,10 +75,21 @@ def test_episode_metric_goldens():
         "rewrite_accuracy": 0.5,
         "solved": 1.0,
     }
-    assert srs_metrics(3, 2, [True, True, True], [False, False, True])["solver_accuracy"] == 1 / 3
+    m3 = srs_metrics(3, 2, [True, True, True], [False, False, True], rewritten=True)
+    assert m3["solver_accuracy"] == 1 / 3
     # no correct rewrite: selector accuracy is undefined, not 0
-    assert srs_metrics(2, 1, [False, False], [False, False])["selector_accuracy"] is None
-    assert srs_metrics(2, None, [True, False], [True, True])["selector_format_ok"] == 0.0
+    assert srs_metrics(2, 1, [False, False], [False, False], True)["selector_accuracy"] is None
+    assert srs_metrics(2, None, [True, False], [True, True], True)["selector_format_ok"] == 0.0
+    # solver_selector: the selector is offered the solutions themselves (no rewrite figure)
+    m = srs_metrics(2, 1, [False, True], [False, True], rewritten=False)
+    assert m == {
+        "turns": 3.0,
+        "selector_format_ok": 1.0,
+        "selector_accuracy": 1.0,
+        "solver_pass@k": 1.0,
+        "solver_accuracy": 0.5,
+        "solved": 1.0,
+    }
     # approved at the 2nd of 3 loops: early termination; one malformed verdict of two
     v = verifier_metrics([None, True], True, 3)
     assert v == {
@@ -127,6 +138,7 @@ def _own_text(sample: Sample, tok) -> str:
     ("workflow", "roles"),
     [
         ("solver_rewriter_selector", ("solver", "rewriter", "selector")),
+        ("solver_selector", ("solver", "selector")),
         ("solver_verifier", ("solver", "verifier")),
         ("solver", ("solver",)),
     ],
@@ -138,6 +150,8 @@ def test_generate_against_the_embedded_engine(engine, workflow, roles):
     counts = {r: sum(s.agent == r for s in samples) for r in roles}
     if workflow == "solver_rewriter_selector":
         assert counts == {"solver": 2, "rewriter": 2, "selector": 1}
+    elif workflow == "solver_selector":
+        assert counts == {"solver": 2, "selector": 1}
     elif workflow == "solver":  # each answer is its own sample's outcome
         assert counts == {"solver": 2}
         for s in samples:
@@ -181,6 +195,11 @@ async def _generate_and_close(ctx):
             ["solver", "verifier"],
             ["turns", "early_termination", "solved", "tokens"],
         ),
+        (
+            "solver_selector",
+            ["solver", "selector"],
+            ["turns", "selector_format_ok", "solver_pass@k", "solver_accuracy", "solved"],
+        ),
         ("solver", ["solver"], ["turns", "solver_pass@k", "solved", "tokens"]),
     ],
 )
@@ -223,6 +242,32 @@ def test_a_selector_prefix_is_given_not_trained_and_the_pick_follows_it(
     assert sel.metadata["metrics"]["selector_format_ok"] == 1.0
     own = _own_text(sel, tok)  # the prefix is context: the selector trains on its pick only
     assert own.startswith("2, the second one.") and "Judgment" not in own
+
+
+def test_solver_selector_picks_among_the_solutions_and_its_pick_is_the_outcome(
+    scripted_agent, smollm2_tokenizer
+):
+    tok = smollm2_tokenizer
+    agents = {
+        "solver": scripted_agent("solver", tok, ["5 - 3 = 1", "5 - 3 = 2"] * 2),
+        "selector": scripted_agent("selector", tok, ["1", "2"]),
+    }
+    config = RecipeConfig(
+        workflow="solver_selector", num_parallel=2, selector_prefix="Judgment: "
+    ).validate()
+    ctx = RolloutContext(agents=agents, config=config)
+    for picked, right in ((0, False), (1, True)):
+        samples = asyncio.run(generate(ctx, _seed()))
+        assert [s.agent for s in samples] == ["solver", "solver", "selector"]
+        sel = samples[-1]
+        shown = tok.decode(sel.prompt_ids)  # the solutions themselves, numbered
+        assert "Solution 1:\n5 - 3 = 1" in shown and "Solution 2:\n5 - 3 = 2" in shown
+        assert sel.metadata["picked"] == picked
+        # every sample carries the pick's outcome; the solvers are scored on their own answer
+        assert {s.metadata["correct"] for s in samples} == {right}
+        assert [s.metadata["answer"] for s in samples[:2]] == ["1", "2"]
+        assert sel.metadata["metrics"]["turns"] == 3.0
+        assert "rewrite_accuracy" not in sel.metadata["metrics"]
 
 
 def test_the_verdict_opens_the_verifiers_reply_and_the_solver_revises_on_no(
