@@ -131,13 +131,13 @@ async def _selected(ctx: RolloutContext, seed: Sample, rewrite: bool) -> list[Sa
     problem, n = str(seed.prompt), cfg.num_parallel
 
     solvers = [_solver(ctx, problem) for _ in range(n)]
-    offered = await _speak_all(solvers)
+    candidates = await _speak_all(solvers)
     rewriters = []
     if rewrite:
-        listing = prompts.rewriter(problem, offered, cfg.max_solution_chars)
+        listing = prompts.rewriter(problem, candidates, cfg.max_solution_chars)
         rewriters = [Dialogue(ctx.agents["rewriter"], first=listing) for _ in range(n)]
-        offered = await _speak_all(rewriters)
-    selection = prompts.selector(problem, offered, cfg.max_solution_chars)
+        candidates = await _speak_all(rewriters)
+    selection = prompts.selector(problem, candidates, cfg.max_solution_chars)
     selector = Dialogue(ctx.agents["selector"], first=selection)
     await selector.speak(prefix=cfg.selector_prefix)
     pick = parse_judgment(selector.text, n)
