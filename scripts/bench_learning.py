@@ -299,30 +299,31 @@ def read_seeds(out: Path, who: str) -> list[SeedRun]:
     none."""
     runs = []
     for d in seed_dirs(out):
-        if last_eval(d, read_jsonl(_either(d / "metrics.jsonl"))) is None:
+        rows = read_jsonl(_either(d / "metrics.jsonl"))
+        steps, last = last_eval(d, rows)
+        if last is None:
             print(f"{who}: {d} has not finished (no last evaluation): left out", file=sys.stderr)
         else:
-            runs.append(SeedRun.read(d))
+            runs.append(SeedRun.of(d, rows, steps, last))
     if not runs:
         raise SystemExit(f"{who}: no finished seed<S> under {out}")
     return runs
 
 
-def last_eval(out: Path, rows: list[dict]) -> Path | None:
-    """The held-out evaluation file after the last of the kernel run in ``out`` whose metrics
-    rows are ``rows`` (None until the run has trained and evaluated)."""
+def last_eval(out: Path, rows: list[dict]) -> tuple[int, Path | None]:
+    """(steps done, the held-out evaluation file after the last) of the kernel run in ``out``
+    whose metrics rows are ``rows``; the file is None until the run has trained and evaluated."""
     steps = sum(1 for r in rows if r["step"] >= 0)
     for name in (f"step_{steps}.jsonl", f"step_{steps}.jsonl.gz"):
         if steps and (out / "eval" / name).exists():
-            return out / "eval" / name
-    return None
+            return steps, out / "eval" / name
+    return steps, None
 
 
 def final_eval(out: Path, rows: list[dict]) -> tuple[int, Path]:
     """(steps done, the last held-out evaluation's file) of the finished kernel run in ``out``
     whose metrics rows are ``rows``; exits naming the file if the run did not finish."""
-    steps = sum(1 for r in rows if r["step"] >= 0)
-    last = last_eval(out, rows)
+    steps, last = last_eval(out, rows)
     if last is None:
         missing = out / "eval" / f"step_{steps}.jsonl"
         sys.exit(f"bench_learning.py: {missing} is missing: the run in {out} did not finish")
@@ -348,7 +349,11 @@ class SeedRun:
     @classmethod
     def read(cls, path: Path) -> SeedRun:
         rows = read_jsonl(_either(path / "metrics.jsonl"))
-        steps, last = final_eval(path, rows)
+        return cls.of(path, rows, *final_eval(path, rows))
+
+    @classmethod
+    def of(cls, path: Path, rows: list[dict], steps: int, last: Path) -> SeedRun:
+        """The seed in ``path`` whose metrics rows, steps done and last evaluation are read."""
         config = json.loads((path / "config.json").read_text())
         return cls(path, rows, config, steps, first_eval(path), last)
 
