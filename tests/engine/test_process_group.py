@@ -20,7 +20,7 @@ from kernel.engine.process_group import (
 
 RANK1 = textwrap.dedent(
     """
-    import sys, torch, torch.distributed as dist
+    import os, sys, torch, torch.distributed as dist
     from kernel.engine.process_group import (
         GroupConfig, destroy_custom_process_group, init_custom_process_group
     )
@@ -31,13 +31,26 @@ RANK1 = textwrap.dedent(
     dist.broadcast(t * 10, src=1, group=group)         # send back, scaled
     dist.barrier(group=group)                          # both done with the pair
     destroy_custom_process_group(group)
+    print("left the group", flush=True)
+    # Leave without the interpreter's teardown: gloo's threads met at process exit, in C++
+    # static destructors, while the other rank still holds its end of the pair, can abort
+    # ("terminate called without an active exception": CI on 2026-11-26, then a fresh clone
+    # in issue 65, though a barrier came first). That exit path is torch's, not this
+    # module's, and no engine takes it (an engine leaves a group and keeps serving). What
+    # the test checks is the line above.
+    os._exit(0)
     """
 )
 
 
 def test_broadcast_both_ways_without_a_default_group():
     config = GroupConfig(master_port=free_port(), group_name="g", timeout_s=60)
-    peer = subprocess.Popen([sys.executable, "-c", RANK1, str(config.master_port)])
+    peer = subprocess.Popen(
+        [sys.executable, "-c", RANK1, str(config.master_port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         group = init_custom_process_group(config, rank=0)
         dist.broadcast(torch.tensor([1.0, 2.0, 3.0]), src=0, group=group)
@@ -45,13 +58,12 @@ def test_broadcast_both_ways_without_a_default_group():
         dist.broadcast(back, src=1, group=group)
         assert back.tolist() == [10.0, 20.0, 30.0]
         assert not dist.is_initialized()  # only the custom group exists
-        # A barrier, then the peer leaves first: tearing down gloo while the other side still
-        # uses the pair can abort it ("terminate called without an active exception"); under
-        # load the peer's send could still be in flight when rank 0 already had the data
-        # (CI, 2026-11-26: the peer exited with SIGABRT).
         dist.barrier(group=group)
-        assert peer.wait(30) == 0
+        # The peer leaves first; rank 0 keeps its end until the peer has destroyed its group.
+        out, err = peer.communicate(timeout=60)
+        assert (peer.returncode, out) == (0, "left the group\n"), err[-2000:]
         destroy_custom_process_group(group)
+        assert group not in dist.distributed_c10d._world.pg_map
     finally:
         if peer.poll() is None:
             peer.kill()
