@@ -269,61 +269,107 @@ _ARITHMETIC = re.compile(r"[-+*/()\d\s.]*\d[-+*/()\d\s.]*")
 _MAX_INSTRUCTION_WORDS = 12
 
 
-def _normal_form(node: ast.AST) -> str:
-    """A value-preserving normal form of an arithmetic syntax tree: brackets are gone (the tree
-    has none), a - b is a + (-b), sums and products are flattened and their operands sorted,
-    and a signed literal is one number. "( 2 + -1 )", "-1 + 2" and "2 - 1" all read
-    "(+ -1 2)"."""
+def _signed(node: ast.AST) -> tuple[bool, str]:
+    """A value-preserving normal form of an arithmetic syntax tree, as ``(negative, form)``:
+    the expression equals ``-form`` when ``negative``, else ``form``.
+
+    - Brackets are gone (the tree has none) and a signed literal is one number.
+    - A sum is flattened into signed terms, a - b being a + (-b) and -(a + b) being -a + -b,
+      and the terms sorted. A sum and its negation are one form with opposite signs (the one
+      whose sorted terms read first), so "3 - 5" is -(5 - 3).
+    - A product is flattened and its factors sorted; a quotient keeps its order. Both pull
+      every minus sign of their factors (of a sum as above) out into one sign, so "8 * -4",
+      "-8 * 4", "-(8 * 4)" and "4 * -8" are one form, negative, and "-8 * -4" is "8 * 4".
+      "/" is true division, (-a) / b = a / -b = -(a / b) (reasoning-gym's "/" is floor
+      division, but it picks divisors that divide exactly).
+    - Other operators (power, floor division) keep their operands' signs where they are:
+      (-2) ** 2 is not -(2 ** 2).
+
+    Every rewrite is an identity, so two expressions of different values never meet.
+    """
     if isinstance(node, ast.Expression):
-        return _normal_form(node.body)
+        return _signed(node.body)
     if isinstance(node, ast.Constant) and isinstance(node.value, int | float):
-        return repr(node.value)
+        return False, repr(node.value)
     if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
-        inner = _normal_form(node.operand)
-        if isinstance(node.op, ast.UAdd):
-            return inner
-        return (
-            inner[1:]
-            if inner.startswith("-")
-            else (f"-{inner}" if inner[0].isdigit() else f"(neg {inner})")
-        )
-    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub | ast.Mult):
-        kind = "*" if isinstance(node.op, ast.Mult) else "+"
-        return f"({kind} " + " ".join(sorted(_operands(node, kind))) + ")"
-    if isinstance(node, ast.BinOp):  # division, power...: order matters, kept as written
-        return f"({type(node.op).__name__} {_normal_form(node.left)} {_normal_form(node.right)})"
+        negative, form = _signed(node.operand)
+        return negative != isinstance(node.op, ast.USub), form
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub):
+        terms: list[tuple[bool, str]] = []
+        _terms(node, False, terms)
+        up = sorted(_text(negative, form) for negative, form in terms)
+        down = sorted(_text(not negative, form) for negative, form in terms)
+        return up > down, "(+ " + " ".join(min(up, down)) + ")"
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        factors: list[str] = []
+        negative = _factors(node, factors)
+        return negative, "(* " + " ".join(sorted(factors)) + ")"
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div):
+        (left_negative, left), (right_negative, right) = _signed(node.left), _signed(node.right)
+        return left_negative != right_negative, f"(/ {left} {right})"
+    if isinstance(node, ast.BinOp):  # power, floor division...: signs stay where they are
+        left, right = _text(*_signed(node.left)), _text(*_signed(node.right))
+        return False, f"({type(node.op).__name__} {left} {right})"
     raise ValueError(f"not arithmetic: {ast.dump(node)}")
 
 
-def _operands(node: ast.AST, kind: str) -> list[str]:
-    """The flattened operands of a chain of ``kind`` ('+' counting '-', or '*')."""
-    if isinstance(node, ast.BinOp):
-        if kind == "+" and isinstance(node.op, ast.Add | ast.Sub):
-            right = (
-                node.right if isinstance(node.op, ast.Add) else ast.UnaryOp(ast.USub(), node.right)
-            )
-            return _operands(node.left, kind) + _operands(right, kind)
-        if kind == "*" and isinstance(node.op, ast.Mult):
-            return _operands(node.left, kind) + _operands(node.right, kind)
-    return [_normal_form(node)]
+def _text(negative: bool, form: str) -> str:
+    return f"-{form}" if negative else form
+
+
+def _terms(node: ast.AST, negative: bool, out: list[tuple[bool, str]]) -> None:
+    """Append the signed terms of a sum (through '-', unary signs and brackets) to ``out``;
+    ``negative``: the sum is subtracted."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add | ast.Sub):
+        _terms(node.left, negative, out)
+        _terms(node.right, negative != isinstance(node.op, ast.Sub), out)
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        _terms(node.operand, negative != isinstance(node.op, ast.USub), out)
+    else:
+        term_negative, form = _signed(node)
+        out.append((term_negative != negative, form))
+
+
+def _factors(node: ast.AST, out: list[str]) -> bool:
+    """Append the unsigned factors of a product (through unary signs and brackets) to ``out``;
+    return whether they carry an odd number of minus signs."""
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult):
+        return _factors(node.left, out) != _factors(node.right, out)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub | ast.UAdd):
+        return _factors(node.operand, out) != isinstance(node.op, ast.USub)
+    negative, form = _signed(node)
+    out.append(form)
+    return negative
 
 
 def canonical_key(row: Mapping[str, Any]) -> str:
     """What makes two problems the same, for keeping held-out sets apart from training sets:
-    a bare arithmetic problem's expression in a value-preserving normal form (``_normal_form``:
-    brackets, operand order and "a - b" against "a + -b" do not matter), else (word problems)
-    the prompt with its case and white space normalised. tests/recipes/test_data_leaks.py
-    checks every shipped split by it."""
+    a bare arithmetic problem's expression in a value-preserving normal form (``_signed``:
+    brackets, operand order, "a - b" against "a + -b" and where the minus signs of a product or
+    quotient sit do not matter), else (word problems) the prompt with its case and white space
+    normalised. tests/recipes/test_data_leaks.py checks every shipped split by it."""
     prompt = str(row["prompt"])
     spans = [m.group(0).strip() for m in _ARITHMETIC.finditer(prompt)]
     expr = max(spans, key=len, default="").rstrip(".").strip()
     words_around = len(prompt.replace(expr, " ").split()) if expr else 0
     if any(op in expr for op in "+-*/") and words_around <= _MAX_INSTRUCTION_WORDS:
         try:
-            return "arith:" + _normal_form(ast.parse(expr, mode="eval"))
+            return "arith:" + _text(*_signed(ast.parse(expr, mode="eval")))
         except (SyntaxError, ValueError):
             pass
     return "text:" + " ".join(prompt.lower().split())
+
+
+def leaked_rows(
+    held_out_rows: Iterable[Mapping[str, Any]],
+    train_rows: Iterable[Mapping[str, Any]],
+    *,
+    key: Callable[[Mapping[str, Any]], str] = canonical_key,
+) -> list[int]:
+    """The 0-based indices of the held-out rows whose problem (by ``key``) is a training
+    problem: what a held-out score measured on ``held_out_rows`` partly trained on."""
+    trained = {key(r) for r in train_rows}
+    return [i for i, r in enumerate(held_out_rows) if key(r) in trained]
 
 
 def answer_is_an_operand(row: Mapping[str, Any]) -> bool:

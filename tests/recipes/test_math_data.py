@@ -4,11 +4,15 @@ reasoning-gym generation, the CLI, and the shipped data files."""
 
 from __future__ import annotations
 
+import ast
 import json
 import logging
+import operator
+import random
 import re
 import subprocess
 import sys
+from fractions import Fraction
 from pathlib import Path
 
 import datasets
@@ -171,6 +175,144 @@ def test_hub_source_offline_gives_a_clear_error():
         data.load_gsm8k()
 
 
+# ---- what makes two problems the same --------------------------------------------------------
+
+
+WORD_PROBLEM = "Janet has 3 apples and buys 2 - 1 more at the market on a sunny day. How many now?"
+
+
+def _key(expr: str) -> str:
+    return data.canonical_key({"prompt": f"Calculate {expr}."})
+
+
+def _value(node: ast.AST) -> Fraction:
+    """An expression's exact value (true division), to check that one key means one value."""
+    if isinstance(node, ast.Expression):
+        return _value(node.body)
+    if isinstance(node, ast.Constant):
+        return Fraction(node.value)
+    if isinstance(node, ast.UnaryOp):
+        return -_value(node.operand) if isinstance(node.op, ast.USub) else _value(node.operand)
+    ops = {
+        ast.Add: operator.add,
+        ast.Sub: operator.sub,
+        ast.Mult: operator.mul,
+        ast.Div: operator.truediv,
+    }
+    return ops[type(node.op)](_value(node.left), _value(node.right))
+
+
+@pytest.mark.parametrize(
+    ("prompt", "key"),
+    [
+        ("Calculate 2 - 1.", "arith:(+ -1 2)"),
+        ("Calculate 3 - 5.", "arith:-(+ -3 5)"),  # -(5 - 3): a sum's sign comes out too
+        ("Calculate 8 * -4.", "arith:-(* 4 8)"),
+        ("Calculate -8 * -4.", "arith:(* 4 8)"),
+        ("Calculate ( -9 * 2 ) + 7.", "arith:-(+ (* 2 9) -7)"),  # -(18 - 7)
+        ("Calculate 2 * -3 * 4.", "arith:-(* 2 3 4)"),
+        ("Calculate ( 2 - 1 ) * -3.", "arith:-(* (+ -1 2) 3)"),
+        ("Calculate -8 / 4.", "arith:-(/ 8 4)"),
+        ("Calculate (-2) ** 2.", "arith:(Pow -2 2)"),  # not -(2 ** 2): signs stay in a power
+        ("Calculate -2 ** 2.", "arith:-(Pow 2 2)"),
+        (
+            "State the final answer to the following arithmetic problem: 98 + 93 - 77 =",
+            "arith:(+ -77 93 98)",
+        ),
+        (WORD_PROBLEM, "text:" + WORD_PROBLEM.lower()),  # its text, not its arithmetic
+    ],
+)
+def test_canonical_key_golden_values(prompt, key):
+    assert data.canonical_key({"prompt": prompt}) == key
+
+
+@pytest.mark.parametrize(
+    "same",
+    [
+        # brackets, operand order, a - b against a + -b (unchanged)
+        ["( 2 + -1 )", "-1 + 2", "2 - 1", "((2 - 1))", "+2 - +1"],
+        # where a product's minus signs sit: the reviewer's case first
+        ["8 * -4", "4 * -8", "-8 * 4", "-4 * 8", "-(8 * 4)", "( -( 4 * 8 ) )", "-(-(-8 * 4))"],
+        ["-8 * -4", "8 * 4", "-(-8 * 4)", "4 * 8", "-(4 * -8)"],  # signs that cancel
+        # chains and nesting: one overall sign for the whole product
+        ["2 * -3 * 4", "-2 * 3 * 4", "2 * 3 * -4", "(2 * -3) * 4", "2 * (-3 * 4)", "-(2*3*4)"],
+        ["2 * -3 * -4", "-2 * -3 * 4", "(-2 * 3) * (-4)", "2 * 3 * 4"],
+        # quotients: (-a) / b = a / -b = -(a / b)
+        ["-8 / 4", "8 / -4", "-(8 / 4)", "(-8) / (4)", "-(-8 / -4)"],
+        ["-8 / -4", "8 / 4"],
+        ["-12 / 3 * 2", "2 * (12 / -3)", "-(12 / 3) * 2", "12 / 3 * -2"],
+        # a bracketed sum as a factor: its sign comes out too
+        ["( 2 - 1 ) * -3", "( 1 - 2 ) * 3", "-(3 * (2 - 1))", "3 * -( 2 - 1 )"],
+        ["8 / ( 3 - 5 )", "-8 / ( 5 - 3 )", "8 / -(5 - 3)"],
+        # unary minus on a bracketed sum: distributed over its terms
+        ["-( 3 - 5 )", "5 - 3", "-3 + 5", "-(-5 + 3)"],
+        ["5 - ( 3 + 2 )", "5 - 3 - 2", "-2 + (5 - 3)", "-(3 + 2 - 5)"],
+        ["( 2 * -7 ) + 7", "7 - 2 * 7", "7 + -(7 * 2)", "-(7 * 2 - 7)"],
+    ],
+)
+def test_canonical_key_sees_through_brackets_order_and_signs(same):
+    assert len({_key(e) for e in same}) == 1, {e: _key(e) for e in same}
+    assert len({_value(ast.parse(e, mode="eval")) for e in same}) == 1  # and they are equal
+
+
+@pytest.mark.parametrize(
+    ("a", "b"),
+    [
+        ("5 - 3", "3 - 5"),  # -2 against 2
+        ("8 / 4", "4 / 8"),
+        ("-8 * 4", "8 * 4"),  # a minus sign more is another value, wherever it sits
+        ("2 * -3 * 4", "2 * 3 * 4"),
+        ("-8 / 4", "8 / 4"),
+        ("( 2 * 7 ) + -7", "2 * ( 7 + -7 )"),  # structure: no distributing
+        ("-( 2 * 7 ) + 7", "-( 2 * 7 + 7 )"),
+        ("( 2 - 1 ) * -3", "( 2 - 1 ) * 3"),
+        ("(-2) ** 2", "-2 ** 2"),
+        ("7 // -2", "-(7 // 2)"),  # floor division: -4 against -3
+    ],
+)
+def test_canonical_key_keeps_different_problems_apart(a, b):
+    assert _key(a) != _key(b)
+
+
+def test_one_key_is_one_value_over_random_expressions():
+    """Every rewrite is an identity: over many random expressions of few small numbers (so
+    that keys often meet), all expressions sharing a key have the same value."""
+    rng = random.Random(0)
+
+    def expr(depth: int) -> str:
+        if depth == 0 or rng.random() < 0.3:
+            return rng.choice(["", "-"]) + str(rng.randint(1, 3))
+        text = f"{expr(depth - 1)} {rng.choice('+-*/')} {expr(depth - 1)}"
+        return rng.choice(["", "-"]) + f"( {text} )" if rng.random() < 0.5 else text
+
+    values: dict[str, set[Fraction]] = {}
+    texts = set()
+    for _ in range(4000):
+        e = expr(3)
+        try:
+            value = _value(ast.parse(e, mode="eval"))
+        except ZeroDivisionError:
+            continue
+        values.setdefault(_key(e), set()).add(value)
+        texts.add(e)
+    assert all(len(v) == 1 for v in values.values()), [k for k, v in values.items() if len(v) > 1]
+    assert len(values) < len(texts) - 100  # keys do meet: the check above is not vacuous
+
+
+def test_leaked_rows_are_the_held_out_rows_whose_problem_is_trained():
+    train = [{"prompt": "Calculate 4 * -8."}, {"prompt": "Calculate 5 - 3."}]
+    held = [
+        {"prompt": "Calculate 8 * -4."},  # 0: trained, signs moved
+        {"prompt": "Calculate 3 - 5."},  # 1: another value
+        {"prompt": "Calculate ( 5 - 3 )."},  # 2: trained, brackets
+        {"prompt": "Calculate 8 * 4."},  # 3: another value
+    ]
+    assert data.leaked_rows(held, train) == [0, 2]
+    assert data.leaked_rows(held, []) == []
+    by_text = data.leaked_rows(held, train, key=lambda r: r["prompt"])
+    assert by_text == []  # the key decides what is the same problem
+
+
 # ---- reasoning-gym ---------------------------------------------------------------------------
 
 
@@ -263,11 +405,24 @@ def test_cli_bad_flags_exit_2_with_the_reason(tmp_path, capsys):
 # ---- the shipped files -----------------------------------------------------------------------
 
 
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
 def _shipped(name: str) -> list[dict]:
-    return [json.loads(line) for line in (DATA / name).read_text().splitlines()]
+    return _read(DATA / name)
+
+
+# Rows of each shipped file that today's canonical_key counts as a repeat or as a problem of the
+# --exclude file: the arith2-12d files were written before the key saw through the minus signs
+# of a product ("8 * -4", "4 * -8"), and stay as they are (published results were measured on
+# them; tests/recipes/test_data_leaks.py pins their leaks).
+SEEN_BY_TODAYS_KEY = {"arith2-12d_test.jsonl": 3, "arith2-12d_train.jsonl": 69}
 
 
 def test_shipped_files_regenerate_from_the_documented_commands(tmp_path):
+    """Each documented command writes its shipped file again: exactly, or for a file written
+    before the sign rule, its rows less those the generator now skips (then new rows)."""
     readme = (DATA / "README.md").read_text()
     commands = re.findall(r"# python -m recipes\.math_solver_verifier\.prepare_data (.+)", readme)
     assert len(commands) == 4  # train, test, and the arith2-12d tier's test and train
@@ -277,7 +432,38 @@ def test_shipped_files_regenerate_from_the_documented_commands(tmp_path):
         args[args.index("--out") + 1] = str(tmp_path / shipped)
         args = [str(ROOT / a) if a.startswith("recipes/") else a for a in args]
         assert main(args) == 0
-        assert (tmp_path / shipped).read_text() == (DATA / shipped).read_text(), shipped
+        written = (tmp_path / shipped).read_text().splitlines()
+        excluded = _read(Path(args[args.index("--exclude") + 1])) if "--exclude" in args else []
+        seen, kept = {data.canonical_key(r) for r in excluded}, []
+        for line in (DATA / shipped).read_text().splitlines():
+            key = data.canonical_key(json.loads(line))
+            if key not in seen:
+                kept.append(line)
+            seen.add(key)
+        assert len(written) - len(kept) == SEEN_BY_TODAYS_KEY.get(shipped, 0), shipped
+        assert written[: len(kept)] == kept, shipped
+        assert data.leaked_rows(_read(tmp_path / shipped), excluded) == [], shipped
+
+
+def test_a_freshly_made_split_has_no_sign_moved_leak(tmp_path):
+    """prepare_data makes the held-out set, then a training set that excludes its problems by
+    canonical_key: no held-out problem is trained, signs moved or not. The seeds are the
+    shipped arith2-12d files', whose training file (made before the key saw signs) holds
+    sign-moved copies of these held-out problems."""
+    test, train = tmp_path / "test.jsonl", tmp_path / "train.jsonl"
+    common = ["--source", "reasoning_gym", "--tier", "arith2-12d", "--skip-operand-answers"]
+    assert main([*common, "--n", "64", "--seed", "1", "--out", str(test)]) == 0
+    assert (
+        main([*common, "--n", "256", "--seed", "0", "--exclude", str(test), "--out", str(train)])
+        == 0
+    )
+    held, trained = _read(test), _read(train)
+    assert data.leaked_rows(held, trained) == []
+    for rows in (held, trained):
+        assert len({data.canonical_key(r) for r in rows}) == len(rows)  # no problem twice
+    old = _shipped("arith2-12d_train.jsonl")[:256]  # the same seed, written by the old key
+    assert data.leaked_rows(held, old)  # e.g. "8 * -4" held out, "4 * -8" trained
+    assert not {r["prompt"] for r in held} & {r["prompt"] for r in old}  # and none by text
 
 
 def test_shipped_files_are_right_and_load_in_the_buffer():
