@@ -126,6 +126,13 @@ PRESET_HEADLINES = {
         "correct final answers of 2 solvers -> selector",
         beside=("reward", "solver_accuracy", "selector_format_ok"),
     ),
+    ("deep_research", "learn_solo"): Headline(
+        "agent",
+        "passed",
+        "exact match of one agent searching alone",
+        beside=("f1", "gold_in_answer", "reward"),
+        run_sh=True,
+    ),
     ("debate", "learn_single"): Headline(
         "alice", "passed", "accuracy of one agent answering alone"
     ),

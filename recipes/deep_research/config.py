@@ -12,7 +12,7 @@ from kernel.hooks import recipe_config
 
 AGENT, SEARCHER = "agent", "searcher"
 VERIFIER, ANSWERER = "verifier", "answerer"
-WORKFLOWS = ("agent", "routed")
+WORKFLOWS = ("agent", "routed", "solo")
 """The two agents' names: ``agents: [agent, searcher]`` in a preset."""
 
 SEARCHER_REWARDS = ("outcome", "outcome_format", "answer_in_summary", "none")
@@ -25,7 +25,9 @@ class RecipeConfig:
     workflow: str = "agent"
     """agent: one main agent searches (through its searcher), reads and answers; routed:
     Dr.MAS's search hierarchy, a verifier that routes each loop to the searcher (more
-    evidence) or to the answerer (enough), which answers from the evidence"""
+    evidence) or to the answerer (enough), which answers from the evidence; solo: the
+    single-agent baseline, the main agent alone, its searches answered by the retriever's
+    passages (``agents: [agent]``)"""
     max_loops: int = 3
     """routed: the verifier's turns at most; then the answerer answers with what there is"""
     retriever_url: str = "http://127.0.0.1:8000"

@@ -24,7 +24,9 @@ in the context but masked out of the loss: each agent trains only on the tokens 
 its own Conversation with its own tokenizer (the two agents may be different models).
 
 ``recipe_args.workflow: routed`` is Dr.MAS's search hierarchy instead (``routed`` below): a
-verifier routes each loop to the searcher or to an answerer.
+verifier routes each loop to the searcher or to an answerer. ``workflow: solo`` is the
+single-agent baseline: the same main agent and turns, but a ``<search>`` goes to the retriever
+itself and the passages come back to the agent (Search-R1's loop), with no searcher between.
 
 Returns the main agent's sample (turn 0) and one sample per searcher call (agent "searcher",
 turn = the call's number). Every sample carries ``final_answer``, ``correct`` (exact match) and
@@ -173,6 +175,21 @@ async def run_searcher(
     return handed, d, meta
 
 
+async def search_directly(
+    retriever: RetrieverClient, query: str, cfg: RecipeConfig, counts: Counts, found: set[str]
+) -> str:
+    """``workflow: solo``: the agent's search sent to the retriever as one query; the passages
+    (as a searcher would see them) are the reply, and their ids join ``found``."""
+    try:
+        hits = await retriever.retrieve([query], cfg.topk)
+    except RetrieverError as e:
+        counts.retriever_errors += 1
+        counts.notes.append(str(e))
+        return prompts.tool_error(str(e))
+    found |= {doc["id"] for docs in hits for doc in docs}
+    return prompts.results([query], hits, cfg.max_passage_chars)
+
+
 async def read_document(
     retriever: RetrieverClient, doc_id: str, cfg: RecipeConfig, counts: Counts
 ) -> str:
@@ -193,10 +210,13 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
     cfg = as_config(ctx.config)
     if cfg.workflow == "routed":
         return await routed(ctx, sample)
-    main = Dialogue(ctx.agents[AGENT], prompts.AGENT_SYSTEM, prompts.question(str(sample.prompt)))
+    solo = cfg.workflow == "solo"
+    system = prompts.SOLO_SYSTEM if solo else prompts.AGENT_SYSTEM
+    main = Dialogue(ctx.agents[AGENT], system, prompts.question(str(sample.prompt)))
     counts = Counts()
     answer: str | None = None
     searchers: list[tuple[Dialogue, dict]] = []
+    found: set[str] = set()  # solo: the documents its own searches retrieved
     retriever = RetrieverClient(
         cfg.retriever_url, cfg.request_timeout_s, cfg.retries, cfg.retriever_api_key
     )
@@ -214,6 +234,9 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
             elif action.kind == "answer":
                 answer = action.arg
                 break
+            elif action.kind == "search" and solo:
+                counts.searches += 1
+                reply = await search_directly(retriever, action.arg, cfg, counts, found)
             elif action.kind == "search":
                 counts.searches += 1
                 reply, dialogue, meta = await run_searcher(ctx, retriever, action.arg, counts)
@@ -236,7 +259,7 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
             0,
             **outcome,
             format_ok=answer is not None and counts.format_errors == 0,
-            retrieved=sorted({i for _, meta in searchers for i in meta["retrieved"]}),
+            retrieved=sorted(found | {i for _, meta in searchers for i in meta["retrieved"]}),
             metrics=metrics,
             tool_errors=counts.notes,
         )

@@ -1,6 +1,7 @@
-"""Prompts of the main agent and the searcher, and the texts of tool responses. Rendered
-through each agent's own chat template by the kernel's token builder; edit freely when you copy
-the recipe (the tag names are the protocol parsed by tools.py: keep them in step)."""
+"""Prompts of the main agent (alone, with ``workflow: solo``) and the searcher, and the texts of
+tool responses. Rendered through each agent's own chat template by the kernel's token builder;
+edit freely when you copy the recipe (the tag names are the protocol parsed by tools.py: keep
+them in step)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,22 @@ AGENT_SYSTEM = (
     "Example, for the question 'Who founded Acme Works?':\n"
     "<search>Who founded Acme Works?</search>\n"
     "<information>Acme Works was founded by Ann Lee [c004].</information>\n"
+    "<answer>Ann Lee</answer>"
+)
+
+SOLO_SYSTEM = (
+    "You answer questions about a fictional world by researching them in a library. Each "
+    "turn, write exactly one action, optionally after a short thought in <think></think>:\n"
+    "- search: put search terms between <search> and </search>; the library's search engine "
+    "replies with the passages it finds, each as [id] title: text;\n"
+    "- read: put a document id between <read> and </read> to get its full text;\n"
+    "- answer: put only the short final answer (a name, a place, a number) between <answer> "
+    "and </answer>; this ends the task.\n"
+    "Replies come back inside <information></information>.\n\n"
+    "Example, for the question 'Who founded Acme Works?':\n"
+    "<search>Who founded Acme Works?</search>\n"
+    '<information>Results for "Who founded Acme Works?":\n'
+    "[c004] Acme Works: Acme Works was founded by Ann Lee in 1801.</information>\n"
     "<answer>Ann Lee</answer>"
 )
 

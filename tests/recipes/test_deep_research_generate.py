@@ -542,3 +542,50 @@ def test_routed_dead_retriever_masks_every_role(world, smollm2_tokenizer):
     m = samples[0].metadata["metrics"]
     assert (m["retriever_errors"], m["retriever_failed"], m["exact_match"]) == (1.0, 1.0, 1.0)
     assert reward(ctx, samples) == [None, None, None]
+
+
+# ---- workflow solo: the single-agent baseline, its searches answered by the retriever -------
+
+
+def test_solo_agent_reads_the_passages_itself_and_trains_on_its_own_turns(
+    world, retriever_url, smollm2_tokenizer
+):
+    """workflow solo: a <search> goes straight to the retriever (no searcher dialogue, no
+    searcher sample); the passages come back to the agent, masked; its evidence term counts the
+    documents its own search retrieved."""
+    tok, company, founder = smollm2_tokenizer, world["company"], world["founder"]
+    replies = [
+        f"<search>Who founded {company['title']}?</search>",
+        f"<answer>{founder['title']}</answer>",
+    ]
+    agents = {"agent": ScriptedAgent("agent", tok, replies)}
+    ctx = _ctx(agents, retriever_url, topk=3, workflow="solo", evidence_weight=0.5)
+    seed = _seed(f"Who founded {company['title']}?", [founder["title"]])
+    seed.metadata["support"] = [company["id"]]
+    samples = asyncio.run(_run(ctx, seed))
+
+    assert [(s.agent, s.turn) for s in samples] == [("agent", 0)]
+    (main,) = samples
+    main.validate()
+    own, whole = _split(main, tok)
+    assert own == "".join(replies)
+    passage = f"[{company['id']}] {company['title']}: {company['text'][:300].strip()}"
+    assert passage in whole and passage not in own  # the retriever's passage, masked
+    assert "search engine replies with the passages" in tok.decode(main.prompt_ids)
+    assert company["id"] in main.metadata["retrieved"]
+    m = main.metadata["metrics"]
+    assert (m["searches"], m["searcher_turns"], m["searcher_queries"]) == (1.0, 0.0, 0.0)
+    assert (m["exact_match"], m["evidence"]) == (1.0, 1.0)
+    # em 1 + f1 0.5 * 1 + format 0.1 + evidence 0.5 * 1
+    assert reward(ctx, samples) == [pytest.approx(2.1)]
+
+
+def test_solo_dead_retriever_masks_the_episode(world, smollm2_tokenizer):
+    tok, company, founder = smollm2_tokenizer, world["company"], world["founder"]
+    replies = [f"<search>{company['title']}</search>", f"<answer>{founder['title']}</answer>"]
+    agents = {"agent": ScriptedAgent("agent", tok, replies)}
+    ctx = _ctx(agents, _dead_url(), workflow="solo", retries=0)
+    samples = asyncio.run(_run(ctx, _seed(f"Who founded {company['title']}?", ["x"])))
+    assert samples[0].metadata["metrics"]["retriever_failed"] == 1.0
+    assert "The search engine failed" in tok.decode(samples[0].response_ids)
+    assert reward(ctx, samples) == [None]
