@@ -63,6 +63,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from scripts.controls import ANSWERS, controls, vote_scores  # noqa: E402
 from scripts.provenance import commit  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
@@ -387,6 +388,15 @@ class SeedRun:
         return int(self.config.get("seed", 0))
 
     @property
+    def votes(self) -> dict[int, Path]:
+        """k -> the evaluation of the last checkpoint with k sampled episodes per item
+        (``eval/vote_k<K>.jsonl``, written by ``--vote K``)."""
+        found = {}
+        for p in sorted((self.path / "eval").glob("vote_k*.jsonl*")):
+            found[int(p.name.split(".")[0].removeprefix("vote_k"))] = p
+        return found
+
+    @property
     def evaluations(self) -> list[Path]:
         """The first and the last held-out evaluation files (one, if they are the same)."""
         return list(dict.fromkeys([self.first, self.last]))
@@ -497,6 +507,16 @@ def report(
             }
             | ({"resumed": r.resumed} if r.resumed else {})
         )
+    final = [a[headline.agent][headline.score] for a in after]
+    measured = {}  # control -> this run's final scores against it
+    for name, maps in controls(recipe, preset, runs[0].config, [r.last for r in runs]).items():
+        if (stats := between(maps, final, resamples)) is not None:
+            measured[name] = stats
+    best = max(measured, key=lambda k: (measured[k]["before"], k), default=None)
+    vote = None
+    if (k := vote_k(runs, recipe)) is not None:
+        votes = [vote_scores(r.votes[k], headline.agent, ANSWERS[recipe]) for r in runs]
+        vote = {"k": k, **pooled(final, votes, resamples)}
     subsets = {}
     if headline.subset:
         field = held_out_field(runs[0].config, headline.subset)
@@ -522,6 +542,9 @@ def report(
         **mine[headline.score],
         "beside": {k: mine[k] for k in headline.beside if k in mine},
         "subsets": subsets,
+        "controls": measured,
+        "above_control": None if best is None else {"control": best, **measured[best]},
+        "vote": vote,
         "seeds": [r.seed for r in runs],
         "steps": steps[0] if len(steps) == 1 else steps,
         "capped": [r.seed for r in runs if r.steps < r.config.get("num_steps", r.steps)],
@@ -546,6 +569,30 @@ def report(
     }
 
 
+def vote_k(runs: list[SeedRun], recipe: str) -> int | None:
+    """The largest k every seed has a vote evaluation of (``--vote K``); None without one, or
+    for a recipe whose answers ``scripts/controls.ANSWERS`` cannot read."""
+    common = set.intersection(*(set(r.votes) for r in runs)) if runs else set()
+    return max(common) if common and recipe in ANSWERS else None
+
+
+# ChatML (SmolLM2's template): an agent's turns in its decoded dialogue end with <|im_end|>, and
+# other speakers' messages sit between them
+_NEXT_TURN = "<|im_start|>assistant\n"
+
+
+def generated_tokens(path: Path, tokenizer) -> float:
+    """Tokens the agents generated per episode in an evaluation file, every agent's own turns
+    counted (a row's lines over its headline episodes; the held-out mean)."""
+    per_row: dict[int, list[int]] = {}  # row -> [tokens, episodes of the first line]
+    for item in read_jsonl(path):
+        own = [t.split("<|im_end|>", 1)[0] for x in item["texts"] for t in x.split(_NEXT_TURN)]
+        count = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in own)
+        row = per_row.setdefault(item["row"], [0, len(item["texts"])])
+        row[0] += count
+    return float(np.mean([tokens / max(n, 1) for tokens, n in per_row.values()]))
+
+
 def against(
     runs: list[SeedRun], base: list[SeedRun], headline: Headline, resamples: int, name: str
 ) -> dict:
@@ -563,14 +610,32 @@ def against(
         ref = [s[agent][score] for s in other]
     except KeyError as e:
         sys.exit(f"bench_learning.py: --against {name}: no held-out scores of {e} there")
-    return {
+    out = {
         "run": name,
         "seeds": [r.seed for r in base],
         "base_headline": {"agent": agent, "score": score},
         "tokens_per_step": round(float(np.mean([r.tokens_per_step() for r in base])), 1),
         "headline": between(ref, mine, resamples),
         "agents": compare_all(other, final, resamples, between),
+        "vote": None,
     }
+    recipe = runs[0].config["recipe"]
+    if (k := vote_k(base, recipe)) is not None:  # the baseline's vote at equal inference tokens
+        from kernel.models import load_tokenizer
+
+        tok = load_tokenizer(runs[0].config["model"])
+        votes = [vote_scores(r.votes[k], agent, ANSWERS[recipe]) for r in base]
+        out["vote"] = {
+            "k": k,
+            "tokens_per_item": round(
+                float(np.mean([generated_tokens(r.last, tok) for r in runs])), 1
+            ),
+            "base_tokens_per_item": round(
+                float(np.mean([generated_tokens(r.votes[k], tok) for r in base])) * k, 1
+            ),
+            **between(votes, mine, resamples),
+        }
+    return out
 
 
 def publish(out: Path, runs: list[SeedRun], name: str) -> Path:
@@ -599,6 +664,7 @@ def publish(out: Path, runs: list[SeedRun], name: str) -> Path:
             (_either(r.path / "metrics.jsonl"), d / "metrics.jsonl.gz"),
             (r.first, d / "eval" / "step_0.jsonl.gz"),
             (r.last, d / "eval" / f"step_{r.steps}.jsonl.gz"),
+            *((v, d / "eval" / f"vote_k{k}.jsonl.gz") for k, v in r.votes.items()),
         ):
             gzip_copy(src, target)
         if (r.path / "curves.png").exists():
@@ -627,6 +693,9 @@ def command(args: argparse.Namespace, extra: list[str]) -> str:
     cmd += ["--seed", str(args.seed)] if args.seed else []
     cmd += ["--minutes", f"{args.minutes:g}"] if args.minutes else []
     cmd += ["--against", _shown(args.against)] if args.against else []
+    cmd += ["--vote", str(args.vote)] if args.vote else []
+    if args.vote and args.vote_temperature != 0.7:
+        cmd += ["--vote-temperature", f"{args.vote_temperature:g}"]
     cmd += ["--publish", args.publish] if args.publish else []
     return shlex.join(cmd + (["--", *extra] if extra else []))
 
@@ -644,7 +713,7 @@ def build_parser() -> argparse.ArgumentParser:
         "1e-5). Example: python scripts/bench_learning.py --recipe math_solver_verifier "
         "--steps 60 --seeds 3 --publish math_solver",
     )
-    p.add_argument("--recipe", required=True, choices=sorted(HEADLINES))
+    p.add_argument("--recipe", choices=sorted(HEADLINES), help="the recipe to train (required)")
     p.add_argument("--preset", default="learn", help="the recipe's preset to train with")
     p.add_argument(
         "--steps", type=int, default=None, help="training steps per seed (required to train)"
@@ -681,6 +750,29 @@ def build_parser() -> argparse.ArgumentParser:
         help="another finished bench_learning run's folder on the same held-out set (an "
         "ablation, a single-agent baseline): compare final scores by item over both runs' "
         "seeds (learning.json 'against')",
+    )
+    p.add_argument(
+        "--refresh",
+        nargs="*",
+        default=None,
+        metavar="NAME",
+        help="recompute published runs' reports (docs/results/NAME/learning.json; every one "
+        "without a NAME) from their files with today's controls and readers, and stop",
+    )
+    p.add_argument(
+        "--vote",
+        type=int,
+        default=None,
+        metavar="K",
+        help="also evaluate each seed's last checkpoint with K sampled episodes per held-out "
+        "item and report the plurality answer's score (the majority-vote control a workflow "
+        "of several agents is measured against at equal inference tokens)",
+    )
+    p.add_argument(
+        "--vote-temperature",
+        type=float,
+        default=0.7,
+        help="sampling temperature of the --vote evaluation",
     )
     p.add_argument(
         "--publish",
@@ -741,11 +833,72 @@ def train_seed(args: argparse.Namespace, seed: int, out: Path, extra: list[str])
         sys.exit(f"bench_learning.py: the training run of seed {seed} failed (its logs: {out})")
 
 
+def refresh(name: str, resamples: int) -> dict:
+    """A published run's report computed again from its files with today's readers (controls,
+    scores): the figures, controls and comparison with its ``--against`` baseline (another
+    published run) recomputed; the command, machine and commits are the run's own."""
+    dest = RESULTS / name
+    first = json.loads((dest / "learning.json").read_text())
+    runs = [SeedRun.read(d) for d in seed_dirs(dest)]
+    again = report(runs, first["recipe"], first["preset"], resamples, first["command"])
+    again["machine"] = first["machine"]
+    if "against" in first:
+        shown = Path(first["against"]["run"])  # a run folder then, published since
+        base_dir = next(d for d in (ROOT / shown, RESULTS / shown.name) if seed_dirs(d))
+        base = [SeedRun.read(d) for d in seed_dirs(base_dir)]
+        headline = headline_of(first["recipe"], first["preset"])
+        again["against"] = against(runs, base, headline, resamples, first["against"]["run"])
+    (dest / "learning.json").write_text(json.dumps(again, indent=1) + "\n")
+    return again
+
+
+def vote_seed(args: argparse.Namespace, run: SeedRun, extra: list[str]) -> None:
+    """``--vote K``: the seed's last checkpoint evaluated with K sampled episodes per held-out
+    item (``--vote-temperature``), kept as ``eval/vote_k<K>.jsonl`` (a seed that has it is left
+    as it is). Needs the checkpoint of the seed's last step (``--save-every`` dividing
+    ``--steps``)."""
+    k = args.vote
+    target = run.path / "eval" / f"vote_k{k}.jsonl"
+    if k in run.votes:
+        print(f"seed {run.seed}: vote of {k} evaluated before, kept", flush=True)
+        return
+    checkpoint = run.path / "checkpoints" / f"step_{run.steps}"
+    if not checkpoint.is_dir():
+        sys.exit(
+            f"bench_learning.py: --vote {k}: {checkpoint} is missing (the seed's last step was not "
+            "saved: --save-every must divide --steps)"
+        )
+    out = run.path / f"vote_k{k}"
+    flags = ["--checkpoint", str(checkpoint), "--eval.n_samples", str(k)]
+    flags += ["--eval.temperature", str(args.vote_temperature), "--seed", str(run.seed), *extra]
+    env = dict(os.environ)
+    if headline_of(args.recipe, args.preset).run_sh:
+        cmd = ["bash", f"recipes/{args.recipe}/run.sh", *flags]
+        env |= {"MODE": "cpu", "COMMAND": "eval", "PRESET": args.preset, "OUT": str(out)}
+        env["PY"] = sys.executable
+    else:
+        cmd = [sys.executable, "-m", "kernel", "eval", "--recipe", args.recipe]
+        cmd += ["--preset", args.preset, "--output_dir", str(out), *flags]
+    print(f"seed {run.seed}: vote of {k}: $ {shlex.join(cmd)}", flush=True)
+    if subprocess.run(cmd, cwd=ROOT, env=env).returncode != 0:
+        sys.exit(f"bench_learning.py: the vote evaluation of seed {run.seed} failed ({out})")
+    shutil.copy(out / "eval" / "step_0.jsonl", target)
+
+
 def main(argv: list[str] | None = None) -> int:
     own, extra = split_argv(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(own)
+    if args.refresh is not None:
+        for name in args.refresh or sorted(p.parent.name for p in RESULTS.glob("*/learning.json")):
+            print_report(refresh(name, args.resamples))
+            print(f"refreshed {RESULTS / name / 'learning.json'}")
+        return 0
+    if args.recipe is None:
+        sys.exit("bench_learning.py: --recipe is required (except with --refresh)")
     if args.resamples < 100 or args.seeds < 1 or (args.minutes is not None and args.minutes <= 0):
         sys.exit("bench_learning.py: need --resamples >= 100, --seeds >= 1, --minutes > 0")
+    if args.vote is not None and args.vote < 2:
+        sys.exit(f"bench_learning.py: --vote K needs K >= 2 episodes per item, got {args.vote}")
     if not args.report_only and (args.steps is None or args.steps < 1):
         sys.exit("bench_learning.py: --steps N (>= 1) is required to train: a fixed step count")
     preset = ROOT / "recipes" / args.recipe / "presets" / f"{args.preset}.yaml"
@@ -761,6 +914,9 @@ def main(argv: list[str] | None = None) -> int:
         runs = read_seeds(out, "bench_learning.py")
     else:
         runs = [SeedRun.read(out / f"seed{s}") for s in seeds]
+    if args.vote:
+        for r in runs:
+            vote_seed(args, r, extra)
 
     result = report(runs, args.recipe, args.preset, args.resamples, command(args, extra))
     if args.against:

@@ -14,7 +14,8 @@
 #   EMBEDDER (retriever model, default minilm), RETRIEVER_DEVICE (cpu), RETRIEVER_PORT (free);
 #   gpu: TRAIN_GPUS (default half), BACKEND (megatron | torch), TP, PP, ENGINE_TP, GPUS (per
 #   node, 8), NODES (1), RAY_ADDRESS, DRY_RUN (1 | json: print the plan and stop);
-#   extra arguments go to `kernel train` / `kernel launch`.
+#   cpu: COMMAND (train | eval: `kernel eval`, e.g. of a run's checkpoint with --checkpoint DIR);
+#   extra arguments go to `kernel train` / `kernel eval` / `kernel launch`.
 # It stops only the processes it started, by PID (and `kernel launch` only what it started).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,6 +29,9 @@ INDEX="${INDEX:-runs/deep_research-index/$(basename "$CORPUS" .jsonl)-$EMBEDDER}
 RETRIEVER_DEVICE="${RETRIEVER_DEVICE:-cpu}"
 [ -x "$PY" ] || { bash scripts/setup.sh dev,retriever,models,megatron,router,ray; }
 [ "$MODE" = cpu ] || [ "$MODE" = gpu ] || { echo "MODE must be cpu or gpu, got '$MODE'" >&2; exit 2; }
+COMMAND="${COMMAND:-train}"
+[ "$COMMAND" = train ] || [ "$COMMAND" = eval ] ||
+  { echo "COMMAND must be train or eval, got '$COMMAND'" >&2; exit 2; }
 
 pids=()
 cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; }
@@ -77,7 +81,7 @@ until curl -sf "$RETRIEVER_URL/health" >/dev/null; do
 done
 
 if [ "$MODE" = cpu ]; then
-  "$PY" -m kernel train --recipe deep_research --preset "$PRESET" --output_dir "$OUT" \
+  "$PY" -m kernel "$COMMAND" --recipe deep_research --preset "$PRESET" --output_dir "$OUT" \
     --recipe_args.retriever_url "$RETRIEVER_URL" \
     ${MODEL:+--model "$MODEL"} ${DATA:+--data.path "$DATA"} ${STEPS:+--num_steps "$STEPS"} "$@"
   exit
