@@ -106,11 +106,13 @@ def learning_table(names: list[str], where: Path) -> str:
     """One row per run: the skill headline, before → after, difference and interval over
     seeds and items; the scores beside it (composite reward, format) as before → after."""
     header = ["run", "recipe (preset)", "skill metric", "seeds × steps", "held-out n", "before"]
-    header += ["after", "difference [95% interval]", "beside it (before → after)"]
+    header += ["after", "difference [95% interval]", "best control (no skill)"]
+    header += ["above the best control [95% interval]", "beside it (before → after)"]
     header += ["tokens / step", "commit"]
 
     def rows(name: str, r: dict) -> list[list[str]]:
         beside = "; ".join(f"{k} {_change(v)}" for k, v in r["beside"].items()) or "—"
+        best = r.get("above_control")
         return [
             [
                 _link(name, where),
@@ -121,6 +123,8 @@ def learning_table(names: list[str], where: Path) -> str:
                 f"{r['before']:.3f}",
                 f"{r['after']:.3f}",
                 f"**{_ci(r)}**",
+                "—" if best is None else f"{best['control']}: {best['before']:.3f}",
+                "—" if best is None else f"**{_ci(best)}**",
                 beside,
                 f"{r['tokens_per_step']:.0f}",
                 f"`{r['commit']}`",
@@ -136,13 +140,16 @@ def against_table(names: list[str], where: Path) -> str:
     the two-level interval, and both runs' generated tokens per step."""
     header = ["run", "baseline (run)", "skill metric", "seeds", "held-out n"]
     header += ["baseline", "run", "difference [95% interval]"]
+    header += ["baseline's vote of k (tokens / item: run, vote)", "run − vote [95% interval]"]
+    header += ["best control (no skill)", "run − best control [95% interval]"]
     header += ["tokens / step (run, baseline)"]
 
     def rows(name: str, r: dict) -> list[list[str]]:
         vs = r.get("against")
         if vs is None:
             return []
-        s, base = vs["headline"], vs["base_headline"]
+        s, base, vote = vs["headline"], vs["base_headline"], vs.get("vote")
+        best = r.get("above_control")
         return [
             [
                 f"{_setup(r)}: {r['agent']} ({_link(name, where)})",
@@ -153,6 +160,13 @@ def against_table(names: list[str], where: Path) -> str:
                 f"{s['before']:.3f}",
                 f"{s['after']:.3f}",
                 f"**{_ci(s)}**",
+                "not run"
+                if vote is None
+                else f"k={vote['k']}: {vote['before']:.3f} "
+                f"({vote['tokens_per_item']:.0f}, {vote['base_tokens_per_item']:.0f})",
+                "—" if vote is None else f"**{_ci(vote)}**",
+                "—" if best is None else f"{best['control']}: {best['before']:.3f}",
+                "—" if best is None else f"**{_ci(best)}**",
                 f"{r['tokens_per_step']:.0f}, {vs['tokens_per_step']:.0f}",
             ]
         ]
