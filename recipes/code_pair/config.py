@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 from kernel.hooks import recipe_config
@@ -62,6 +62,13 @@ class RecipeConfig:
         """The sandbox (and its pool) this config's runs share, made once (it probes what
         confinement the machine allows by starting child processes)."""
         return Sandbox(self.sandbox)
+
+    @cached_property
+    def trusted_runner(self) -> Sandbox:
+        """The sandbox of the problems' own test code (checks.py's plan: the expected values,
+        computed apart from any model-written code): the same limits, with room in its output
+        for every call's arguments and expected value."""
+        return Sandbox(replace(self.sandbox, output_kb=max(self.sandbox.output_kb, 4096)))
 
     def prefix(self, function: str) -> str:
         """The code prefix of an agent writing ``function``."""

@@ -1,5 +1,7 @@
-"""code_pair's reward: the program the agents wrote, run against the problem's checks in the
-kernel's sandbox, with CoMLRL-style partial credit (``RecipeConfig`` holds every amount).
+"""code_pair's reward: the program the agents wrote, run in the kernel's sandbox and judged
+against the problem's checks in this process, on plain data (checks.py: the program never
+holds an expected value), with CoMLRL-style partial credit (``RecipeConfig`` holds every
+amount).
 
 Pair (the helper writes ``aux``, main writes the entry point)::
 
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from kernel.hooks import RolloutContext
 from kernel.sample import Sample
 from kernel.sandbox import STATUSES
-from recipes.code_pair import code
+from recipes.code_pair import checks, code
 from recipes.code_pair.config import CODER, HELPER, MAIN, RecipeConfig, as_config
 
 STATUS_NAMES = ("missing", *STATUSES)
@@ -61,16 +63,15 @@ class Outcome:
 async def run_program(
     cfg: RecipeConfig, problem: str, tests: str, entry_point: str, parts: list[str]
 ) -> tuple[str, int, int, str | None]:
-    """Run the prompt's context (imports, the functions it gives) + ``parts`` + the checks'
-    setup, then each check, in the sandbox: (status, passed, total, first error)."""
-    setup, checks = code.split_tests(tests, entry_point)
+    """Run the prompt's context (imports, the functions it gives) + ``parts`` in the sandbox
+    against the problem's checks, judged in this process (checks.py): (status, passed, total,
+    first error)."""
+    plan = await checks.plan_for(cfg, problem, tests, entry_point)
     program = "\n\n".join(p for p in (code.context_of(problem, entry_point), *parts) if p)
     if code.parse(program) is None:
-        return "syntax_error", 0, len(checks), "the program does not parse"
-    result = await cfg.runner.run(program + "\n\n" + setup, checks)
-    errors = [t.error for t in result.tests if t.error] or [result.error]
-    passed = sum(t.passed for t in result.tests)
-    return result.status, passed, len(checks), errors[0]
+        return "syntax_error", 0, plan.total, "the program does not parse"
+    judged = await checks.run_checks(cfg, program, entry_point, plan)
+    return judged.status, judged.passed, judged.total, judged.error
 
 
 def _entry(reply: str, entry_point: str) -> tuple[str, str | None]:

