@@ -34,8 +34,8 @@ class RecipeConfig:
     its own answer (correct_weight, format_penalty), the last as in episode (per-turn credit;
     pair it with advantage.group_by prompt_agent_turn for a baseline per round)"""
     judge: str = "majority"
-    """answer style -- majority: the most common final answer (a tie goes to the earliest
-    debater in ``debaters`` among the tied); model: agent ``judge`` reads the question and the
+    """answer style -- majority: the final answer more debaters stated than any other (a tie
+    between different answers is no verdict); model: agent ``judge`` reads the question and the
     final answers and states the answer (freeze it with trainable: false, or train it too).
     procon style -- rules: the rule judge of procon.py; model: agent ``judge`` scores each side
     0-10 on quality, evidence and consistency"""

@@ -1,6 +1,6 @@
 """The debaters' and the judge's prompts (rendered through each agent's chat template); edit
-freely when you copy the recipe. The reward reads an answer from ``Answer: X`` (the last one),
-else from the last number of the turn."""
+freely when you copy the recipe. The reward reads an answer from ``Answer: X`` (the last one,
+one number, not hedged), else from the one number of a marker-less turn's last sentence."""
 
 from __future__ import annotations
 

@@ -3,22 +3,31 @@ math-verify, plus the recipe's reward hook.
 
 Three layers, each usable on its own:
 
-- ``extract_answer`` finds the final answer in a response: the content of the LAST complete
-  ``\\boxed{...}`` (braces matched, so ``\\boxed{\\frac{1}{\\sqrt{2}}}`` works), ``\\boxed 5``,
-  or what follows a text marker such as ``"answer is"`` up to the end of its clause; failing
-  every marker, the last number of the response (``last_number``, the recipe's default: small
-  models state the result without boxing it); with ``after_think`` only text after the last
-  ``</think>`` counts. Extraction is the one place with hand-written string handling: it
-  decides *where* the answer is, never whether it is right.
+- ``extract_answer`` finds the ONE final answer a response states (``find_answer`` also
+  says why there is none). Once a marker occurs -- a ``\\boxed{...}`` (braces matched, so
+  ``\\boxed{\\frac{1}{\\sqrt{2}}}`` works), ``\\boxed 5``, or a text marker such as
+  ``"answer is"`` (its answer: to the end of the clause, an equation's right-hand side) --
+  the LAST marked answer is the answer, and nothing else in the response can be: negated
+  ("not 5"), hedged ("maybe 5", "5?"), naming several candidates ("4 or 5", "4, 5", "between
+  4 and 5") or refused by ``accept`` it does not stand. Only a response with no marker at
+  all answers with a number (``last_number``, the recipe's default: small models state the
+  result without boxing it), the ONE number of its last sentence ("So 3 + 4 = 7." has three:
+  no answer). With ``after_think`` only text after the last ``</think>`` counts. Extraction
+  is the one place with hand-written string handling: it decides *where* the answer is and
+  whether the reply commits to it, never whether it is right.
 - ``is_equivalent`` decides whether an answer equals the label, entirely through math-verify
   (``parse`` + ``verify``): 1/2 == 0.5 == \\frac{1}{2}, 1,000 == 1000, {1,2} == {2,1}, 50\\% == 0.5.
   It never raises; errors and timeouts count as "not equivalent".
-- ``score`` combines them into 1.0 / 0.0 / ``format_penalty``. When the label is a number
-  (``is_number``), so must the answer be (``numbers_only``, the default): a candidate that is
-  an expression, such as ``\\boxed{5 - 3}`` for "Calculate 5 - 3.", is no answer at all, so a
-  policy cannot score by restating the problem and letting math-verify evaluate it (a
-  SmolLM2 run learned exactly that: 227 of 239 held-out answers scored right boxed the problem's
-  own expression; tests/data/math_boxed_restatements.jsonl).
+- ``score`` combines them into 1.0 / 0.0 / ``format_penalty``: 0.0 for a wrong answer and
+  for a stated answer that does not stand, ``format_penalty`` only when nothing was stated.
+  When the label is a number (``is_number``), so must the answer be (``numbers_only``, the
+  default): a candidate that is an expression, such as ``\\boxed{5 - 3}`` for "Calculate 5 -
+  3.", is a rejected answer scoring 0.0 (whatever the reply computes after it), so a policy
+  cannot score by restating the problem and letting math-verify evaluate it (a SmolLM2 run
+  learned exactly that: 227 of 239 held-out answers scored right boxed the problem's own
+  expression; tests/data/math_boxed_restatements.jsonl). ``read_answer`` is the answer
+  ``score`` grades and why, for rescoring stored replies. The attacks this stops are pinned
+  by tests/recipes/test_math_reward_adversarial.py.
 
 The hook ``reward(ctx, samples)`` scores each sample by its role (see its docstring): solvers
 and rewriters on their own answers, the selector and the verifier on their decisions; the
@@ -35,12 +44,15 @@ and 50; ``(1,2)`` is read as an open interval, so it is not equal to ``(2,1)``.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import math
 import os
 import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
@@ -63,16 +75,18 @@ class MathRewardConfig:
     markers: tuple[str, ...] = ("\\boxed", "answer is")
     """where the answer is: LaTeX commands (\\boxed, \\fbox) or text ('Answer:'); last match wins"""
     last_number: bool = True
-    """failing every marker, the last number of the response is its answer"""
+    """a response without any marker answers with the one number of its last sentence (none
+    or several there: no answer); once a marker occurs, no bare number counts"""
     numbers_only: bool = True
     """when the label is a number, only a number is an answer (an integer, decimal or reduced
     fraction, signed, maybe with a unit or %): an expression like '5 - 3' or '12/4' that
-    restates the problem is skipped as no answer; labels that are not numbers (\\sqrt{2},
-    intervals) accept any expression math-verify reads"""
+    restates the problem is a rejected answer (0.0, no other number counts); labels that are
+    not numbers (\\sqrt{2}, intervals) accept any expression math-verify reads"""
     after_think: bool = False
     """only text after the last </think> counts; a response without </think> has no answer"""
     format_penalty: float = 0.0
-    """reward when no answer can be extracted (e.g. -0.5 to punish a missing \\boxed{})"""
+    """reward when the response states no answer at all (e.g. -0.5 to punish a missing
+    \\boxed{}); a stated answer that does not stand scores 0.0"""
     timeout_s: int = 5
     """seconds math-verify may spend per step (parse label, parse answer, compare); 0: no limit"""
     max_answer_chars: int = 1000
@@ -142,50 +156,325 @@ def _matching_braces(text: str) -> dict[int, int]:
     return pairs
 
 
-def _command_answers(text: str, command: str, pairs: dict[int, int]) -> list[tuple[int, str]]:
-    """(position, argument) of every complete ``\\command{...}`` or ``\\command token``."""
+def _command_spans(text: str, command: str, pairs: dict[int, int]) -> list[tuple[int, int, int]]:
+    """(position, argument start, argument end) of every ``\\command{...}`` and
+    ``\\command token``; the end is -1 for an unclosed ``\\command{`` or a bare ``\\command``.
+    Spans, not slices: slicing the argument of every nested box would be quadratic."""
     found = []
     for m in re.finditer(re.escape(command) + r"(?![A-Za-z])", text):
         j = m.end()
         while j < len(text) and text[j] in " \t":
             j += 1
         if j < len(text) and text[j] == "{":
-            if j in pairs:  # an unclosed box (e.g. a truncated response) is no answer
-                found.append((m.start(), text[j + 1 : pairs[j]]))
+            found.append((m.start(), j + 1, pairs.get(j, -1)))
         elif j > m.end():  # "\boxed 5": the token after the space, as math-verify reads it
-            token = re.match(r"[^\s$]*", text[j:]).group(0)
-            found.append((m.start(), token))
+            token = re.match(r"[^\s$]*", text[j : j + 200]).group(0)
+            found.append((m.start(), j, j + len(token)))
+        else:  # a bare "\boxed": a marker that holds no answer
+            found.append((m.start(), j, -1))
     return found
 
 
-# Where a text marker's answer ends: the line's end, or a full stop, comma or semicolon
-# followed by a space ("The answer is 5, since ..."; "1,000" and "2.5" stay whole).
-_CLAUSE_END = re.compile(r"[.,;](?:\s|$)")
+# Words that take a stated answer back, hedge it, or make it one of several: whole words, any
+# case; small lists on purpose (a reply is read, not understood). Some doubt the whole clause
+# wherever they stand ("I think", "if"); the others only an answer they stand next to, with
+# at most filler words between ("is not \boxed{5}", "about 5", "4 or \boxed{5}"), so "the
+# number that is not a factor is \boxed{4}" and "a red or blue ball: \boxed{5}" stand.
+_NEGATION = r"not|no|never|none|neither|nor|cannot|wrong|incorrect|false|\w*n['’]t"
+_APPROX = r"about|approx|approximately|around|roughly|nearly|almost|circa|close|somewhere"
+_UNSURE = (
+    r"maybe|perhaps|probably|possibly|likely|unlikely|presumably|apparently|guess|think"
+    r"|believe|suppose|assume|might|could|may|unsure|uncertain|estimate|estimated"
+)
+_CHOICE = r"or|either|between|range"
+_CONDITION = r"if|whether|unless|otherwise|alternatively"
+_NOT_EQUAL = r"\\neq?(?![A-Za-z])|≠"
+_APPROX_SIGN = r"≈|\\approx(?![A-Za-z])"
+_CLAUSE_WIDE = re.compile(
+    rf"\b(?:{_UNSURE}|{_CONDITION})\b"
+    r"|\b(?:not|\w*n['’]t)\s+(?:\w+\s+)?(?:sure|certain|convinced|positive|know)\b",
+    re.I,
+)
+_LOCAL = re.compile(rf"\b(?:{_NEGATION}|{_APPROX}|{_CHOICE})\b|{_NOT_EQUAL}|{_APPROX_SIGN}", re.I)
+# An answer's own words (a text marker's clause): any doubt counts, a negation before more
+# text ("not 5"; a bare "no" may be the answer), and "and", "to", "from" list or range
+# candidates ("4 and 5", "from 4 to 5"). A box's content: no negation ("\text{no}").
+_IN_ANSWER = re.compile(
+    rf"\b(?:{_NEGATION})\b(?=\W*\w)|\b(?:{_APPROX}|{_UNSURE}|{_CHOICE}|{_CONDITION}|and|to|from)\b"
+    rf"|{_NOT_EQUAL}|{_APPROX_SIGN}|\?",
+    re.I,
+)
+_IN_BOX = re.compile(rf"\b(?:{_APPROX}|{_UNSURE}|{_CHOICE}|{_CONDITION})\b|{_APPROX_SIGN}|\?", re.I)
+# What may stand between a local doubt word and the answer it doubts.
+_FILLER_WORDS = re.compile(
+    r"the|an|final|answer|is|are|was|be|been|it|its|it['’]s|this|that|which|what|true|case"
+    r"|equal|equals|to|exactly|simply|just|really|definitely|certainly|surely|actually|indeed"
+    r"|correct|right|result|value|number|solution|would|will|should|can|must|i|i['’]m|im|my"
+    r"|here|there|as|going",
+    re.I,
+)
+_TOKEN = re.compile(r"\\[A-Za-z]+|[A-Za-z'’]+|\d[\d.,/]*")
+_NEGATED = re.compile(rf"\b(?:{_NEGATION})\b|{_NOT_EQUAL}", re.I)
+# A later clause of the answer's sentence that adds a candidate opens with a number ("5, 6",
+# "5, or 6", "5, and 6") or a hedge or alternative among its first words ("5, maybe 6");
+# in the answer's own clause, "or" or "and" before another number ("\boxed{5} or 6"; not
+# "to": "\boxed{3.14} to 2 decimal places").
+_ANOTHER = re.compile(r"(?:(?:and|or|plus|also|then)\s+)?[-+]?(?:\d|\\[dt]?frac)", re.I)
+_LATER_DOUBT = re.compile(
+    rf"\b(?:{_APPROX}|{_UNSURE}|{_CHOICE}|{_CONDITION})\b|{_APPROX_SIGN}|\?", re.I
+)
+_ANOTHER_IN = re.compile(r"\b(?:or|nor|and|plus)\s+(?:\S+\s+){0,2}?[-+]?\d", re.I)
+# A sentence ends at an end mark before a space (not "2.5") or at a line break; a clause at
+# a comma or semicolon before a space (not "1,000"). A marker's own clause starts after the
+# last of those, a colon, a think tag, or a connective: in "It is not 4, so the answer is 5"
+# the negation is not the answer's. (No "and": "between 4 and \boxed{5}" is one clause.)
+_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
+_CLAUSE_END = re.compile(r"[,;](?=\s|$)")
+_CLAUSE_START = re.compile(r"[.!?,;:](?=\s)|\n|</?think>")
+_CONNECTIVE = re.compile(r"\b(?:so|thus|therefore|hence|then|but|because|since|finally)\b", re.I)
+_FIRST_END = re.compile(r"[,;.!?](?=\s|$)|\n")
+_LOOK_BACK = 300  # characters before a marker searched for its clause's start
+_READ_AHEAD = 2000  # characters after an answer read for the rest of its sentence
+# Around an answer and changing nothing: spaces, markdown bold, math-mode dollars.
+_WRAP = " \t*$"
+# Between a text marker and its answer: "the answer is equal to 5".
+_FILLER = re.compile(r"(?:equal\s+to|equals|exactly|just|simply)\s+", re.I)
+# An end-of-turn token a reply may end with (<|im_end|>, <|eot_id|>, </s>, ...).
+_END_TOKEN = re.compile(r"(?:<\|[^<>|\s]{1,40}\|>|</s>|<eos>|<end_of_turn>)$")
 # A number: an optional minus that is a sign (not "10-3"), thousands separators, decimals, a
-# fraction ("3/4").
+# fraction ("3/4"); for the fallback also a LaTeX fraction.
 _NUMBER = re.compile(r"(?:(?<![\w)\]}])-)?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
+_SENTENCE_NUMBER = re.compile(r"\\[dt]?frac\s*\{\s*-?\d+\s*\}\s*\{\s*\d+\s*\}|" + _NUMBER.pattern)
+
+NO_ANSWER = "no answer"
+"""``Found.why`` of a reply that states nothing: no marker with content, no fallback number"""
 
 
-def _marker_answer(text: str, marker: str) -> tuple[int, str] | None:
-    """(position, answer) after the last case-insensitive ``marker``: the rest of its line up
-    to the end of the clause, without a leading colon or the math-mode dollars and markdown
-    bold around it ("The answer is: **$5$**." -> "5"; "5." would parse as a string); of an
-    equation, its right-hand side ("the final answer is 3 + 4 = 7." -> "7")."""
-    matches = list(re.finditer(re.escape(marker), text, flags=re.IGNORECASE))
-    if not matches:
-        return None
-    last = matches[-1]
-    line = text[last.end() :].split("\n", 1)[0].strip().lstrip(":").strip()
-    line = _CLAUSE_END.split(line, 1)[0].rsplit("=", 1)[-1].strip().rstrip(".")
-    while len(line) >= 2 and line[0] == line[-1] and line[0] in "$*":
-        line = line.strip(line[0]).strip()
-    return last.start(), line
+class Found(NamedTuple):
+    """What ``find_answer`` read: the answer (None unless it stands) and why: "marked" (a
+    marker's answer), "last number" (the fallback), ``NO_ANSWER``, or "rejected: ..." (a
+    marked answer that does not stand: negated, hedged, several answers, not a number): the
+    reply stated an answer, an invalid one."""
+
+    answer: str | None
+    why: str
 
 
 def last_number(text: str) -> str | None:
-    """The last number in ``text`` ("so 3 + 4 = 7." -> "7"; "= -8" -> "-8"), or None."""
+    """The last number in ``text`` ("so 3 + 4 = 7." -> "7"; "= -8" -> "-8"), or None. Not
+    the fallback answer (that is the ONE number of the last sentence)."""
     found = _NUMBER.findall(text) if isinstance(text, str) else []
     return found[-1] if found else None
+
+
+def _last_end(pattern: re.Pattern, text: str) -> int:
+    """Where the last match of ``pattern`` in ``text`` ends (0 if none)."""
+    end = 0
+    for m in pattern.finditer(text):
+        end = m.end()
+    return end
+
+
+def _strip_end(text: str) -> str:
+    """``text`` without trailing whitespace and end-of-turn tokens."""
+    text = text.rstrip()
+    while (m := _END_TOKEN.search(text[-48:])) is not None:
+        text = text[: len(text) - len(m.group(0))].rstrip()
+    return text
+
+
+def _reason(word: str) -> str:
+    """The "rejected: ..." reason a doubting word or sign gives."""
+    if re.search(r"sure|certain|convinced|positive|know", word, re.I):  # "not sure"
+        return "rejected: hedged"
+    if _NEGATED.fullmatch(word.strip()):
+        return "rejected: negated"
+    if re.fullmatch(rf"{_CHOICE}|{_CONDITION}|and|to|from", word.strip(), re.I):
+        return "rejected: several answers"
+    return "rejected: hedged"
+
+
+def _only_filler(words: str) -> bool:
+    """Whether ``words`` hold nothing but filler: ``_FILLER_WORDS``, single letters,
+    numbers and LaTeX commands ("is equal to", "the answer is $x = 3 + 2 =")."""
+    return all(
+        t[0] in "\\0123456789" or len(t) == 1 or _FILLER_WORDS.fullmatch(t)
+        for t in _TOKEN.findall(words)
+    )
+
+
+def _before_doubt(words: str) -> str | None:
+    """Why the words of a clause before its answer take it back, hedge it or offer others:
+    a clause-wide doubt anywhere, a local one with only filler up to the answer."""
+    if (m := _CLAUSE_WIDE.search(words)) is not None:
+        return _reason(m.group(0))
+    # only the last local word can be next to the answer: the words after an earlier one
+    # hold the later one
+    last = collections.deque(_LOCAL.finditer(words), maxlen=1)
+    if last and _only_filler(words[last[0].end() :]):
+        return _reason(last[0].group(0))
+    return None
+
+
+def _after_doubt(words: str) -> str | None:
+    """Why the words of a clause after its answer take it back, hedge it or offer others
+    ("\\boxed{5} is wrong", "\\boxed{5} or 6", "\\boxed{5} I think")."""
+    if (m := _CLAUSE_WIDE.search(words)) is not None:
+        return _reason(m.group(0))
+    first = _LOCAL.search(words)
+    if first is not None and _only_filler(words[: first.start()]):
+        return _reason(first.group(0))
+    return "rejected: several answers" if _ANOTHER_IN.search(words) else None
+
+
+def _answer_doubt(words: str, pattern: re.Pattern = _IN_ANSWER) -> str | None:
+    """Why an answer's own words take it back, hedge it or name several."""
+    m = pattern.search(words)
+    return None if m is None else _reason(m.group(0))
+
+
+def _clause_before(text: str, start: int) -> str:
+    """The words before position ``start`` in its clause, from its last connective on."""
+    window = text[max(0, start - _LOOK_BACK) : start]
+    window = window[_last_end(_CLAUSE_START, window) :]
+    return window[_last_end(_CONNECTIVE, window) :]
+
+
+def _clause_from(text: str, pos: int) -> tuple[str, int]:
+    """The clause from ``pos`` on and where it ends (a clause or sentence end; read at most
+    ``_READ_AHEAD`` characters, so passing over many markers stays linear)."""
+    m = _FIRST_END.search(text, pos, pos + _READ_AHEAD)
+    end = min(len(text), pos + _READ_AHEAD) if m is None else m.start()
+    return text[pos:end], end
+
+
+def _rest_of_sentence(text: str, end: int) -> tuple[str, str]:
+    """The later clauses of the sentence whose first clause ends at ``end``, and the mark
+    that ends the sentence ("" at a line or text end)."""
+    if end >= len(text) or text[end] not in ",;":
+        return "", text[end : end + 1].strip()
+    m = _SENTENCE_END.search(text, end + 1, end + 1 + _READ_AHEAD)
+    stop = min(len(text), end + 1 + _READ_AHEAD) if m is None else m.start()
+    return text[end + 1 : stop], "" if m is None else m.group(0).strip()
+
+
+def _later_clauses(text: str, end: int) -> str | None:
+    """Why the rest of an answer's sentence, after its clause ending at ``end``, makes it one
+    of several or uncertain ("5, or 6"; "5, 6"; "5, maybe"; "5?"), or None ("5, not 6";
+    "5, since 2 + 3 = 5")."""
+    later, mark = _rest_of_sentence(text, end)
+    if mark == "?":
+        return "rejected: hedged"
+    for clause in _CLAUSE_END.split(later):
+        clause = clause.lstrip(_WRAP + "([")
+        if _ANOTHER.match(clause):
+            return "rejected: several answers"
+        if (m := _LATER_DOUBT.search(" ".join(clause[:80].split()[:3]))) is not None:
+            return _reason(m.group(0))
+    return None
+
+
+def _box_answer(text: str, start: int, a: int, b: int) -> Found | None:
+    """The answer of the box at ``start`` holding ``text[a:b]``; None when it holds none
+    (empty, unclosed, bare)."""
+    if b < 0 or not text[a:b].strip():
+        return None
+    answer = text[a:b].strip()
+    after, end = _clause_from(text, b + 1)
+    why = (
+        _before_doubt(_clause_before(text, start))
+        or _answer_doubt(answer, _IN_BOX)  # may hold "\text{no}"; "not 5" is no number anyway
+        or _after_doubt(after)
+        or _later_clauses(text, end)
+    )
+    return Found(None, why) if why else Found(answer, "marked")
+
+
+def _text_answer(text: str, start: int, end: int) -> Found | None:
+    """The answer after the text marker ``text[start:end]``: the rest of its line (or, when
+    that is empty, the next line with text) to the end of the clause; of an equation its
+    right-hand side. None when nothing follows the marker."""
+    pos = end
+    for _ in range(4):  # the marker's line, then up to 3 more ("The answer is:\n$$\n5\n$$")
+        line_end = text.find("\n", pos, pos + _READ_AHEAD)
+        line_end = min(len(text), pos + _READ_AHEAD) if line_end < 0 else line_end
+        if text[pos:line_end].strip(_WRAP + ":\\[]()"):
+            break
+        if line_end >= len(text):
+            return None
+        pos = line_end + 1
+    else:
+        return None
+    first, first_end = _clause_from(text, pos)
+    first = _FILLER.sub("", first.strip(_WRAP + ":").lstrip(_WRAP), count=1)
+    answer = first.rsplit("=", 1)[-1].strip(_WRAP).rstrip(".").strip(_WRAP)
+    answer = re.sub(r"^\\\(|\\\)$", "", answer).strip()
+    if not answer:
+        return None
+    why = (
+        _before_doubt(_clause_before(text, start))
+        or _answer_doubt(first)
+        or _later_clauses(text, first_end)
+    )
+    return Found(None, why) if why else Found(answer, "marked")
+
+
+def _last_sentence_number(text: str) -> str | None:
+    """The one number of the text's last sentence, or None: none, several ("So 3 + 4 = 7."
+    has three), or one that its clause negates, hedges or offers alternatives to."""
+    text = text.rstrip(_WRAP + ".!")
+    sentence = text[_last_end(_SENTENCE_END, text) :]
+    numbers = list(itertools.islice(_SENTENCE_NUMBER.finditer(sentence), 2))
+    if len(numbers) != 1:
+        return None
+    number = numbers[0]
+    before = sentence[: number.start()]
+    before = before[_last_end(_CLAUSE_START, before) :]
+    after, end = _clause_from(sentence, number.end())
+    if _before_doubt(before) or _after_doubt(after) or _later_clauses(sentence, end):
+        return None
+    return number.group(0)
+
+
+def find_answer(
+    text: str,
+    markers: tuple[str, ...] = ("\\boxed",),
+    after_think: bool = False,
+    fallback_last_number: bool = False,
+    accept: Callable[[str], bool] | None = None,
+) -> Found:
+    """The one final answer ``text`` states and why (``Found``); see ``extract_answer``."""
+    if not isinstance(text, str):
+        return Found(None, NO_ANSWER)
+    if after_think:
+        end = text.rfind(THINK_END)
+        if end < 0:
+            return Found(None, NO_ANSWER)
+        text = text[end + len(THINK_END) :]
+    # a unicode minus or an en dash is a minus (one character for one: positions stay)
+    text = _strip_end(text.replace("−", "-").replace("–", "-"))
+    pairs = _matching_braces(text) if any(m.startswith("\\") for m in markers) else {}
+    spans: list[tuple[int, int, int]] = []  # (start, argument start, end); end -2: text marker
+    for marker in markers:
+        if marker.startswith("\\"):
+            spans += _command_spans(text, marker, pairs)
+        else:
+            spans += [(m.start(), m.end(), -2) for m in re.finditer(re.escape(marker), text, re.I)]
+    if not spans:
+        number = _last_sentence_number(text) if fallback_last_number else None
+        if number is None or (accept is not None and not accept(number)):
+            return Found(None, NO_ANSWER)
+        return Found(number, "last number")
+    # the marker that starts last decides; one holding nothing (an empty or unclosed box, a
+    # truncated "The answer is") is passed over for the one before, never for a bare number
+    for start, a, b in sorted(spans, reverse=True):
+        found = _text_answer(text, start, a) if b == -2 else _box_answer(text, start, a, b)
+        if found is None:
+            continue
+        if found.answer is not None and accept is not None and not accept(found.answer):
+            return Found(None, "rejected: not a number")
+        return found
+    return Found(None, NO_ANSWER)
 
 
 def extract_answer(
@@ -195,38 +484,49 @@ def extract_answer(
     fallback_last_number: bool = False,
     accept: Callable[[str], bool] | None = None,
 ) -> str | None:
-    """The final answer in ``text``, or None if there is none.
+    """The one final answer ``text`` states, or None when it states none or its answer does
+    not stand (``find_answer`` tells which).
 
     Markers starting with a backslash are LaTeX commands: their brace argument (balanced,
-    nested braces included) or, without braces, the next token. Other markers are text: the
-    rest of the line after them, to the end of the clause. Of all matches, the one that starts
-    last wins. An empty answer (``\\boxed{}``) is None, and so is an unclosed ``\\boxed{...``.
-    With ``fallback_last_number``, a text no marker matches answers with its last number. With
-    ``after_think``, only the text after the last ``</think>`` is searched and no ``</think>``
-    means None (the model never finished thinking). With ``accept``, a candidate it refuses
-    (e.g. not ``is_number``) is skipped as if its marker were absent, the last number included.
+    nested braces included) or, without braces, the next token. Other markers are text, any
+    case: the rest of their line (the next line with text when it is empty) to the end of the
+    clause, of an equation its right-hand side ("the final answer is 3 + 4 = 7." -> "7"). The
+    match that starts last is THE answer; one holding nothing (``\\boxed{}``, an unclosed
+    ``\\boxed{5``, a truncated "The answer is") is passed over for the one before. Once a
+    marker occurs, nothing outside markers can be the answer. The answer does not stand when
+
+    - its clause before the marker doubts it: a hedge or condition anywhere in the clause
+      ("I think the answer is 5", "if ..."), a negation, approximation or alternative next to
+      it, only filler words between ("The answer is not \\boxed{5}", "It is not true that
+      the answer is 5", "\\boxed{4} or \\boxed{5}", "x \\neq \\boxed{5}"); so "the number that
+      is not a factor is \\boxed{4}" stands, and so does "It is not 4, so the answer is 5"
+      (the clause starts after the last ``.!?,;:``, think tag or connective: so, thus,
+      therefore, hence, then, but, because, since, finally);
+    - a text answer's own words doubt it: negated ("not 5", "isn't 5"), hedged ("probably
+      5", "about 5"), several ("4 or 5", "5 or 5", "4 and 5", "between 4 and 5", "from 4 to
+      5"); a box's content only hedged or several (a box may hold "\\text{no}");
+    - the words after it in its clause doubt it ("\\boxed{5} is wrong", "\\boxed{5} or 6",
+      "\\boxed{5} apples or 6"), a later clause of its sentence names another candidate or
+      hedges ("5, 6", "5, or 6", "5, maybe"), or the sentence ends in "?"; a negation in a
+      later clause is fine: "The answer is 5, not 6." states 5;
+    - ``accept`` refuses it (e.g. not ``is_number``).
+
+    Negations: not, no, never, none, neither, nor, cannot, wrong, incorrect, false, ...n't,
+    \\neq. Hedges next to the answer: about, approx(imately), around, roughly, nearly, almost,
+    circa, close, somewhere, "≈"; anywhere in its clause: maybe, perhaps, probably, possibly,
+    (un)likely, presumably, apparently, guess, think, believe, suppose, assume, might, could,
+    may, unsure, uncertain, estimate(d), "not sure". Alternatives next to it: or, either,
+    between, range; anywhere: if, whether, unless, otherwise, alternatively.
+
+    With ``fallback_last_number``, a text in which no marker occurs answers with the one
+    number of its last sentence (after the last ``.!?`` before a space, or line break; a
+    trailing end-of-turn token and period ignored) when the sentence has exactly one and its
+    clause does not doubt it (as above). "So 3 + 4 = 7." has three numbers, so no answer:
+    strict on purpose, a list or a restated problem ending in the label is no answer. With
+    ``after_think``, only the text after the last ``</think>`` counts and no ``</think>``
+    means None (the model never finished thinking).
     """
-    if not isinstance(text, str):
-        return None
-    if after_think:
-        end = text.rfind(THINK_END)
-        if end < 0:
-            return None
-        text = text[end + len(THINK_END) :]
-    pairs = _matching_braces(text) if any(m.startswith("\\") for m in markers) else {}
-    candidates: list[tuple[int, str]] = []
-    for marker in markers:
-        if marker.startswith("\\"):
-            candidates += _command_answers(text, marker, pairs)
-        elif (found := _marker_answer(text, marker)) is not None:
-            candidates.append(found)
-    candidates = [(i, a.strip()) for i, a in candidates if a.strip()]
-    if accept is not None:
-        candidates = [(i, a) for i, a in candidates if accept(a)]
-    if candidates:
-        return max(candidates, key=lambda c: c[0])[1]
-    number = last_number(text) if fallback_last_number else None
-    return number if number is None or accept is None or accept(number) else None
+    return find_answer(text, markers, after_think, fallback_last_number, accept).answer
 
 
 # ---- equivalence ----------------------------------------------------------------------------
@@ -258,20 +558,27 @@ def is_equivalent(
         return False
 
 
-def final_answer(text: str, label: str, cfg: MathRewardConfig) -> str | None:
-    """The answer ``score`` grades: ``extract_answer`` with the config's markers, accepting only
-    numbers when ``cfg.numbers_only`` and the label is one."""
+def read_answer(text: str, label: str, cfg: MathRewardConfig) -> Found:
+    """The answer ``score`` grades and why (``find_answer`` with the config's markers,
+    accepting only numbers when ``cfg.numbers_only`` and the label is one): for rescoring
+    stored replies and reading why one scored what it did."""
     accept = is_number if cfg.numbers_only and is_number(str(label)) else None
-    return extract_answer(text, cfg.markers, cfg.after_think, cfg.last_number, accept)
+    return find_answer(text, cfg.markers, cfg.after_think, cfg.last_number, accept)
+
+
+def final_answer(text: str, label: str, cfg: MathRewardConfig) -> str | None:
+    """The answer ``score`` grades, or None when there is none or it does not stand."""
+    return read_answer(text, label, cfg).answer
 
 
 def score(text: str, label: str, cfg: MathRewardConfig | None = None) -> float:
-    """1.0 if the response's final answer equals ``label``, 0.0 if not, ``cfg.format_penalty``
-    if no answer can be extracted."""
+    """1.0 if the response's final answer equals ``label``; 0.0 if not, or if the answer it
+    stated does not stand (negated, hedged, several, not a number: it answered, wrongly);
+    ``cfg.format_penalty`` if it stated no answer at all."""
     cfg = cfg or MathRewardConfig()
-    answer = final_answer(text, label, cfg)
+    answer, why = read_answer(text, label, cfg)
     if answer is None:
-        return cfg.format_penalty
+        return cfg.format_penalty if why == NO_ANSWER else 0.0
     ok = is_equivalent(answer, label, timeout_s=cfg.timeout_s, max_chars=cfg.max_answer_chars)
     return 1.0 if ok else 0.0
 
@@ -283,8 +590,8 @@ def reward(ctx: RolloutContext, samples: list[Sample]) -> RewardResult:
     """One reward per sample, by role (the kernel then scales every sample of the episode by
     its outcome, ``metadata["correct"]``: x1.2 if right, x0.8 if wrong, when asymmetric):
 
-    - solver, rewriter: 1.0 if its own final answer equals the label, 0.0 if not,
-      ``format_penalty`` if it gave none;
+    - solver, rewriter: 1.0 if its own final answer equals the label, 0.0 if not or if the
+      answer it stated does not stand (``score``), ``format_penalty`` if it stated none;
     - selector: 1.0 if the solution it picked was right, 0.0 if not, ``format_penalty`` if it
       stated no valid ``Judgment: N``;
     - verifier: with ``verifier_reward: verdict`` 1.0 if its last verdict was right (approve

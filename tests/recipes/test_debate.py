@@ -46,8 +46,13 @@ def test_same_compares_numbers_then_text():
 def test_majority_and_its_ties():
     order = ["a", "b", "c"]
     assert majority({"a": "1", "b": "2", "c": "2.0"}, order) == "2"
-    assert majority({"a": "1", "b": "2", "c": None}, order) == "1"  # tie: the earliest debater
-    assert majority({"a": None, "b": "7", "c": "1"}, order) == "7"
+    # a tie between different answers: no verdict (it went to the earliest debater before,
+    # so with two debaters the verdict was always the first one's answer)
+    assert majority({"a": "1", "b": "2", "c": None}, order) is None
+    assert majority({"a": "1", "b": "2"}, ["a", "b"]) is None
+    assert majority({"a": "2", "b": "2.0", "c": "1"}, order) == "2"  # the first stated form
+    assert majority({"a": None, "b": "7", "c": "1"}, order) is None  # one each: a tie ("7" before)
+    assert majority({"a": None, "b": "7", "c": "7"}, order) == "7"
     assert majority({"a": None, "b": None}, ["a", "b"]) is None
 
 
@@ -67,7 +72,8 @@ def test_rewards_per_debater_golden():
     assert m["first_round_accuracy"] == 0.5 and m["final_accuracy"] == 1.0
     assert m["agreement"] == 1.0 and m["changed_answer"] == 0.5 and m["verdict_correct"] == 1.0
     assert all(s.metadata["correct"] is True for s in samples)
-    # a split: the tie goes to alice's wrong answer; bob is right alone; carol states nothing
+    # a split: a tie, so no verdict (it went to alice's wrong answer before: the same
+    # rewards, as bob's right answer won no verdict either way); carol states nothing
     three = RecipeConfig(debaters=["alice", "bob", "carol"]).validate()
     samples = _debate({"alice": ["Answer: 8"], "bob": ["Answer: 2"], "carol": ["hmm"]})
     assert reward(RolloutContext(config=three), samples) == {
@@ -76,6 +82,7 @@ def test_rewards_per_debater_golden():
         "carol": -0.5,
     }
     assert samples[0].metadata["correct"] is False
+    assert samples[0].metadata["metrics"]["no_verdict"] == 1.0
 
 
 def test_per_turn_credit_pays_each_round_for_its_own_answer():
@@ -88,10 +95,11 @@ def test_per_turn_credit_pays_each_round_for_its_own_answer():
         for name in turns
         for t in range(2)
     ]
-    # the tie (8 against 2) goes to alice's wrong final answer: no verdict bonus for bob
+    # the tie (8 against 2) gives no verdict (alice's wrong answer before): no bonus for bob
     assert reward(RolloutContext(config=cfg), samples) == [1.0, 0.0, -0.5, 1.0]
     assert samples[0].metadata["metrics"]["first_round_accuracy"] == 0.5
     assert all(s.metadata["correct"] is False for s in samples)
+    assert samples[0].metadata["metrics"]["no_verdict"] == 1.0
     with pytest.raises(ValueError, match="credit"):
         RecipeConfig(credit="round").validate()
     with pytest.raises(ValueError, match="credit"):

@@ -249,7 +249,8 @@ def test_solver_selector_picks_among_the_solutions_and_its_pick_is_the_outcome(
 ):
     tok = smollm2_tokenizer
     agents = {
-        "solver": scripted_agent("solver", tok, ["5 - 3 = 1", "5 - 3 = 2"] * 2),
+        # the strict rule: an equation alone states no answer ("5 - 3 = 2" has three numbers)
+        "solver": scripted_agent("solver", tok, ["5 - 3 = 1. So 1", "5 - 3 = 2. So 2"] * 2),
         "selector": scripted_agent("selector", tok, ["1", "2"]),
     }
     config = RecipeConfig(
@@ -275,7 +276,7 @@ def test_the_verdict_opens_the_verifiers_reply_and_the_solver_revises_on_no(
 ):
     tok = smollm2_tokenizer
     agents = {
-        "solver": scripted_agent("solver", tok, ["5 - 3 = 1", "Sorry: 5 - 3 = 2"]),
+        "solver": scripted_agent("solver", tok, ["5 - 3 = 1. So 1", "Sorry: 5 - 3 = 2. So 2"]),
         "verifier": scripted_agent("verifier", tok, ["No, 5 - 3 is not 1.", "Yes."]),
     }
     config = RecipeConfig(workflow="solver_verifier", max_loops=3).validate()

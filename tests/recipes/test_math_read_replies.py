@@ -30,7 +30,7 @@ def _episodes() -> list[dict]:
             "agent": "solver",
             "passed": [True, False],
             "texts": [
-                "5 - 3 = 1." + REVISE + "5 - 3 = 2.<|im_end|>\n",
+                "5 - 3 = 1." + REVISE + "5 - 3 = 2. So it is 2.<|im_end|>\n",
                 "I cannot say.<|im_end|>\n",
             ],
             "metrics": [{"solved": 1.0, "approved_correct": 1.0}, {"solved": 0.0}],
@@ -39,7 +39,8 @@ def _episodes() -> list[dict]:
             "row": 1,
             "agent": "solver",
             "passed": [True, True],
-            "texts": ["-9 - 8 = -17<|im_end|>\n", "The answer is -17.<|im_end|>\n"],
+            # the strict rule: an equation alone states no answer (three numbers)
+            "texts": ["-9 - 8 = -17.\nIt is -17.<|im_end|>\n", "The answer is -17.<|im_end|>\n"],
             "metrics": [{"approved_correct": 1.0}, {"approved_correct": 1.0}],
         },
         {  # one reply rejects, then approves; the other opens with no verdict

@@ -154,23 +154,27 @@ def test_extract_answer_golden(text, markers, after_think, expected):
     assert extract_answer(text, markers, after_think) == expected
 
 
+# (text, last_number, the fallback answer): the fallback is not the last number but the ONE
+# number of the last sentence, of a reply without any marker (the strict rule: a list or a
+# restated problem that ends in the label is no answer; "So 3 + 4 = 7." neither).
 LAST_NUMBER = [
-    ("So 3 + 4 = 7.", "7"),
-    ("= -8", "-8"),
-    ("10-3", "3"),  # a minus between numbers is an operator, not a sign
-    ("(2)-(5)", "5"),
-    ("It is 1,234,567 in total", "1,234,567"),
-    ("about 3.75 then 2/3", "2/3"),
-    ("no digits here", None),
-    ("", None),
+    ("So 3 + 4 = 7.", "7", None),  # three numbers in the last sentence
+    ("= -8", "-8", "-8"),
+    ("10-3", "3", None),  # a minus between numbers is an operator, not a sign; two numbers
+    ("(2)-(5)", "5", None),
+    ("It is 1,234,567 in total", "1,234,567", "1,234,567"),
+    ("about 3.75 then 2/3", "2/3", None),
+    ("3 + 4 = 7.\nThe sum is 7.", "7", "7"),  # a line break or a full stop ends a sentence
+    ("no digits here", None, None),
+    ("", None, None),
 ]
 
 
-@pytest.mark.parametrize(("text", "expected"), LAST_NUMBER)
-def test_last_number_golden(text, expected):
+@pytest.mark.parametrize(("text", "expected", "fallback"), LAST_NUMBER)
+def test_last_number_golden(text, expected, fallback):
     assert last_number(text) == expected
-    # ... and it is extract_answer's fallback only when no marker matches
-    assert extract_answer(text, B, fallback_last_number=True) == expected
+    # ... the fallback reads the last sentence, and only when no marker occurs
+    assert extract_answer(text, B, fallback_last_number=True) == fallback
     assert extract_answer(text + " \\boxed{9}", B, fallback_last_number=True) == "9"
 
 
@@ -198,8 +202,12 @@ SCORES = [
     ("no answer", "4", MathRewardConfig(markers=B, last_number=False), 0.0),  # penalty 0.0
     ("the answer is 4", "4", MathRewardConfig(markers=("\\boxed", "The answer is")), 1.0),
     ("the answer is 4.", "4", DEFAULT, 1.0),
-    ("3 + 1 = 4", "4", DEFAULT, 1.0),  # the last number, failing every marker
-    ("4, or \\boxed{5}", "4", DEFAULT, 0.0),  # a box is never overruled by a later number
+    # the strict rule: the fallback is the one number of the last sentence, and "3 + 1 = 4"
+    # has three (it scored 1.0 as the last number before): no answer
+    ("3 + 1 = 4", "4", DEFAULT, -1.0),
+    ("3 + 1 = 4. The sum is 4.", "4", DEFAULT, 1.0),  # one number in the last sentence
+    ("4, or \\boxed{5}", "4", DEFAULT, 0.0),  # "or \\boxed{5}": one of several; no fallback
+    ("\\boxed{5}, so 4", "4", DEFAULT, 0.0),  # a box is never overruled by a later number
     ("no answer at all", "4", DEFAULT, -1.0),
     ("\\boxed{}", "4", PENALTY, -1.0),
     ("<think>\\boxed{3}</think>\\boxed{4}", "4", THINK, 1.0),
@@ -302,16 +310,34 @@ REPLIES = [
 ]
 
 
-@pytest.mark.parametrize("reply", REPLIES, ids=[f"reply{i}" for i in range(len(REPLIES))])
-def test_real_smollm2_replies_extract_and_score(reply):
-    cfg = MathRewardConfig()
+# Replies the strict rule reads differently from the file's "expected" (the answer a reader
+# takes): (answer, correct) now. Without a marker, a last sentence without exactly one number
+# is no answer (1, 4, 7, 21, 23, 24, 36: 7 and 23 scored by luck, a truncated sentence with no
+# number after a 0 or a 1 elsewhere); a marked answer that is prose is rejected (32).
+STRICT = {
+    1: (None, False),  # "So, 9 * 3 is equal to 27 * 3, which is 78."
+    4: (None, False),  # truncated: "This is because 3 is a multiple of 5, and any"
+    7: (None, False),  # truncated: "It is also used to create other"
+    21: (None, False),  # truncated: "So, the final answer to this"
+    23: (None, False),  # "..., which is a fundamental property of arithmetic"
+    24: (None, False),  # "This is a simple arithmetic operation that can be performed ..."
+    32: (None, False),  # "the answer is a simple and elegant example of how ..."
+    36: (None, False),  # "we need to add 61 and 69, which results in 69."
+}
+
+
+@pytest.mark.parametrize("i", range(len(REPLIES)), ids=[f"reply{i}" for i in range(len(REPLIES))])
+def test_real_smollm2_replies_extract_and_score(i):
+    reply, cfg = REPLIES[i], MathRewardConfig()
+    expected, correct = STRICT.get(i, (reply["expected"], reply["correct"]))
     answer = extract_answer(reply["text"], cfg.markers, cfg.after_think, cfg.last_number)
-    assert answer == reply["expected"]
-    assert score(reply["text"], reply["label"], cfg) == float(reply["correct"])
+    assert answer == expected
+    assert score(reply["text"], reply["label"], cfg) == float(correct)
 
 
 def test_real_replies_cover_every_extraction_path():
-    assert len(REPLIES) >= 30 and sum(r["correct"] for r in REPLIES) >= 10
+    right = [STRICT.get(i, (None, r["correct"]))[1] for i, r in enumerate(REPLIES)]
+    assert len(REPLIES) >= 30 and sum(right) >= 10
     marker = [r for r in REPLIES if "answer is" in r["text"].lower()]
     assert len(marker) >= 20 and len(REPLIES) - len(marker) >= 5  # both paths, real text
     boxed_only = MathRewardConfig(markers=("\\boxed",), last_number=False)
@@ -335,13 +361,19 @@ def test_is_number_golden(text, expected):
 
 
 RESTATED = [
-    # a box holding the problem's expression is skipped; what the reply computes then counts
-    ("To calculate \\boxed{5 - 3}, you simply add 3 to 5.", "2", 0.0),  # last number 5: wrong
-    ("To calculate \\boxed{5 - 3}, you add.\n\n5 - 3 = 2", "2", 1.0),  # it did compute 2
-    ("\\boxed{5 - 3}", "2", 0.0),  # its last number is the problem's 3: wrong
-    ("The answer is 12 / 4.", "3", 0.0),  # a division restated is skipped; last number 4
+    # a box holding the problem's expression is a stated answer that is no number: 0.0, and
+    # nothing after it counts
+    ("To calculate \\boxed{5 - 3}, you simply add 3 to 5.", "2", 0.0),
+    # the strict rule: the box is the stated answer, an expression, so 0 (1.0 before, from
+    # the computation after it); the last marked answer is the answer, no fallback
+    ("To calculate \\boxed{5 - 3}, you add.\n\n5 - 3 = 2", "2", 0.0),
+    ("\\boxed{5 - 3}", "2", 0.0),
+    ("The answer is 12 / 4.", "3", 0.0),  # a division restated: no number
     ("The answer is 12 / 4 = 3.", "3", 1.0),
-    ("\\boxed{2} or rather \\boxed{1 + 1}", "2", 1.0),  # the expression box is skipped
+    # the strict rule: the last box is the answer (an expression: 0), and "or" makes it one
+    # of several (1.0 before, skipping the expression box for the first)
+    ("\\boxed{2} or rather \\boxed{1 + 1}", "2", 0.0),
+    ("\\boxed{1 + 1}, that is \\boxed{2}", "2", 1.0),  # the last box: a number
     # a label that is no number accepts an expression (MATH-style answers)
     ("\\boxed{\\frac{\\sqrt{2}}{2}}", "\\frac{1}{\\sqrt{2}}", 1.0),
 ]
@@ -375,16 +407,21 @@ def test_a_trained_policys_boxed_restatements_no_longer_score():
     ]
     assert len(HACKED) == 256 and sum(r["passed_at_390cb91"] for r in HACKED) == 239
     assert len(boxed_expression) == 227  # how the policy wrote its answers
-    assert sum(score(r["text"], r["label"], lenient) for r in HACKED) == 236
+    # the strict rule: an unclosed box (25 replies, "\\boxed{(-9 - 8), we ...") is a marker
+    # without an answer, and no other number counts after it (236 before, from the last number)
+    assert sum(score(r["text"], r["label"], lenient) for r in HACKED) == 230
     strict = [score(r["text"], r["label"]) for r in HACKED]
-    assert sum(strict) == 94  # what it computed: a stated number equal to the label
+    # the strict rule: the boxed expression is the stated answer, no number: 0, whatever the
+    # reply computes after it (94 before: the computation's last number)
+    assert sum(strict) == 2
     for r, s in zip(HACKED, strict, strict=True):
         answer = final_answer(r["text"], r["label"], MathRewardConfig())
         assert answer is None or is_number(answer), r["text"]  # never an expression
         assert s == float(answer is not None and is_equivalent(answer, r["label"]))
     # problems answered by one of their own numbers ("0 * -5"): a restatement ending in that
-    # number scores; the learning tiers leave such problems out (answer_is_an_operand)
+    # number scored by the last number (32 before); the strict rule gives it nothing (the
+    # learning tiers leave such problems out anyway: answer_is_an_operand)
     from recipes.math_solver_verifier.data import answer_is_an_operand
 
     lucky = [r for r, s in zip(HACKED, strict, strict=True) if s and answer_is_an_operand(r)]
-    assert len(lucky) == 32
+    assert len(lucky) == 0
