@@ -82,6 +82,7 @@ LAYERS = {
         "conversation",
         "dialogue",
         "rewards",
+        "answers",
         "advantages",
         "loss",
         "metrics",

@@ -30,14 +30,20 @@ scores arguments instead (procon.py).
 
 from __future__ import annotations
 
-import collections
-import itertools
 import math
 import re
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
+from kernel.answers import (
+    WRAP,
+    clause_after_marker,
+    doubt,
+    last_sentence_number,
+    right_side,
+    strip_end_token,
+)
 from kernel.hooks import RolloutContext
 from kernel.sample import Sample
 from recipes.debate import procon
@@ -46,64 +52,12 @@ from recipes.debate.config import JUDGE, RecipeConfig, as_config
 # An answer marker: "Answer: X", "answer is X", "answer = X" (any case, bold allowed:
 # "**Answer:** X"). "answer is" also matches "answer isn't", whose answer then reads "n't X".
 _MARKER = re.compile(r"\banswer\**\s*(?:is|:|=)", re.I)
-_NUMBER = re.compile(r"(?:(?<![\w)\]}])-)?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
 # A marked answer must be one number: signed, thousands separators, decimals, a fraction a/b
 # or \frac{a}{b}, maybe with "%" or one unit word ("12 apples").
 _ONE_NUMBER = re.compile(
     r"(?P<n>[-+]?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?)\s*(?:%|[A-Za-z]+)?"
     r"|(?P<s>[-+]?)\\[dt]?frac\s*\{\s*(?P<a>\d+)\s*\}\s*\{\s*(?P<b>\d+)\s*\}"
 )
-# Words that take a stated answer back, hedge it, or make it one of several: whole words, any
-# case; the same small lists as the math recipe's reward (a recipe imports no other recipe).
-# Some doubt the whole clause wherever they stand ("I think", "if"); the others only an
-# answer they stand next to, with at most filler words between ("is not 5", "about 5",
-# "4 or the answer is 5"), so "the number that is not a factor: Answer: 4" stands.
-_NEGATION = r"not|no|never|none|neither|nor|cannot|wrong|incorrect|false|\w*n['’]t"
-_APPROX = r"about|approx|approximately|around|roughly|nearly|almost|circa|close|somewhere"
-_UNSURE = (
-    r"maybe|perhaps|probably|possibly|likely|unlikely|presumably|apparently|guess|think"
-    r"|believe|suppose|assume|might|could|may|unsure|uncertain|estimate|estimated"
-)
-_CHOICE = r"or|either|between|range"
-_CONDITION = r"if|whether|unless|otherwise|alternatively"
-_SIGNS = r"\\neq?(?![A-Za-z])|≠|≈|\\approx(?![A-Za-z])"
-_CLAUSE_WIDE = re.compile(
-    rf"\b(?:{_UNSURE}|{_CONDITION})\b"
-    r"|\b(?:not|\w*n['’]t)\s+(?:\w+\s+)?(?:sure|certain|convinced|positive|know)\b",
-    re.I,
-)
-_LOCAL = re.compile(rf"\b(?:{_NEGATION}|{_APPROX}|{_CHOICE})\b|{_SIGNS}", re.I)
-# In the answer's own words any doubt counts: a negation before more text ("not 5"), and
-# "and", "to", "from" list or range candidates ("4 and 5", "from 4 to 5").
-_IN_ANSWER = re.compile(
-    rf"\b(?:{_NEGATION})\b(?=\W*\w)|\b(?:{_APPROX}|{_UNSURE}|{_CHOICE}|{_CONDITION}|and|to|from)\b"
-    rf"|{_SIGNS}|\?",
-    re.I,
-)
-_FILLER_WORDS = re.compile(
-    r"the|an|final|answer|is|are|was|be|been|it|its|it['’]s|this|that|which|what|true|case"
-    r"|equal|equals|to|exactly|simply|just|really|definitely|certainly|surely|actually|indeed"
-    r"|correct|right|result|value|number|solution|would|will|should|can|must|i|i['’]m|im|my"
-    r"|here|there|as|going",
-    re.I,
-)
-_TOKEN = re.compile(r"\\[A-Za-z]+|[A-Za-z'’]+|\d[\d.,/]*")
-# A later clause that adds a candidate or a hedge ("5, 6"; "5, or 6"; "5, maybe"); in the
-# answer's own clause "or" or "and" before another number ("5 apples or 6").
-_ANOTHER = re.compile(r"(?:(?:and|or|plus|also|then)\s+)?[-+]?(?:\d|\\[dt]?frac)", re.I)
-_LATER_DOUBT = re.compile(rf"\b(?:{_APPROX}|{_UNSURE}|{_CHOICE}|{_CONDITION})\b|{_SIGNS}|\?", re.I)
-_ANOTHER_IN = re.compile(r"\b(?:or|nor|and|plus)\s+(?:\S+\s+){0,2}?[-+]?\d", re.I)
-# Sentences end at an end mark before a space (not "2.5") or a line break, clauses at a comma
-# or semicolon before a space (not "1,000"); a marker's clause starts after the last of
-# those, a colon, a think tag, or a connective ("It is not 4, so the answer is 5").
-_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
-_CLAUSE_END = re.compile(r"[,;](?=\s|$)")
-_FIRST_END = re.compile(r"[,;.!?](?=\s|$)|\n")
-_CLAUSE_START = re.compile(r"[.!?,;:](?=\s)|\n|</?think>")
-_CONNECTIVE = re.compile(r"\b(?:so|thus|therefore|hence|then|but|because|since|finally)\b", re.I)
-_END_TOKEN = re.compile(r"(?:<\|[^<>|\s]{1,40}\|>|</s>|<eos>|<end_of_turn>)$")
-_WRAP = " \t*$"
-_LOOK_BACK, _READ_AHEAD = 300, 2000  # characters read around a marker (linear time)
 
 
 class Reading(NamedTuple):
@@ -116,92 +70,18 @@ class Reading(NamedTuple):
     stated: bool
 
 
-def _last_end(pattern: re.Pattern, text: str) -> int:
-    end = 0
-    for m in pattern.finditer(text):
-        end = m.end()
-    return end
-
-
-def _only_filler(words: str) -> bool:
-    """Whether ``words`` hold nothing but filler words, single letters, numbers, LaTeX."""
-    return all(
-        t[0] in "\\0123456789" or len(t) == 1 or _FILLER_WORDS.fullmatch(t)
-        for t in _TOKEN.findall(words)
-    )
-
-
-def _before_doubt(words: str) -> bool:
-    """Whether the words of a clause before its answer doubt it: a clause-wide doubt
-    anywhere, or a local one with only filler up to the answer (only the last local word
-    can be: the words after an earlier one hold the later one)."""
-    last = collections.deque(_LOCAL.finditer(words), maxlen=1)
-    return bool(_CLAUSE_WIDE.search(words) or (last and _only_filler(words[last[0].end() :])))
-
-
-def _after_doubt(words: str) -> bool:
-    """Whether the words of a clause after its answer doubt it ("5 is wrong", "5 or 6")."""
-    first = _LOCAL.search(words)
-    return bool(
-        _CLAUSE_WIDE.search(words)
-        or (first is not None and _only_filler(words[: first.start()]))
-        or _ANOTHER_IN.search(words)
-    )
-
-
-def _clause_from(text: str, pos: int) -> tuple[str, int]:
-    m = _FIRST_END.search(text, pos, pos + _READ_AHEAD)
-    end = min(len(text), pos + _READ_AHEAD) if m is None else m.start()
-    return text[pos:end], end
-
-
-def _later_doubt(text: str, end: int) -> bool:
-    """Whether the rest of the sentence after the answer's clause (ending at ``end``) adds a
-    candidate or a hedge ("5, 6"; "5, or 6"; "5, maybe"), or the sentence ends in "?"."""
-    if end >= len(text) or text[end] not in ",;":
-        return text[end : end + 1] == "?"
-    m = _SENTENCE_END.search(text, end + 1, end + 1 + _READ_AHEAD)
-    stop = min(len(text), end + 1 + _READ_AHEAD) if m is None else m.start()
-    if m is not None and m.group(0) == "?":
-        return True
-    for clause in _CLAUSE_END.split(text[end + 1 : stop]):
-        clause = clause.lstrip(_WRAP + "([")
-        if _ANOTHER.match(clause) or _LATER_DOUBT.search(" ".join(clause[:80].split()[:3])):
-            return True
-    return False
-
-
 def _marked(text: str, start: int, end: int) -> Reading | None:
     """The answer after the marker ``text[start:end]``: its line's first clause (the next
     line with text when the line is empty), of an equation the right-hand side; None when
     nothing follows the marker."""
-    pos = end
-    for _ in range(4):  # the marker's line, then up to 3 more ("Answer:\n\n**5**")
-        line_end = text.find("\n", pos, pos + _READ_AHEAD)
-        line_end = min(len(text), pos + _READ_AHEAD) if line_end < 0 else line_end
-        if text[pos:line_end].strip(_WRAP + ":\\[]()"):
-            break
-        if line_end >= len(text):
-            return None
-        pos = line_end + 1
-    else:
+    if (clause := clause_after_marker(text, end)) is None:
         return None
-    first, first_end = _clause_from(text, pos)
-    first = first.strip(_WRAP + ":").strip(_WRAP)
-    answer = first.rsplit("=", 1)[-1].strip(_WRAP).rstrip(".").strip(_WRAP)
-    answer = re.sub(r"^\\boxed\s*\{(.*)\}$|^\\\((.*)\\\)$", r"\1\2", answer).strip(_WRAP)
+    first, first_end = clause
+    answer = re.sub(r"^\\boxed\s*\{(.*)\}$|^\\\((.*)\\\)$", r"\1\2", right_side(first)).strip(WRAP)
     if not answer:
         return None
-    before = text[max(0, start - _LOOK_BACK) : start]
-    before = before[_last_end(_CLAUSE_START, before) :]
-    before = before[_last_end(_CONNECTIVE, before) :]
     number = _ONE_NUMBER.fullmatch(answer)
-    if (
-        number is None
-        or _before_doubt(before)
-        or _IN_ANSWER.search(first)
-        or _later_doubt(text, first_end)
-    ):
+    if number is None or doubt(text, start, first, first_end, later_not_equal=True):
         return Reading(None, True)
     if number.group("n") is not None:
         return Reading(number.group("n").replace(",", ""), True)
@@ -222,29 +102,18 @@ def read_answer(text: str | None) -> Reading:
     marker answers with the one number of its last sentence (after the last ".!?" before a
     space, or line break; a trailing end-of-turn token and period ignored) when it has
     exactly one that its clause does not negate or hedge ("So 3 + 4 = 7." has three: no
-    answer, on purpose). Word lists: the math recipe's (recipes/math_solver_verifier)."""
+    answer, on purpose). The clause around an answer is read by ``kernel.answers``."""
     if not isinstance(text, str):
         return Reading(None, False)
-    text = text.replace("−", "-").replace("–", "-").rstrip()
-    while (m := _END_TOKEN.search(text[-48:])) is not None:
-        text = text[: len(text) - len(m.group(0))].rstrip()
+    text = strip_end_token(text.replace("−", "-").replace("–", "-"))
     markers = [(m.start(), m.end()) for m in _MARKER.finditer(text)]
     for start, end in reversed(markers):
         if (found := _marked(text, start, end)) is not None:
             return found
     if markers:
         return Reading(None, False)
-    text = text.rstrip(_WRAP + ".!")
-    sentence = text[_last_end(_SENTENCE_END, text) :]
-    numbers = list(itertools.islice(_NUMBER.finditer(sentence), 2))
-    if len(numbers) != 1:
-        return Reading(None, False)
-    before = sentence[: numbers[0].start()]
-    after, end = _clause_from(sentence, numbers[0].end())
-    before = before[_last_end(_CLAUSE_START, before) :]
-    if _before_doubt(before) or _after_doubt(after) or _later_doubt(sentence, end):
-        return Reading(None, False)
-    return Reading(numbers[0].group(0).replace(",", ""), True)
+    number = last_sentence_number(text, later_not_equal=True)
+    return Reading(None, False) if number is None else Reading(number.replace(",", ""), True)
 
 
 def extract_answer(text: str | None) -> str | None:

@@ -14,7 +14,9 @@ Three layers, each usable on its own:
   result without boxing it), the ONE number of its last sentence ("So 3 + 4 = 7." has three:
   no answer). With ``after_think`` only text after the last ``</think>`` counts. Extraction
   is the one place with hand-written string handling: it decides *where* the answer is and
-  whether the reply commits to it, never whether it is right.
+  whether the reply commits to it, never whether it is right. This module finds the markers
+  and a box's span; ``kernel.answers`` (shared with the debate recipe) reads the clause
+  around an answer and the last sentence's number.
 - ``is_equivalent`` decides whether an answer equals the label, entirely through math-verify
   (``parse`` + ``verify``): 1/2 == 0.5 == \\frac{1}{2}, 1,000 == 1000, {1,2} == {2,1}, 50\\% == 0.5.
   It never raises; errors and timeouts count as "not equivalent".
@@ -44,8 +46,6 @@ and 50; ``(1,2)`` is read as an open interval, so it is not equal to ``(2,1)``.
 
 from __future__ import annotations
 
-import collections
-import itertools
 import math
 import os
 import re
@@ -57,6 +57,15 @@ from typing import NamedTuple
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from math_verify.errors import TimeoutException
 
+from kernel.answers import (
+    NUMBER,
+    clause_after_marker,
+    clause_from,
+    doubt,
+    last_sentence_number,
+    right_side,
+    strip_end_token,
+)
 from kernel.hooks import RewardResult, RolloutContext
 from kernel.sample import Sample
 
@@ -175,76 +184,10 @@ def _command_spans(text: str, command: str, pairs: dict[int, int]) -> list[tuple
     return found
 
 
-# Words that take a stated answer back, hedge it, or make it one of several: whole words, any
-# case; small lists on purpose (a reply is read, not understood). Some doubt the whole clause
-# wherever they stand ("I think", "if"); the others only an answer they stand next to, with
-# at most filler words between ("is not \boxed{5}", "about 5", "4 or \boxed{5}"), so "the
-# number that is not a factor is \boxed{4}" and "a red or blue ball: \boxed{5}" stand.
-_NEGATION = r"not|no|never|none|neither|nor|cannot|wrong|incorrect|false|\w*n['’]t"
-_APPROX = r"about|approx|approximately|around|roughly|nearly|almost|circa|close|somewhere"
-_UNSURE = (
-    r"maybe|perhaps|probably|possibly|likely|unlikely|presumably|apparently|guess|think"
-    r"|believe|suppose|assume|might|could|may|unsure|uncertain|estimate|estimated"
-)
-_CHOICE = r"or|either|between|range"
-_CONDITION = r"if|whether|unless|otherwise|alternatively"
-_NOT_EQUAL = r"\\neq?(?![A-Za-z])|≠"
-_APPROX_SIGN = r"≈|\\approx(?![A-Za-z])"
-_CLAUSE_WIDE = re.compile(
-    rf"\b(?:{_UNSURE}|{_CONDITION})\b"
-    r"|\b(?:not|\w*n['’]t)\s+(?:\w+\s+)?(?:sure|certain|convinced|positive|know)\b",
-    re.I,
-)
-_LOCAL = re.compile(rf"\b(?:{_NEGATION}|{_APPROX}|{_CHOICE})\b|{_NOT_EQUAL}|{_APPROX_SIGN}", re.I)
-# An answer's own words (a text marker's clause): any doubt counts, a negation before more
-# text ("not 5"; a bare "no" may be the answer), and "and", "to", "from" list or range
-# candidates ("4 and 5", "from 4 to 5"). A box's content: no negation ("\text{no}").
-_IN_ANSWER = re.compile(
-    rf"\b(?:{_NEGATION})\b(?=\W*\w)|\b(?:{_APPROX}|{_UNSURE}|{_CHOICE}|{_CONDITION}|and|to|from)\b"
-    rf"|{_NOT_EQUAL}|{_APPROX_SIGN}|\?",
-    re.I,
-)
-_IN_BOX = re.compile(rf"\b(?:{_APPROX}|{_UNSURE}|{_CHOICE}|{_CONDITION})\b|{_APPROX_SIGN}|\?", re.I)
-# What may stand between a local doubt word and the answer it doubts.
-_FILLER_WORDS = re.compile(
-    r"the|an|final|answer|is|are|was|be|been|it|its|it['’]s|this|that|which|what|true|case"
-    r"|equal|equals|to|exactly|simply|just|really|definitely|certainly|surely|actually|indeed"
-    r"|correct|right|result|value|number|solution|would|will|should|can|must|i|i['’]m|im|my"
-    r"|here|there|as|going",
-    re.I,
-)
-_TOKEN = re.compile(r"\\[A-Za-z]+|[A-Za-z'’]+|\d[\d.,/]*")
-_NEGATED = re.compile(rf"\b(?:{_NEGATION})\b|{_NOT_EQUAL}", re.I)
-# A later clause of the answer's sentence that adds a candidate opens with a number ("5, 6",
-# "5, or 6", "5, and 6") or a hedge or alternative among its first words ("5, maybe 6");
-# in the answer's own clause, "or" or "and" before another number ("\boxed{5} or 6"; not
-# "to": "\boxed{3.14} to 2 decimal places").
-_ANOTHER = re.compile(r"(?:(?:and|or|plus|also|then)\s+)?[-+]?(?:\d|\\[dt]?frac)", re.I)
-_LATER_DOUBT = re.compile(
-    rf"\b(?:{_APPROX}|{_UNSURE}|{_CHOICE}|{_CONDITION})\b|{_APPROX_SIGN}|\?", re.I
-)
-_ANOTHER_IN = re.compile(r"\b(?:or|nor|and|plus)\s+(?:\S+\s+){0,2}?[-+]?\d", re.I)
-# A sentence ends at an end mark before a space (not "2.5") or at a line break; a clause at
-# a comma or semicolon before a space (not "1,000"). A marker's own clause starts after the
-# last of those, a colon, a think tag, or a connective: in "It is not 4, so the answer is 5"
-# the negation is not the answer's. (No "and": "between 4 and \boxed{5}" is one clause.)
-_SENTENCE_END = re.compile(r"[.!?](?=\s|$)|\n")
-_CLAUSE_END = re.compile(r"[,;](?=\s|$)")
-_CLAUSE_START = re.compile(r"[.!?,;:](?=\s)|\n|</?think>")
-_CONNECTIVE = re.compile(r"\b(?:so|thus|therefore|hence|then|but|because|since|finally)\b", re.I)
-_FIRST_END = re.compile(r"[,;.!?](?=\s|$)|\n")
-_LOOK_BACK = 300  # characters before a marker searched for its clause's start
-_READ_AHEAD = 2000  # characters after an answer read for the rest of its sentence
-# Around an answer and changing nothing: spaces, markdown bold, math-mode dollars.
-_WRAP = " \t*$"
 # Between a text marker and its answer: "the answer is equal to 5".
 _FILLER = re.compile(r"(?:equal\s+to|equals|exactly|just|simply)\s+", re.I)
-# An end-of-turn token a reply may end with (<|im_end|>, <|eot_id|>, </s>, ...).
-_END_TOKEN = re.compile(r"(?:<\|[^<>|\s]{1,40}\|>|</s>|<eos>|<end_of_turn>)$")
-# A number: an optional minus that is a sign (not "10-3"), thousands separators, decimals, a
-# fraction ("3/4"); for the fallback also a LaTeX fraction.
-_NUMBER = re.compile(r"(?:(?<![\w)\]}])-)?\d+(?:,\d{3})*(?:\.\d+)?(?:/\d+)?")
-_SENTENCE_NUMBER = re.compile(r"\\[dt]?frac\s*\{\s*-?\d+\s*\}\s*\{\s*\d+\s*\}|" + _NUMBER.pattern)
+# The fallback's number: a plain one (kernel.answers.NUMBER) or a LaTeX fraction.
+_SENTENCE_NUMBER = re.compile(r"\\[dt]?frac\s*\{\s*-?\d+\s*\}\s*\{\s*\d+\s*\}|" + NUMBER.pattern)
 
 NO_ANSWER = "no answer"
 """``Found.why`` of a reply that states nothing: no marker with content, no fallback number"""
@@ -263,115 +206,8 @@ class Found(NamedTuple):
 def last_number(text: str) -> str | None:
     """The last number in ``text`` ("so 3 + 4 = 7." -> "7"; "= -8" -> "-8"), or None. Not
     the fallback answer (that is the ONE number of the last sentence)."""
-    found = _NUMBER.findall(text) if isinstance(text, str) else []
+    found = NUMBER.findall(text) if isinstance(text, str) else []
     return found[-1] if found else None
-
-
-def _last_end(pattern: re.Pattern, text: str) -> int:
-    """Where the last match of ``pattern`` in ``text`` ends (0 if none)."""
-    end = 0
-    for m in pattern.finditer(text):
-        end = m.end()
-    return end
-
-
-def _strip_end(text: str) -> str:
-    """``text`` without trailing whitespace and end-of-turn tokens."""
-    text = text.rstrip()
-    while (m := _END_TOKEN.search(text[-48:])) is not None:
-        text = text[: len(text) - len(m.group(0))].rstrip()
-    return text
-
-
-def _reason(word: str) -> str:
-    """The "rejected: ..." reason a doubting word or sign gives."""
-    if re.search(r"sure|certain|convinced|positive|know", word, re.I):  # "not sure"
-        return "rejected: hedged"
-    if _NEGATED.fullmatch(word.strip()):
-        return "rejected: negated"
-    if re.fullmatch(rf"{_CHOICE}|{_CONDITION}|and|to|from", word.strip(), re.I):
-        return "rejected: several answers"
-    return "rejected: hedged"
-
-
-def _only_filler(words: str) -> bool:
-    """Whether ``words`` hold nothing but filler: ``_FILLER_WORDS``, single letters,
-    numbers and LaTeX commands ("is equal to", "the answer is $x = 3 + 2 =")."""
-    return all(
-        t[0] in "\\0123456789" or len(t) == 1 or _FILLER_WORDS.fullmatch(t)
-        for t in _TOKEN.findall(words)
-    )
-
-
-def _before_doubt(words: str) -> str | None:
-    """Why the words of a clause before its answer take it back, hedge it or offer others:
-    a clause-wide doubt anywhere, a local one with only filler up to the answer."""
-    if (m := _CLAUSE_WIDE.search(words)) is not None:
-        return _reason(m.group(0))
-    # only the last local word can be next to the answer: the words after an earlier one
-    # hold the later one
-    last = collections.deque(_LOCAL.finditer(words), maxlen=1)
-    if last and _only_filler(words[last[0].end() :]):
-        return _reason(last[0].group(0))
-    return None
-
-
-def _after_doubt(words: str) -> str | None:
-    """Why the words of a clause after its answer take it back, hedge it or offer others
-    ("\\boxed{5} is wrong", "\\boxed{5} or 6", "\\boxed{5} I think")."""
-    if (m := _CLAUSE_WIDE.search(words)) is not None:
-        return _reason(m.group(0))
-    first = _LOCAL.search(words)
-    if first is not None and _only_filler(words[: first.start()]):
-        return _reason(first.group(0))
-    return "rejected: several answers" if _ANOTHER_IN.search(words) else None
-
-
-def _answer_doubt(words: str, pattern: re.Pattern = _IN_ANSWER) -> str | None:
-    """Why an answer's own words take it back, hedge it or name several."""
-    m = pattern.search(words)
-    return None if m is None else _reason(m.group(0))
-
-
-def _clause_before(text: str, start: int) -> str:
-    """The words before position ``start`` in its clause, from its last connective on."""
-    window = text[max(0, start - _LOOK_BACK) : start]
-    window = window[_last_end(_CLAUSE_START, window) :]
-    return window[_last_end(_CONNECTIVE, window) :]
-
-
-def _clause_from(text: str, pos: int) -> tuple[str, int]:
-    """The clause from ``pos`` on and where it ends (a clause or sentence end; read at most
-    ``_READ_AHEAD`` characters, so passing over many markers stays linear)."""
-    m = _FIRST_END.search(text, pos, pos + _READ_AHEAD)
-    end = min(len(text), pos + _READ_AHEAD) if m is None else m.start()
-    return text[pos:end], end
-
-
-def _rest_of_sentence(text: str, end: int) -> tuple[str, str]:
-    """The later clauses of the sentence whose first clause ends at ``end``, and the mark
-    that ends the sentence ("" at a line or text end)."""
-    if end >= len(text) or text[end] not in ",;":
-        return "", text[end : end + 1].strip()
-    m = _SENTENCE_END.search(text, end + 1, end + 1 + _READ_AHEAD)
-    stop = min(len(text), end + 1 + _READ_AHEAD) if m is None else m.start()
-    return text[end + 1 : stop], "" if m is None else m.group(0).strip()
-
-
-def _later_clauses(text: str, end: int) -> str | None:
-    """Why the rest of an answer's sentence, after its clause ending at ``end``, makes it one
-    of several or uncertain ("5, or 6"; "5, 6"; "5, maybe"; "5?"), or None ("5, not 6";
-    "5, since 2 + 3 = 5")."""
-    later, mark = _rest_of_sentence(text, end)
-    if mark == "?":
-        return "rejected: hedged"
-    for clause in _CLAUSE_END.split(later):
-        clause = clause.lstrip(_WRAP + "([")
-        if _ANOTHER.match(clause):
-            return "rejected: several answers"
-        if (m := _LATER_DOUBT.search(" ".join(clause[:80].split()[:3]))) is not None:
-            return _reason(m.group(0))
-    return None
 
 
 def _box_answer(text: str, start: int, a: int, b: int) -> Found | None:
@@ -380,13 +216,9 @@ def _box_answer(text: str, start: int, a: int, b: int) -> Found | None:
     if b < 0 or not text[a:b].strip():
         return None
     answer = text[a:b].strip()
-    after, end = _clause_from(text, b + 1)
-    why = (
-        _before_doubt(_clause_before(text, start))
-        or _answer_doubt(answer, _IN_BOX)  # may hold "\text{no}"; "not 5" is no number anyway
-        or _after_doubt(after)
-        or _later_clauses(text, end)
-    )
+    after, end = clause_from(text, b + 1)
+    # enclosed: a box may hold "\text{no}"; "not 5" is no number anyway
+    why = doubt(text, start, answer, end, after=after, enclosed=True)
     return Found(None, why) if why else Found(answer, "marked")
 
 
@@ -394,46 +226,14 @@ def _text_answer(text: str, start: int, end: int) -> Found | None:
     """The answer after the text marker ``text[start:end]``: the rest of its line (or, when
     that is empty, the next line with text) to the end of the clause; of an equation its
     right-hand side. None when nothing follows the marker."""
-    pos = end
-    for _ in range(4):  # the marker's line, then up to 3 more ("The answer is:\n$$\n5\n$$")
-        line_end = text.find("\n", pos, pos + _READ_AHEAD)
-        line_end = min(len(text), pos + _READ_AHEAD) if line_end < 0 else line_end
-        if text[pos:line_end].strip(_WRAP + ":\\[]()"):
-            break
-        if line_end >= len(text):
-            return None
-        pos = line_end + 1
-    else:
+    if (clause := clause_after_marker(text, end)) is None:
         return None
-    first, first_end = _clause_from(text, pos)
-    first = _FILLER.sub("", first.strip(_WRAP + ":").lstrip(_WRAP), count=1)
-    answer = first.rsplit("=", 1)[-1].strip(_WRAP).rstrip(".").strip(_WRAP)
-    answer = re.sub(r"^\\\(|\\\)$", "", answer).strip()
+    first, first_end = _FILLER.sub("", clause[0], count=1), clause[1]
+    answer = re.sub(r"^\\\(|\\\)$", "", right_side(first)).strip()
     if not answer:
         return None
-    why = (
-        _before_doubt(_clause_before(text, start))
-        or _answer_doubt(first)
-        or _later_clauses(text, first_end)
-    )
+    why = doubt(text, start, first, first_end)
     return Found(None, why) if why else Found(answer, "marked")
-
-
-def _last_sentence_number(text: str) -> str | None:
-    """The one number of the text's last sentence, or None: none, several ("So 3 + 4 = 7."
-    has three), or one that its clause negates, hedges or offers alternatives to."""
-    text = text.rstrip(_WRAP + ".!")
-    sentence = text[_last_end(_SENTENCE_END, text) :]
-    numbers = list(itertools.islice(_SENTENCE_NUMBER.finditer(sentence), 2))
-    if len(numbers) != 1:
-        return None
-    number = numbers[0]
-    before = sentence[: number.start()]
-    before = before[_last_end(_CLAUSE_START, before) :]
-    after, end = _clause_from(sentence, number.end())
-    if _before_doubt(before) or _after_doubt(after) or _later_clauses(sentence, end):
-        return None
-    return number.group(0)
 
 
 def find_answer(
@@ -452,7 +252,7 @@ def find_answer(
             return Found(None, NO_ANSWER)
         text = text[end + len(THINK_END) :]
     # a unicode minus or an en dash is a minus (one character for one: positions stay)
-    text = _strip_end(text.replace("−", "-").replace("–", "-"))
+    text = strip_end_token(text.replace("−", "-").replace("–", "-"))
     pairs = _matching_braces(text) if any(m.startswith("\\") for m in markers) else {}
     spans: list[tuple[int, int, int]] = []  # (start, argument start, end); end -2: text marker
     for marker in markers:
@@ -461,7 +261,7 @@ def find_answer(
         else:
             spans += [(m.start(), m.end(), -2) for m in re.finditer(re.escape(marker), text, re.I)]
     if not spans:
-        number = _last_sentence_number(text) if fallback_last_number else None
+        number = last_sentence_number(text, _SENTENCE_NUMBER) if fallback_last_number else None
         if number is None or (accept is not None and not accept(number)):
             return Found(None, NO_ANSWER)
         return Found(number, "last number")
