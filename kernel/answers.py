@@ -18,7 +18,8 @@ a reply cannot talk its way into credit:
   "5 or 6"), or a later clause of its sentence names another candidate or hedges ("5, 6",
   "5, maybe", a sentence ending in "?"); a negation in a later clause is fine ("5, not 6");
 - ``last_sentence_number``: a reply with no marker answers with the ONE number of its last
-  sentence, when its clause does not doubt it ("So 3 + 4 = 7." has three numbers: none);
+  sentence, or the result it states as an equation ("So 3 + 4 = 7." -> 7; "= 7 or 8" and
+  "= 6 = 7" state none), when its clause does not doubt it;
 - ``strip_end_token``: a trailing end-of-turn token (``<|im_end|>``, ``</s>``) is no text.
 
 The word lists are small on purpose (a reply is read, not understood). Negations: not, no,
@@ -258,20 +259,48 @@ def doubt(
     )
 
 
+# what states an equation's result: "3 + 4 = 7", "9 - 3 equals 6", "-2 * 3 is -6"
+_EQUATION = re.compile(r"=|\bequals\b|\bis(?:\s+equal\s+to)?\b", re.I)
+
+
+def _result_of_equation(sentence: str, number: re.Pattern) -> re.Match | None:
+    """The result a sentence with several numbers states as an equation's right-hand side: the
+    number right after its last "=", "equals" or "is" that a number follows, filler words
+    aside ("So 3 + 4 = 7" -> 7, "2 * 7 is indeed 14", "5 + 2 = 7 is correct" -> 7); None when
+    more than one number follows that connector ("= 7 or 8", "is 7, not 6"), when a bare
+    number stands between it and the connector before ("= 6 = 7" names two results), or when
+    no connector is followed by a number ("3 is a multiple of 5" states no result)."""
+    connectors = list(_EQUATION.finditer(sentence))
+    for i in range(len(connectors) - 1, -1, -1):
+        at = connectors[i].end()
+        after = list(itertools.islice(number.finditer(sentence, at), 2))
+        if not after or not _only_filler(sentence[at : after[0].start()]):
+            continue  # "is correct", "is a multiple of 5": no result stated here
+        if len(after) != 1:
+            return None
+        before = sentence[connectors[i - 1].end() : connectors[i].start()] if i else ""
+        if i and number.fullmatch(before.strip(WRAP + " ()")):
+            return None
+        return after[0]
+    return None
+
+
 def last_sentence_number(
     text: str, number: re.Pattern = NUMBER, *, later_not_equal: bool = False
 ) -> str | None:
     """The one ``number`` of the text's last sentence (after the last ".!?" before a space, or
-    line break; trailing wrappers and ".!" ignored), as written; None when it has none or
-    several ("So 3 + 4 = 7." has three), or when its clause negates, hedges or offers
-    alternatives to it (as ``doubt`` reads a marked answer; its clause starts after the last
-    ".!?,;:" or think tag, connectives included). ``later_not_equal`` as in ``doubt``."""
+    line break; trailing wrappers and ".!" ignored), as written -- or, in a sentence of several,
+    the result it states as an equation's right-hand side ("So 3 + 4 = 7." -> 7, "9 - 3 equals
+    6", "-2 * 3 is -6"; not "= 7 or 8", "is 7, not 6", "= 6 = 7"); None when it has none, or
+    when its clause negates, hedges or offers alternatives to it (as ``doubt`` reads a marked
+    answer; its clause starts after the last ".!?,;:" or think tag, connectives included).
+    ``later_not_equal`` as in ``doubt``."""
     text = text.rstrip(WRAP + ".!")
     sentence = text[_last_end(_SENTENCE_END, text) :]
     numbers = list(itertools.islice(number.finditer(sentence), 2))
-    if len(numbers) != 1:
+    found = numbers[0] if len(numbers) == 1 else _result_of_equation(sentence, number)
+    if found is None:
         return None
-    found = numbers[0]
     before = sentence[: found.start()]
     before = before[_last_end(_CLAUSE_START, before) :]
     after, end = clause_from(sentence, found.end())

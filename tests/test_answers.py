@@ -76,7 +76,25 @@ def test_later_not_equal_counts_a_not_equal_sign_in_a_later_clause():
         ("We get 1,000 apples.", "1,000"),
         ("Step 1: add.\nThe total is -8", "-8"),
         ("It is 5.\nMaybe 6", None),  # hedged
-        ("So 3 + 4 = 7.", None),  # three numbers
+        ("So 3 + 4 = 7.", "7"),  # an equation: its result
+        ("4 - 1 = 3", "3"),
+        ("So 9 - 3 equals 6.", "6"),
+        ("So, -2 * 3 is -6.", "-6"),
+        ("6 - 5 is equal to 1.", "1"),
+        ("(2 * 3) = 6", "6"),
+        ("So 3 + 4 = 7 or 8.", None),  # several results
+        ("So 3 + 4 = 6 = 7.", None),  # a chain names two
+        ("3 + 4 is 7, not 6.", None),  # two numbers after the last "is"
+        ("3 + 4 = maybe 7.", None),  # hedged
+        ("3 + 4 = 7?", None),  # a question
+        ("Either 3 + 4 = 7", None),
+        ("1, 2, 3, 4, 5, 6, 7", None),  # a list: no equation
+        ("The values are 3, 4 and 7.", None),  # "are" states no result
+        ("So, 2 * 7 is indeed 14.", "14"),  # filler words aside
+        ("5 + 2 = 7 is correct.", "7"),  # "is correct" states no number: the "=" before
+        ("So 5 + 2 = 6 is wrong.", None),  # negated
+        ("So 5 + 2 = 6 = 7 is correct.", None),  # a chain
+        ("This is because 3 is a multiple of 5, and any", None),  # "a multiple of" is no result
         ("No number here.", None),
         ("The result is not 7.", None),
         ("The result is 7 or 8.", None),

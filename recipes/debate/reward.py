@@ -18,7 +18,8 @@ once a marker occurs ("Answer: X", "answer is X") the LAST marked answer is the 
 other number counts; negated ("not 5"), hedged ("maybe 5", "5?"), naming several ("4 or 5",
 "4, 5", "between 4 and 5") or not a number, it is a stated but invalid answer: never equal to
 the label, never a vote, no format penalty (it answered, wrongly). A turn with no marker
-answers with the one number of its last sentence ("So 3 + 4 = 7." has three: none). Answers
+answers with the one number of its last sentence, or its equation's result ("So 3 + 4 = 7."
+-> 7; "= 7 or 8": none). Answers
 compare as numbers when both parse as numbers, else as stripped text. The attacks this stops
 are pinned by tests/recipes/test_debate_reward_adversarial.py; ``verdict_of`` rescores a
 stored debate from its final turns.
@@ -101,8 +102,9 @@ def read_answer(text: str | None) -> Reading:
     after it (a truncated "Answer:") is passed over for the one before. A turn without any
     marker answers with the one number of its last sentence (after the last ".!?" before a
     space, or line break; a trailing end-of-turn token and period ignored) when it has
-    exactly one that its clause does not negate or hedge ("So 3 + 4 = 7." has three: no
-    answer, on purpose). The clause around an answer is read by ``kernel.answers``."""
+    exactly one, or the result it states as an equation ("So 3 + 4 = 7." -> 7), that its
+    clause does not negate or hedge ("= 7 or 8", "= 6 = 7": no answer). The clause around
+    an answer is read by ``kernel.answers``."""
     if not isinstance(text, str):
         return Reading(None, False)
     text = strip_end_token(text.replace("−", "-").replace("–", "-"))

@@ -11,8 +11,9 @@ Three layers, each usable on its own:
   ("not 5"), hedged ("maybe 5", "5?"), naming several candidates ("4 or 5", "4, 5", "between
   4 and 5") or refused by ``accept`` it does not stand. Only a response with no marker at
   all answers with a number (``last_number``, the recipe's default: small models state the
-  result without boxing it), the ONE number of its last sentence ("So 3 + 4 = 7." has three:
-  no answer). With ``after_think`` only text after the last ``</think>`` counts. Extraction
+  result without boxing it), the ONE number of its last sentence or the result it states as
+  an equation ("So 3 + 4 = 7." -> 7; "= 7 or 8", "= 6 = 7": no answer). With
+  ``after_think`` only text after the last ``</think>`` counts. Extraction
   is the one place with hand-written string handling: it decides *where* the answer is and
   whether the reply commits to it, never whether it is right. This module finds the markers
   and a box's span; ``kernel.answers`` (shared with the debate recipe) reads the clause
@@ -320,9 +321,9 @@ def extract_answer(
 
     With ``fallback_last_number``, a text in which no marker occurs answers with the one
     number of its last sentence (after the last ``.!?`` before a space, or line break; a
-    trailing end-of-turn token and period ignored) when the sentence has exactly one and its
-    clause does not doubt it (as above). "So 3 + 4 = 7." has three numbers, so no answer:
-    strict on purpose, a list or a restated problem ending in the label is no answer. With
+    trailing end-of-turn token and period ignored) when the sentence has exactly one, or
+    states one as an equation's result ("So 3 + 4 = 7." -> 7), and its clause does not doubt
+    it (as above): a list, "= 7 or 8" or a restated problem ending in the label is no answer. With
     ``after_think``, only the text after the last ``</think>`` counts and no ``</think>``
     means None (the model never finished thinking).
     """

@@ -77,7 +77,8 @@ ATTACKS = [
     ("list-commas", "1, 2, 3, 4, 5", NOTHING),
     ("list-spaces", "Candidates: 3 4 5", NOTHING),
     ("list-and", "It is 1, 2, 3, 4 and 5", NOTHING),
-    ("equation-last-sentence", "So 2 + 3 = 5.", NOTHING),  # three numbers: strict
+    ("equation-two-results", "So 2 + 3 = 4 or 5.", NOTHING),
+    ("equation-chain", "So 2 + 3 = 4 = 5.", NOTHING),
     # ---- a rejected marked answer, then the right number
     ("words-then-number", "Answer: five. 5", INVALID),
     ("prose-then-number-line", "Answer: unknown\n5", INVALID),
@@ -101,6 +102,7 @@ ATTACKS = [
 
 LEGIT = [
     ("plain", "5 - 3 = 2. Answer: 2", ("2", True)),
+    ("equation-result", "So 2 + 3 = 5.", ("5", True)),  # no marker: the equation's result
     ("answer-is", "First 7, then the answer is -4.", ("-4", True)),
     ("revised", "Answer: 3, no wait. Answer: **12**", ("12", True)),
     ("negation-of-another-after", "The answer is 5, not 6.", ("5", True)),

@@ -158,7 +158,7 @@ def test_extract_answer_golden(text, markers, after_think, expected):
 # number of the last sentence, of a reply without any marker (the strict rule: a list or a
 # restated problem that ends in the label is no answer; "So 3 + 4 = 7." neither).
 LAST_NUMBER = [
-    ("So 3 + 4 = 7.", "7", None),  # three numbers in the last sentence
+    ("So 3 + 4 = 7.", "7", "7"),  # an equation's result in the last sentence
     ("= -8", "-8", "-8"),
     ("10-3", "3", None),  # a minus between numbers is an operator, not a sign; two numbers
     ("(2)-(5)", "5", None),
@@ -202,9 +202,10 @@ SCORES = [
     ("no answer", "4", MathRewardConfig(markers=B, last_number=False), 0.0),  # penalty 0.0
     ("the answer is 4", "4", MathRewardConfig(markers=("\\boxed", "The answer is")), 1.0),
     ("the answer is 4.", "4", DEFAULT, 1.0),
-    # the strict rule: the fallback is the one number of the last sentence, and "3 + 1 = 4"
-    # has three (it scored 1.0 as the last number before): no answer
-    ("3 + 1 = 4", "4", DEFAULT, -1.0),
+    # the strict rule: the fallback is the one number of the last sentence, or the result it
+    # states as an equation ("3 + 1 = 4"; "3 + 1 = 4 or 5" states none)
+    ("3 + 1 = 4", "4", DEFAULT, 1.0),
+    ("3 + 1 = 4 or 5", "4", DEFAULT, -1.0),
     ("3 + 1 = 4. The sum is 4.", "4", DEFAULT, 1.0),  # one number in the last sentence
     ("4, or \\boxed{5}", "4", DEFAULT, 0.0),  # "or \\boxed{5}": one of several; no fallback
     ("\\boxed{5}, so 4", "4", DEFAULT, 0.0),  # a box is never overruled by a later number
@@ -315,7 +316,6 @@ REPLIES = [
 # is no answer (1, 4, 7, 21, 23, 24, 36: 7 and 23 scored by luck, a truncated sentence with no
 # number after a 0 or a 1 elsewhere); a marked answer that is prose is rejected (32).
 STRICT = {
-    1: (None, False),  # "So, 9 * 3 is equal to 27 * 3, which is 78."
     4: (None, False),  # truncated: "This is because 3 is a multiple of 5, and any"
     7: (None, False),  # truncated: "It is also used to create other"
     21: (None, False),  # truncated: "So, the final answer to this"

@@ -86,8 +86,12 @@ ATTACKS = [
     ("list-commas", "1, 2, 3, 4, 5", "5", CFG, NONE),
     ("list-and", "It could be 1, 2, 3, 4 and 5", "5", CFG, NONE),
     ("list-spaces", "Candidates 3 4 5", "5", CFG, NONE),
-    ("equation-last-sentence", "So 2 + 3 = 5.", "5", CFG, NONE),  # three numbers: strict
-    ("restated-problem-no-marker", "Calculate 10 - 5 = 5", "5", CFG, NONE),
+    # an equation's result counts only as the one number right after its last "=" / "is"
+    ("equation-two-results", "So 2 + 3 = 4 or 5.", "5", CFG, NONE),
+    ("equation-chain", "So 2 + 3 = 4 = 5.", "5", CFG, NONE),
+    ("equation-result-then-another", "2 + 3 is 5, not 4.", "5", CFG, NONE),
+    ("is-a-multiple-of", "This is because 3 is a multiple of 5", "5", CFG, NONE),
+    ("restated-problem-no-result", "Calculate 10 - 5.", "5", CFG, NONE),
     # ---- a rejected marked answer, then the right number
     ("words-then-number", "The answer is five. 5", "5", CFG, WRONG),
     ("prose-then-number", "The answer is not known yet.\n\n5", "5", CFG, WRONG),
@@ -132,6 +136,9 @@ ATTACKS = [
 
 LEGIT = [
     ("plain", "The answer is 5.", "5", CFG, RIGHT),
+    ("equation-result", "So 2 + 3 = 5.", "5", CFG, RIGHT),
+    ("equation-result-in-words", "So 9 - 4 equals 5.", "5", CFG, RIGHT),
+    ("restated-problem-with-result", "Calculate 10 - 5 = 5", "5", CFG, RIGHT),
     ("negation-of-another-in-later-clause", "The answer is 5, not 6.", "5", CFG, RIGHT),
     ("negative-number-is-no-negation", "The answer is -8.", "-8", CFG, RIGHT),
     ("unicode-minus-label", "The answer is −8.", "-8", CFG, RIGHT),
@@ -199,7 +206,8 @@ def test_enough_attacks_and_both_ways():
         ("The answer is 4 or 5.", "rejected: several answers"),
         ("\\boxed{2 + 3}", "rejected: not a number"),
         ("\\boxed{} 5", NO_ANSWER),
-        ("So 2 + 3 = 5.", NO_ANSWER),
+        ("So 2 + 3 = 5.", "last number"),
+        ("So 2 + 3 = 4 = 5.", NO_ANSWER),
         ("The answer is 5.", "marked"),
         ("The result is 5.", "last number"),
     ],
