@@ -54,8 +54,9 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -63,8 +64,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from scripts.controls import ANSWERS, controls, vote_scores  # noqa: E402
+from scripts.controls import ANSWERS, controls, leak_free_rows, vote_scores  # noqa: E402
 from scripts.provenance import commit  # noqa: E402
+from scripts.rescore import rescorer  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
 
@@ -194,21 +196,29 @@ def read_jsonl(path: Path) -> list[dict]:
 Scores = dict[str, dict[str, dict[int, float]]]  # agent -> score -> held-out row -> value
 
 
-def item_scores(path: Path) -> Scores:
+def item_scores(path: Path, rescore: Callable[[list[dict]], None] | None = None) -> Scores:
     """agent -> score -> held-out row -> the mean over the row's scored episodes, for the scores
     ``reward`` (as the recipe scored it), ``passed`` (1/0: the recipe's ``correct``, else reward
     >= threshold) and every episode metric the recipe put in ``metadata["metrics"]`` (over the
-    episodes that report it). An episode whose reward is None (masked) counts in none."""
+    episodes that report it). An episode whose reward is None (masked) counts in none.
+    ``rescore`` (scripts/rescore.py) scores the replies again first: ``passed`` is then
+    today's, and ``passed_as_run`` what the run logged."""
     out: Scores = {}
-    for item in read_jsonl(path):
+    lines = read_jsonl(path)
+    if rescore is not None:
+        rescore(lines)
+    for item in lines:
         rewards = item.get("rewards") or []
         passed = item.get("passed") or [None] * len(rewards)
+        as_run = item.get("passed_as_run")
         metrics = item.get("metrics") or [{}] * len(rewards)
         kept = [i for i, r in enumerate(rewards) if r is not None]
         values: dict[str, list[float]] = {"reward": [], "passed": []}
         for i in kept:
             values["reward"].append(float(rewards[i]))
             values["passed"].append(float(passed[i]))
+            if as_run is not None:
+                values.setdefault("passed_as_run", []).append(float(as_run[i]))
             for key, v in (metrics[i] if i < len(metrics) else {}).items():
                 if v is not None:
                     values.setdefault(key, []).append(float(v))
@@ -387,6 +397,16 @@ class SeedRun:
     def seed(self) -> int:
         return int(self.config.get("seed", 0))
 
+    @cached_property
+    def rescore(self) -> Callable[[list[dict]], None] | None:
+        """Today's scorer of this seed's replies (scripts/rescore.py), None where it did not
+        change."""
+        return rescorer(self.config, self.held_out())
+
+    def scores(self, path: Path) -> Scores:
+        """``item_scores`` of one of this seed's evaluation files, scored by today's scorers."""
+        return item_scores(path, self.rescore)
+
     @property
     def votes(self) -> dict[int, Path]:
         """k -> the evaluation of the last checkpoint with k sampled episodes per item
@@ -482,8 +502,8 @@ def report(
 ) -> dict:
     """The learning report of finished seed runs (the same preset and steps)."""
     headline = headline_of(recipe, preset)
-    before = [item_scores(r.first) for r in runs]
-    after = [item_scores(r.last) for r in runs]
+    before = [r.scores(r.first) for r in runs]
+    after = [r.scores(r.last) for r in runs]
     agents = compare_all(before, after, resamples, pooled)
     mine = agents.get(headline.agent, {})
     if headline.score not in mine:
@@ -518,6 +538,10 @@ def report(
         votes = [vote_scores(r.votes[k], headline.agent, ANSWERS[recipe]) for r in runs]
         vote = {"k": k, **pooled(final, votes, resamples)}
     subsets = {}
+    if (clean := leak_free_rows(recipe, runs[0].config)) is not None:
+        subsets["leak-free"] = pooled(
+            [b[headline.agent][headline.score] for b in before], final, resamples, clean
+        )
     if headline.subset:
         field = held_out_field(runs[0].config, headline.subset)
         for value in sorted({json.dumps(v) for v in field.values()}):
@@ -600,8 +624,8 @@ def against(
     set), by item, over both runs' seeds: its headline against the base's (``base_headline``:
     e.g. the three-role workflow's selector against the single solver), and every agent and
     score both have."""
-    final = [item_scores(r.last) for r in runs]
-    other = [item_scores(r.last) for r in base]
+    final = [r.scores(r.last) for r in runs]
+    other = [r.scores(r.last) for r in base]
     base_report = base[0].path.parent / "learning.json"
     theirs = json.loads(base_report.read_text()) if base_report.exists() else {}
     agent, score = theirs.get("agent", headline.agent), theirs.get("score", headline.score)

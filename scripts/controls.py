@@ -22,6 +22,10 @@ per seed for a per-episode control, one map for the rest); bench_learning.py rep
 final scores against each and against the best (``above_control``), with the same two-level
 interval as every other comparison.
 
+``leak_free_rows`` names the held-out items that are no training problem by the recipe's
+``canonical_key`` where some are (the math splits made before the key saw through moved
+signs): reports give the headline on them beside the whole set.
+
 A **vote** (``vote_scores``) reads an evaluation file of k sampled episodes per item: the item
 scores 1 when the plurality of the episodes' final answers is right (a tie: the share of the
 tied answers that are right). It is the control a workflow of several agents must beat at equal
@@ -174,6 +178,33 @@ def controls(recipe: str, preset: str, config: dict, evaluations: list[Path]) ->
     if (recipe, preset) in OFFERED:
         out["chance among offered"] = offered(evaluations, *OFFERED[(recipe, preset)])
     return out
+
+
+# ---- leaks -------------------------------------------------------------------------------------
+
+
+def _key(recipe: str) -> Callable[[dict], str] | None:
+    """The recipe's ``canonical_key`` (what makes two items the same problem); debate's and
+    gym's rows are math's arithmetic, as tests/recipes/test_data_leaks.py reads them."""
+    module = {"debate": "math_solver_verifier", "gym": "math_solver_verifier"}.get(recipe, recipe)
+    if module not in ("math_solver_verifier", "takes_two", "deep_research"):
+        return None
+    from importlib import import_module
+
+    return import_module(f"recipes.{module}.data").canonical_key
+
+
+def leak_free_rows(recipe: str, config: dict) -> list[int] | None:
+    """The held-out rows of the run's evaluation that are no training problem by the recipe's
+    ``canonical_key``; None when every row is (or the recipe has no key): a figure on these
+    rows is the one no memorised training item can reach."""
+    key = _key(recipe)
+    if key is None:
+        return None
+    held = _rows(config["eval"]["path"], config["eval"].get("max_prompts"))
+    trained = {key(r) for r in _rows(config["data"]["path"])}
+    clean = [i for i, r in enumerate(held) if key(r) not in trained]
+    return None if len(clean) == len(held) else clean
 
 
 # ---- the vote ---------------------------------------------------------------------------------

@@ -1,0 +1,144 @@
+"""A run's held-out replies scored again by today's scorers, so that a published figure follows
+a scorer that was made stricter (the math and debate answer rules, code_pair's checks) without
+training again: the evaluation files keep every reply's text.
+
+``rescorer(config, held_out)`` gives, for a seed's config and its held-out items (``SeedRun.
+held_out()``), a function that rewrites the ``passed`` of an evaluation file's lines in place
+(the value as logged kept as ``passed_as_run``), or None when the recipe's workflow has no
+rescorer (its scorer did not change: takes_two, deep_research, gym). What is rescored:
+
+- math (``solver``, ``solver_verifier``): the solver's last turn, by ``reward.score``;
+- math (``solver_rewriter_selector``, ``solver_selector``): the selector's pick
+  (``parse_judgment``) of the texts it was offered -- the episode's rewrites (or solutions), in
+  the order the rewriter's (solver's) line holds them -- scored as above;
+- debate (answer style): each debater's last turn, the verdict by today's rule (a tie between
+  different answers is no verdict), or the single agent's own last turn;
+- code_pair (pair): the helper's and main's replies run again through today's checks
+  (``reward.score_pair``: parent-side comparison of plain results).
+
+Episodes are matched across agents' lines by their order: the evaluation writes each agent's
+samples of a held-out item in episode order (a rewriter's ``num_parallel`` per episode).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from collections.abc import Callable
+
+Lines = list[dict]
+Rescore = Callable[[Lines], None]
+
+# ChatML (SmolLM2's template): an agent's turns in its decoded dialogue end with <|im_end|>,
+# and the other speakers' messages sit between them
+_NEXT_TURN = re.compile(r"<\|im_start\|>assistant\n")
+
+
+def turns(text: str) -> list[str]:
+    """An agent's own turns in its decoded dialogue, first to last."""
+    return [part.split("<|im_end|>", 1)[0] for part in _NEXT_TURN.split(text)]
+
+
+def _by_agent(lines: Lines) -> dict[tuple[int, str], dict]:
+    return {(item["row"], item["agent"]): item for item in lines}
+
+
+def _set(item: dict, passed: list[bool]) -> None:
+    item.setdefault("passed_as_run", list(item["passed"]))
+    item["passed"] = passed
+
+
+def _math(config: dict, held_out: list) -> Rescore:
+    from recipes.math_solver_verifier.config import as_config
+    from recipes.math_solver_verifier.generate import parse_judgment
+    from recipes.math_solver_verifier.reward import score
+
+    recipe = as_config(config.get("recipe_args") or {})
+    labels = [str(s.label) for s in held_out]
+
+    def right(text: str, row: int) -> bool:
+        return score(turns(text)[-1], labels[row], recipe.answer) == 1.0
+
+    def rescore(lines: Lines) -> None:
+        by = _by_agent(lines)
+        for (row, agent), item in by.items():
+            if agent == "solver" and recipe.workflow in ("solver", "solver_verifier"):
+                _set(item, [right(t, row) for t in item["texts"]])
+            elif agent == "selector":
+                offered = by.get((row, "rewriter")) or by[(row, "solver")]
+                n = recipe.num_parallel
+                picks = [parse_judgment(turns(t)[-1], n) for t in item["texts"]]
+                _set(
+                    item,
+                    [
+                        p is not None and right(offered["texts"][e * n + p], row)
+                        for e, p in enumerate(picks)
+                    ],
+                )
+
+    return rescore
+
+
+def _debate(config: dict, held_out: list) -> Rescore:
+    from recipes.debate.config import as_config
+    from recipes.debate.reward import extract_answer, same, verdict_of
+
+    recipe = as_config(config.get("recipe_args") or {})
+    labels = [str(s.label) for s in held_out]
+
+    def rescore(lines: Lines) -> None:
+        by = _by_agent(lines)
+        for row in sorted({r for r, _ in by}):
+            debaters = [by[(row, d)] for d in recipe.debaters if (row, d) in by]
+            if len(debaters) != len(recipe.debaters):
+                continue
+            episodes = len(debaters[0]["texts"])
+            passed = []
+            for e in range(episodes):
+                finals = {d: turns(by[(row, d)]["texts"][e])[-1] for d in recipe.debaters}
+                if len(recipe.debaters) == 1:
+                    answer = extract_answer(finals[recipe.debaters[0]])
+                else:
+                    answer = verdict_of(finals, recipe.debaters)
+                passed.append(same(answer, labels[row]))
+            for item in debaters:
+                _set(item, passed)
+
+    return rescore
+
+
+def _code_pair(config: dict, held_out: list) -> Rescore:
+    from recipes.code_pair.config import as_config
+    from recipes.code_pair.reward import problem_of, score_pair
+
+    recipe = as_config(config.get("recipe_args") or {})
+
+    async def judge(lines: Lines) -> None:
+        by = _by_agent(lines)
+        for (row, agent), item in by.items():
+            if agent != "main" or (row, "helper") not in by:
+                continue
+            problem, tests, entry = problem_of(held_out[row])
+            helpers = by[(row, "helper")]["texts"]
+            passed = []
+            for helper, main in zip(helpers, item["texts"], strict=True):
+                outcome = await score_pair(recipe, problem, tests, entry, helper, main)
+                passed.append(outcome.total > 0 and outcome.passed == outcome.total)
+            _set(item, passed)
+            _set(by[(row, "helper")], passed)
+
+    return lambda lines: asyncio.run(judge(lines))
+
+
+def rescorer(config: dict, held_out: list) -> Rescore | None:
+    """The function that rescores an evaluation file's lines of a run with ``config`` (module
+    docstring); None for a workflow whose scorer did not change."""
+    recipe, args = config["recipe"], config.get("recipe_args") or {}
+    if recipe == "math_solver_verifier":
+        return _math(config, held_out)
+    answers = args.get("style", "answer") == "answer"
+    if recipe == "debate" and answers and args.get("judge", "majority") == "majority":
+        return _debate(config, held_out)
+    if recipe == "code_pair" and args.get("workflow", "pair") == "pair":
+        return _code_pair(config, held_out)
+    return None

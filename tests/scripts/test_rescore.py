@@ -1,0 +1,81 @@
+"""scripts/rescore.py: stored held-out replies scored again by today's scorers -- the logged
+value kept beside (``passed_as_run``), episodes matched across agents' lines by their order."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+
+def module(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+rescore = module("rescore")
+END = "<|im_end|>\n"
+
+
+def _held(*labels: str) -> list:
+    return [SimpleNamespace(label=label) for label in labels]
+
+
+def _line(row: int, agent: str, texts: list[str], passed: list[bool]) -> dict:
+    return {"row": row, "agent": agent, "texts": texts, "passed": passed}
+
+
+def test_turns_are_the_agents_own():
+    text = "First.<|im_end|>\n<|im_start|>user\nNo.<|im_end|>\n<|im_start|>assistant\nSecond."
+    assert rescore.turns(text + END) == ["First.", "Second."]
+
+
+def test_math_solver_answers_are_scored_again_and_the_logged_value_kept():
+    config = {"recipe": "math_solver_verifier", "recipe_args": {"workflow": "solver"}}
+    fix = rescore.rescorer(config, _held("5", "7"))
+    lines = [
+        _line(0, "solver", ["The answer is not 5." + END, "So 2 + 3 = 5." + END], [True, True]),
+        _line(1, "solver", ["It is 6 or 7." + END], [True]),
+    ]
+    fix(lines)
+    assert [x["passed"] for x in lines] == [[False, True], [False]]
+    assert [x["passed_as_run"] for x in lines] == [[True, True], [True]]
+
+
+def test_the_selectors_pick_is_read_from_the_offered_rewrites_in_episode_order():
+    config = {
+        "recipe": "math_solver_verifier",
+        "recipe_args": {"workflow": "solver_rewriter_selector", "num_parallel": 2},
+    }
+    fix = rescore.rescorer(config, _held("4"))
+    rewrites = ["The answer is 3.", "The answer is 4.", "The answer is 4.", "Maybe 4."]
+    selector = ["Judgment: 2" + END, "Judgment: 2" + END]  # episode 0 picks right, 1 a hedge
+    lines = [_line(0, "rewriter", rewrites, [False] * 4), _line(0, "selector", selector, [0, 0])]
+    fix(lines)
+    assert lines[1]["passed"] == [True, False]
+
+
+def test_debate_verdict_of_two_who_disagree_is_none():
+    config = {"recipe": "debate", "recipe_args": {"debaters": ["alice", "bob"]}}
+    fix = rescore.rescorer(config, _held("3", "3"))
+    lines = [
+        _line(0, "alice", ["Answer: 3" + END], [True]),  # bob says 4: a tie, no verdict
+        _line(0, "bob", ["Answer: 4" + END], [True]),
+        _line(1, "alice", ["Answer: 3" + END], [True]),
+        _line(1, "bob", ["First 4.<|im_end|>\n<|im_start|>assistant\nAnswer: 3" + END], [True]),
+    ]
+    fix(lines)
+    assert [x["passed"] for x in lines] == [[False], [False], [True], [True]]
+
+
+def test_workflows_whose_scorer_did_not_change_have_no_rescorer():
+    assert rescore.rescorer({"recipe": "takes_two"}, []) is None
+    assert rescore.rescorer({"recipe": "deep_research"}, []) is None
+    assert rescore.rescorer({"recipe": "debate", "recipe_args": {"style": "procon"}}, []) is None
