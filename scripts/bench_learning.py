@@ -196,15 +196,18 @@ def read_jsonl(path: Path) -> list[dict]:
 Scores = dict[str, dict[str, dict[int, float]]]  # agent -> score -> held-out row -> value
 
 
-def item_scores(path: Path, rescore: Callable[[list[dict]], None] | None = None) -> Scores:
+def item_scores(
+    source: Path | list[dict], rescore: Callable[[list[dict]], None] | None = None
+) -> Scores:
     """agent -> score -> held-out row -> the mean over the row's scored episodes, for the scores
     ``reward`` (as the recipe scored it), ``passed`` (1/0: the recipe's ``correct``, else reward
     >= threshold) and every episode metric the recipe put in ``metadata["metrics"]`` (over the
     episodes that report it). An episode whose reward is None (masked) counts in none.
-    ``rescore`` (scripts/rescore.py) scores the replies again first: ``passed`` is then
-    today's, and ``passed_as_run`` what the run logged."""
+    ``source``: an evaluation file, or its lines as read. ``rescore`` (scripts/rescore.py)
+    scores the replies again first: ``passed`` is then today's, and ``passed_as_run`` what the
+    run logged."""
     out: Scores = {}
-    lines = read_jsonl(path)
+    lines = read_jsonl(source) if isinstance(source, Path) else source
     if rescore is not None:
         rescore(lines)
     for item in lines:
@@ -403,9 +406,16 @@ class SeedRun:
         change."""
         return rescorer(self.config, self.held_out())
 
+    def lines(self, path: Path) -> list[dict]:
+        """One of this seed's evaluation files, its replies scored by today's scorers."""
+        lines = read_jsonl(path)
+        if self.rescore is not None:
+            self.rescore(lines)
+        return lines
+
     def scores(self, path: Path) -> Scores:
         """``item_scores`` of one of this seed's evaluation files, scored by today's scorers."""
-        return item_scores(path, self.rescore)
+        return item_scores(self.lines(path))
 
     @property
     def votes(self) -> dict[int, Path]:
@@ -529,7 +539,8 @@ def report(
         )
     final = [a[headline.agent][headline.score] for a in after]
     measured = {}  # control -> this run's final scores against it
-    for name, maps in controls(recipe, preset, runs[0].config, [r.last for r in runs]).items():
+    finals = [r.lines(r.last) for r in runs]
+    for name, maps in controls(recipe, preset, runs[0].config, finals).items():
         if (stats := between(maps, final, resamples)) is not None:
             measured[name] = stats
     best = max(measured, key=lambda k: (measured[k]["before"], k), default=None)

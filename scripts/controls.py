@@ -17,7 +17,7 @@ item but what any guess could use:
   a random pick among them, read per episode from the run's own evaluation file (the metric
   that says how many of the offered were right). It is per seed, as the run is.
 
-``controls(recipe, preset, config, evaluations)`` gives each control's per-item scores (one map
+``controls(recipe, preset, config, finals)`` gives each control's per-item scores (one map
 per seed for a per-episode control, one map for the rest); bench_learning.py reports the run's
 final scores against each and against the best (``above_control``), with the same two-level
 interval as every other comparison.
@@ -150,13 +150,13 @@ def candidate_controls(held_out: list[dict], how: Guessing) -> dict[str, Map]:
     return {"chance among candidates": chance, "first candidate": first}
 
 
-def offered(evaluations: Iterable[Path], agent: str, metric: str) -> list[Map]:
-    """Per evaluation file (a seed's last), each row's mean of ``metric`` over its episodes on
-    ``agent``'s line: a random pick among what was offered."""
+def offered(finals: Iterable[list[dict]], agent: str, metric: str) -> list[Map]:
+    """Per final evaluation (a seed's, its lines as read and rescored), each row's mean of
+    ``metric`` over its episodes on ``agent``'s line: a random pick among what was offered."""
     maps = []
-    for path in evaluations:
+    for lines in finals:
         scores: Map = {}
-        for item in read_jsonl(path):
+        for item in lines:
             values = [m[metric] for m in item.get("metrics") or [] if m.get(metric) is not None]
             if item["agent"] == agent and values:
                 scores[item["row"]] = sum(values) / len(values)
@@ -164,9 +164,11 @@ def offered(evaluations: Iterable[Path], agent: str, metric: str) -> list[Map]:
     return maps
 
 
-def controls(recipe: str, preset: str, config: dict, evaluations: list[Path]) -> dict[str, list]:
+def controls(recipe: str, preset: str, config: dict, finals: list[list[dict]]) -> dict[str, list]:
     """name -> the control's per-item scores, as a list of maps (one per seed, or one): every
-    control the recipe and preset have (module docstring); {} for a recipe with none."""
+    control the recipe and preset have (module docstring); {} for a recipe with none. ``finals``:
+    each seed's last evaluation, its lines as read and rescored (scripts/rescore.py), for the
+    per-episode controls."""
     out: dict[str, list[Map]] = {}
     how = GUESSING.get(recipe)
     if how is not None:
@@ -176,7 +178,7 @@ def controls(recipe: str, preset: str, config: dict, evaluations: list[Path]) ->
         if how.candidates is not None:
             out |= {k: [v] for k, v in candidate_controls(held, how).items()}
     if (recipe, preset) in OFFERED:
-        out["chance among offered"] = offered(evaluations, *OFFERED[(recipe, preset)])
+        out["chance among offered"] = offered(finals, *OFFERED[(recipe, preset)])
     return out
 
 

@@ -10,9 +10,11 @@ rescorer (its scorer did not change: takes_two, deep_research, gym). What is res
 - math (``solver``, ``solver_verifier``): the solver's last turn, by ``reward.score``;
 - math (``solver_rewriter_selector``, ``solver_selector``): the selector's pick
   (``parse_judgment``) of the texts it was offered -- the episode's rewrites (or solutions), in
-  the order the rewriter's (solver's) line holds them -- scored as above;
+  the order the rewriter's (solver's) line holds them -- scored as above, and the share of the
+  offered that are right (``rewrite_accuracy`` / ``solver_accuracy``: a random pick's score);
 - debate (answer style): each debater's last turn, the verdict by today's rule (a tie between
-  different answers is no verdict), or the single agent's own last turn;
+  different answers is no verdict), or the single agent's own last turn; and the share of the
+  debaters whose final answer is right (``final_accuracy``);
 - code_pair (pair): the helper's and main's replies run again through today's checks
   (``reward.score_pair``: parent-side comparison of plain results).
 
@@ -67,14 +69,13 @@ def _math(config: dict, held_out: list) -> Rescore:
             elif agent == "selector":
                 offered = by.get((row, "rewriter")) or by[(row, "solver")]
                 n = recipe.num_parallel
+                rights = [right(t, row) for t in offered["texts"]]
                 picks = [parse_judgment(turns(t)[-1], n) for t in item["texts"]]
-                _set(
-                    item,
-                    [
-                        p is not None and right(offered["texts"][e * n + p], row)
-                        for e, p in enumerate(picks)
-                    ],
-                )
+                _set(item, [p is not None and rights[e * n + p] for e, p in enumerate(picks)])
+                share = "rewrite_accuracy" if offered["agent"] == "rewriter" else "solver_accuracy"
+                for e, metrics in enumerate(item.get("metrics") or []):
+                    if metrics.get(share) is not None:  # what a random pick would score
+                        metrics[share] = sum(rights[e * n : e * n + n]) / n
 
     return rescore
 
@@ -101,6 +102,10 @@ def _debate(config: dict, held_out: list) -> Rescore:
                 else:
                     answer = verdict_of(finals, recipe.debaters)
                 passed.append(same(answer, labels[row]))
+                metrics = (debaters[0].get("metrics") or [{}] * episodes)[e]
+                if metrics.get("final_accuracy") is not None:  # a random debater's answer
+                    rights = [same(extract_answer(f), labels[row]) for f in finals.values()]
+                    metrics["final_accuracy"] = sum(rights) / len(rights)
             for item in debaters:
                 _set(item, passed)
 

@@ -108,7 +108,8 @@ def test_offered_reads_the_episodes_share_of_right_candidates(tmp_path):
             {"row": 0, "agent": "solver", "metrics": [{"rewrite_accuracy": 1.0}]},
         ],
     )
-    assert controls.offered([path], "selector", "rewrite_accuracy") == [{0: 0.5, 1: 0.5}]
+    lines = controls.read_jsonl(path)
+    assert controls.offered([lines], "selector", "rewrite_accuracy") == [{0: 0.5, 1: 0.5}]
 
 
 @pytest.mark.parametrize("name", ["takes_two", "math_solver", "deep_research", "debate"])

@@ -58,8 +58,11 @@ def test_the_selectors_pick_is_read_from_the_offered_rewrites_in_episode_order()
     rewrites = ["The answer is 3.", "The answer is 4.", "The answer is 4.", "Maybe 4."]
     selector = ["Judgment: 2" + END, "Judgment: 2" + END]  # episode 0 picks right, 1 a hedge
     lines = [_line(0, "rewriter", rewrites, [False] * 4), _line(0, "selector", selector, [0, 0])]
+    lines[1]["metrics"] = [{"rewrite_accuracy": 0.5}, {"rewrite_accuracy": 1.0}]  # as logged
     fix(lines)
     assert lines[1]["passed"] == [True, False]
+    # a random pick among the offered, today: 1 of 2 right in episode 0, 1 of 2 in episode 1
+    assert [m["rewrite_accuracy"] for m in lines[1]["metrics"]] == [0.5, 0.5]
 
 
 def test_debate_verdict_of_two_who_disagree_is_none():
