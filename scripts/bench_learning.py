@@ -792,7 +792,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="NAME",
         help="recompute published runs' reports (docs/results/NAME/learning.json; every one "
-        "without a NAME) from their files with today's controls and readers, and stop",
+        "without a NAME) from their files with today's controls and readers, and stop; with "
+        "--against RUN (one NAME), compare it with that published run from now on",
     )
     p.add_argument(
         "--vote",
@@ -868,14 +869,21 @@ def train_seed(args: argparse.Namespace, seed: int, out: Path, extra: list[str])
         sys.exit(f"bench_learning.py: the training run of seed {seed} failed (its logs: {out})")
 
 
-def refresh(name: str, resamples: int) -> dict:
+def refresh(name: str, resamples: int, against_run: str | None = None) -> dict:
     """A published run's report computed again from its files with today's readers (controls,
     scores): the figures, controls and comparison with its ``--against`` baseline (another
-    published run) recomputed; the command, machine and commits are the run's own."""
+    published run; ``against_run`` sets a new one, e.g. a single-agent baseline published
+    after the workflow) recomputed; the command, machine and commits are the run's own."""
     dest = RESULTS / name
     first = json.loads((dest / "learning.json").read_text())
     runs = [SeedRun.read(d) for d in seed_dirs(dest)]
-    again = report(runs, first["recipe"], first["preset"], resamples, first["command"])
+    command_line = first["command"]
+    if against_run is not None:
+        first["against"] = {"run": _shown(against_run)}
+        argv = shlex.split(command_line)
+        cut = argv.index("--") if "--" in argv else len(argv)
+        command_line = shlex.join([*argv[:cut], "--against", _shown(against_run), *argv[cut:]])
+    again = report(runs, first["recipe"], first["preset"], resamples, command_line)
     again["machine"] = first["machine"]
     if "against" in first:
         shown = Path(first["against"]["run"])  # a run folder then, published since
@@ -924,8 +932,11 @@ def main(argv: list[str] | None = None) -> int:
     own, extra = split_argv(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(own)
     if args.refresh is not None:
-        for name in args.refresh or sorted(p.parent.name for p in RESULTS.glob("*/learning.json")):
-            print_report(refresh(name, args.resamples))
+        names = args.refresh or sorted(p.parent.name for p in RESULTS.glob("*/learning.json"))
+        if args.against and len(names) != 1:
+            sys.exit("bench_learning.py: --refresh NAME --against RUN takes one NAME")
+        for name in names:
+            print_report(refresh(name, args.resamples, args.against))
             print(f"refreshed {RESULTS / name / 'learning.json'}")
         return 0
     if args.recipe is None:
