@@ -66,7 +66,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 from scripts.controls import ANSWERS, controls, leak_free_rows, vote_scores  # noqa: E402
 from scripts.provenance import commit  # noqa: E402
-from scripts.rescore import rescorer  # noqa: E402
+from scripts.rescore import rescorer, turns  # noqa: E402
 
 RESULTS = ROOT / "docs" / "results"
 
@@ -611,21 +611,18 @@ def vote_k(runs: list[SeedRun], recipe: str) -> int | None:
     return max(common) if common and recipe in ANSWERS else None
 
 
-# ChatML (SmolLM2's template): an agent's turns in its decoded dialogue end with <|im_end|>, and
-# other speakers' messages sit between them
-_NEXT_TURN = "<|im_start|>assistant\n"
-
-
-def generated_tokens(path: Path, tokenizer) -> float:
-    """Tokens the agents generated per episode in an evaluation file, every agent's own turns
-    counted (a row's lines over its headline episodes; the held-out mean)."""
-    per_row: dict[int, list[int]] = {}  # row -> [tokens, episodes of the first line]
+def generated_tokens(path: Path, tokenizer, agent: str) -> float:
+    """Tokens the agents generated per episode in an evaluation file: every agent's own turns
+    (``rescore.turns``) of a held-out row, over ``agent``'s episodes of it; the held-out mean."""
+    tokens: dict[int, int] = {}
+    episodes: dict[int, int] = {}
     for item in read_jsonl(path):
-        own = [t.split("<|im_end|>", 1)[0] for x in item["texts"] for t in x.split(_NEXT_TURN)]
+        own = [t for text in item["texts"] for t in turns(text)]
         count = sum(len(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in own)
-        row = per_row.setdefault(item["row"], [0, len(item["texts"])])
-        row[0] += count
-    return float(np.mean([tokens / max(n, 1) for tokens, n in per_row.values()]))
+        tokens[item["row"]] = tokens.get(item["row"], 0) + count
+        if item["agent"] == agent:
+            episodes[item["row"]] = len(item["texts"])
+    return float(np.mean([tokens[r] / n for r, n in episodes.items() if n]))
 
 
 def against(
@@ -663,10 +660,10 @@ def against(
         out["vote"] = {
             "k": k,
             "tokens_per_item": round(
-                float(np.mean([generated_tokens(r.last, tok) for r in runs])), 1
+                float(np.mean([generated_tokens(r.last, tok, headline.agent) for r in runs])), 1
             ),
             "base_tokens_per_item": round(
-                float(np.mean([generated_tokens(r.votes[k], tok) for r in base])) * k, 1
+                float(np.mean([generated_tokens(r.votes[k], tok, agent) for r in base])) * k, 1
             ),
             **between(votes, mine, resamples),
         }
@@ -995,6 +992,14 @@ def print_report(r: dict) -> None:
     for subset, s in r["subsets"].items():
         print(f"{r['agent']:<12} {subset[:24]:<24} " + _figures(s))
     print(f"(* headline; interval: {r['interval']})")
+    if r.get("controls"):
+        print("final scores against what needs no skill (the control as 'before'):")
+        for name, s in r["controls"].items():
+            mark = " *" if name == (r.get("above_control") or {}).get("control") else ""
+            print(f"{'control':<12} {(name + mark)[:24]:<24} " + _figures(s))
+    if r.get("vote"):
+        print(f"vote of {r['vote']['k']} sampled answers ('after') against the final evaluation:")
+        print(f"{'vote':<12} {'plurality answer':<24} " + _figures(r["vote"]))
     print("per seed:")
     for s in r["per_seed"]:
         print(
@@ -1011,6 +1016,14 @@ def print_report(r: dict) -> None:
         for agent, scores in vs["agents"].items():
             for score, s in scores.items():
                 print(f"{agent:<12} {score[:24]:<24} " + _figures(s))
+        if vs.get("vote"):
+            v = vs["vote"]
+            print(
+                f"{'vote':<12} {'baseline, k=' + str(v['k']):<24} "
+                + _figures(v)
+                + f"  (tokens per item: run {v['tokens_per_item']:.0f}, vote "
+                f"{v['base_tokens_per_item']:.0f})"
+            )
     print(f"samples seen {r['samples']}, wall {r['minutes']:.1f} min, commit {r['commit']}")
     print("phases (s): " + ", ".join(f"{k} {v:.0f}" for k, v in r["phases_s"].items()))
 
