@@ -15,7 +15,8 @@ copies ``facts`` and ``self_report`` into every sample's metadata via
      "unseen_condition": true | false}               # held-out files: condition not in training
 
 A doctor's diagnosis is correct when it names exactly one condition, the true one
-(``diagnosis_matches``): its normal form equals a name the case's synonyms list. A synthetic
+(``diagnosis_matches``): its normal form equals a name the case's synonyms list, and it holds
+no question mark, negation or approximation sign ("X？", "¬X", "~X"). A synthetic
 row's synonyms are its condition's entry in ``CONDITIONS`` (``DIAGNOSIS_SYNONYMS``); an
 MTMedDialog row carries ``label.synonyms: [its own label]``, i.e. an exact normalised match. A
 label with neither is refused, naming it.
@@ -44,6 +45,7 @@ import math
 import os
 import random
 import re
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
@@ -303,14 +305,23 @@ def synonyms_for(diagnosis: str, row_synonyms: Sequence[str] = ()) -> frozenset[
     return frozenset(normalise_diagnosis(n) for n in names)
 
 
+# Signs that doubt a name the normal form would drop with the other punctuation: a question
+# mark in any script ("migraine？", "migraine‽"), a negation ("¬migraine", "≠ migraine") or an
+# approximation ("~migraine", "≈ migraine"). Read after NFKC, which folds full-width forms.
+_DOUBT_SIGNS = re.compile(r"[?¿‽⸮؟¬≠~∼≈≃]")
+
+
 def diagnosis_matches(stated: str, diagnosis: str, row_synonyms: Sequence[str] = ()) -> bool:
     """Whether the doctor's ``stated`` diagnosis names exactly one condition, the true one:
-    its normal form equals one of ``synonyms_for(diagnosis)``, and it holds no '?'. A list
-    ("migraine, influenza", "X or Y") or a hedge ("possibly migraine", "could be X", "not sure,
-    X") never matches: the words it adds are in no synonym. A broader name ("anemia" for iron
-    deficiency anemia) matches only where the table lists it."""
+    its normal form (after Unicode NFKC: "ｍｉｇｒａｉｎｅ" is "migraine") equals one of
+    ``synonyms_for(diagnosis)``, and it holds no question mark, negation or approximation sign
+    (``_DOUBT_SIGNS``: "X?", "X？", "X‽", "¬X", "≠ X", "~X"). A list ("migraine, influenza",
+    "X or Y") or a hedge ("possibly migraine", "could be X", "not sure, X", "not X") never
+    matches: the words it adds are in no synonym. A broader name ("anemia" for iron deficiency
+    anemia) matches only where the table lists it."""
     synonyms = synonyms_for(diagnosis, row_synonyms)  # raises first for an unknown label
-    return "?" not in stated and normalise_diagnosis(stated) in synonyms
+    stated = unicodedata.normalize("NFKC", stated)
+    return _DOUBT_SIGNS.search(stated) is None and normalise_diagnosis(stated) in synonyms
 
 
 def _diagnosis_of(row: Mapping[str, Any]) -> str:

@@ -16,10 +16,13 @@ Doctor (``doctor_reward``)::
              - early_diagnosis_penalty * [diagnosed after fewer than min_questions questions]
 
 ``correct`` is 1 when the diagnosis names exactly one condition and that condition is the truth
-by the synonym table (``data.diagnosis_matches``: a list, a hedge or a broader name scores 0),
-else 0. A *question* is a doctor turn that is not the diagnosis and holds a '?'
-(``asks_question``); ``asked`` is 1 when the doctor asked at least ``min_questions`` of them
-before its closing turn, else 0: a diagnosis before the required questions is not accepted.
+by the synonym table (``data.diagnosis_matches``: a list, a hedge, a broader name, a question
+mark, negation or approximation sign in any script scores 0), and the words before its
+'Diagnosis:' marker do not take it back (``marker_doubt``: "Not the diagnosis:", "Possible
+diagnosis:", "I think the diagnosis:"), else 0. A *question* is a doctor turn that is not the
+diagnosis and holds a '?' and a word (``asks_question``); ``asked`` is 1 when the doctor asked
+at least ``min_questions`` of them before its closing turn, else 0: a diagnosis before the
+required questions is not accepted.
 ``sim`` is the configured rapidfuzz scorer / 100, for the free-text recommendation (the
 metric ``diagnosis_similarity`` still compares diagnoses so, only to compare with older runs).
 ``gain_k`` is the share of the self-report's facts that answer k reveals for the first time (a
@@ -44,7 +47,8 @@ Patient (``patient_rule_score``, plus the optional judge)::
 
 The case is the chief complaint, the self-report facts and the ``unknown_reply`` phrase; a word
 found nowhere in it is an invented detail. An answer leaks when it holds ``leak_threshold`` of
-the diagnosis words that the case itself does not contain. The two team terms (``team_score``,
+the diagnosis words that the case itself does not contain, or all such words of one of its
+synonyms (``leaks``). The two team terms (``team_score``,
 0 by default) tie the patient to what the doctor achieves: the facts it gave the doctor and the
 doctor's accepted diagnosis (the patient never sees the diagnosis). A judge call that fails
 (after its retries) masks the patient's reward (None) and is counted in
@@ -64,12 +68,13 @@ import httpx
 from rapidfuzz import fuzz, process, utils
 from tenacity import AsyncRetrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
+from kernel.answers import doubt
 from kernel.hooks import RolloutContext
 from kernel.redact import redact_url
 from kernel.sample import Sample
 from recipes.takes_two import prompts
 from recipes.takes_two.config import DOCTOR, PATIENT, JudgeConfig, RecipeConfig, as_config
-from recipes.takes_two.data import Case, diagnosis_matches
+from recipes.takes_two.data import Case, diagnosis_matches, synonyms_for
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +97,15 @@ STOPWORDS = frozenset(
 
 _DIAGNOSIS = re.compile(r"diagnosis\s*[:：]", re.IGNORECASE)
 _RECOMMENDATION = re.compile(r"recommendation\s*[:：]", re.IGNORECASE)
+# Words that make the name a 'Diagnosis:' marker gives one of several or a guess when they
+# stand in the marker's clause ("Possible diagnosis: X", "Differential diagnosis: X"); the
+# general hedges and negations ("Probably the diagnosis:", "Not the diagnosis:") are
+# kernel.answers.doubt's.
+_HEDGED_MARKER = re.compile(
+    r"\b(?:possible|probable|potential|suspected|differential|tentative|provisional"
+    r"|presumptive|presumed|preliminary|working)\b[^\n.!?,;:]*$",
+    re.IGNORECASE,
+)
 _SCORE = re.compile(r"score\s*[:=]\s*\**\s*(\d+(?:\.\d+)?)", re.IGNORECASE)
 
 
@@ -130,28 +144,50 @@ def coverage(words: Sequence[str], vocab: Sequence[str], cutoff: float) -> float
 
 @dataclass(frozen=True)
 class Final:
-    """The doctor's closing turn: what follows 'Diagnosis:' and 'Recommendation:'."""
+    """The doctor's closing turn: what follows 'Diagnosis:' and 'Recommendation:', and why
+    the words before the marker take the diagnosis back (``doubt``; None: they do not)."""
 
     diagnosis: str
     recommendation: str
+    doubt: str | None = None
 
     @property
     def well_formed(self) -> bool:
         return bool(self.diagnosis) and bool(self.recommendation)
 
 
+def marker_doubt(text: str, start: int) -> str | None:
+    """Why the words before the 'Diagnosis:' marker at ``text[start]``, in its clause, take its
+    diagnosis back ("rejected: negated", "rejected: hedged"), or None: a hedge or condition
+    anywhere in the clause ("I think the diagnosis:"), a negation next to it ("Not the
+    diagnosis:"; ``kernel.answers.doubt``, as math reads "Maybe the answer is 5"), or a word
+    that makes it one of several or a guess ("Possible diagnosis:", "Differential diagnosis:",
+    ``_HEDGED_MARKER``). An earlier sentence does not count: "It is not a cold. Diagnosis: X"."""
+    if _HEDGED_MARKER.search(text[max(0, start - 300) : start]) is not None:
+        return "rejected: hedged"
+    # no answer words and no text after: only the marker's clause before it is read
+    return doubt(text[: start + 1], start, "", start + 1)
+
+
 def parse_final(text: str) -> Final | None:
     """The closing turn's parts (from the LAST 'Diagnosis:'), or None if ``text`` has no
     'Diagnosis:' (it is a question). A missing or misplaced 'Recommendation:' gives an empty
-    recommendation, i.e. a malformed final turn."""
+    recommendation, i.e. a malformed final turn. ``doubt``: ``marker_doubt`` of the marker."""
     found = list(_DIAGNOSIS.finditer(text))
     if not found:
         return None
+    why = marker_doubt(text, found[-1].start())
     after = text[found[-1].end() :]
     rec = _RECOMMENDATION.search(after)
     if rec is None:
-        return Final(after.strip(), "")
-    return Final(after[: rec.start()].strip(), after[rec.end() :].strip())
+        return Final(after.strip(), "", why)
+    return Final(after[: rec.start()].strip(), after[rec.end() :].strip(), why)
+
+
+def stated_diagnosis(final: Final | None) -> str:
+    """The diagnosis a final turn stands by: its text, or "" without a final turn or when the
+    words before its marker take it back (``Final.doubt``)."""
+    return final.diagnosis if final is not None and final.doubt is None else ""
 
 
 # ---- doctor terms ----------------------------------------------------------------------------
@@ -159,9 +195,10 @@ def parse_final(text: str) -> Final | None:
 
 def diagnosis_correct(final: Final | None, case: Case) -> float:
     """1.0 when the final turn's diagnosis names exactly one condition, the case's, by the
-    synonym table (``data.diagnosis_matches``); else 0.0 (also without a final turn). A label
-    with no synonyms raises ValueError naming it, diagnosed or not."""
-    stated = final.diagnosis if final else ""
+    synonym table (``data.diagnosis_matches``), and the words before its marker do not take it
+    back (``marker_doubt``); else 0.0 (also without a final turn). A label with no synonyms
+    raises ValueError naming it, diagnosed or not."""
+    stated = stated_diagnosis(final)
     return float(diagnosis_matches(stated, case.diagnosis, case.synonyms) and bool(stated))
 
 
@@ -171,7 +208,7 @@ def candidate_named(final: Final | None, case: Case) -> float | None:
     a case without candidates."""
     if not case.candidates:
         return None
-    stated = final.diagnosis if final else ""
+    stated = stated_diagnosis(final)
     named = [c for c in case.candidates if stated and diagnosis_matches(stated, c)]
     return float(len(named) == 1)
 
@@ -232,9 +269,9 @@ def asks_several(turn: str) -> bool:
 
 
 def asks_question(turn: str) -> bool:
-    """A doctor turn that asks the patient a question: not the diagnosis, and holds a '?'
-    (sympathy such as "I'm so sorry to hear that." asks nothing)."""
-    return parse_final(turn) is None and "?" in turn
+    """A doctor turn that asks the patient a question: not the diagnosis, and holds a '?' and
+    a word (sympathy such as "I'm so sorry to hear that." asks nothing, nor does a bare "?")."""
+    return parse_final(turn) is None and "?" in turn and re.search(r"\w", turn) is not None
 
 
 def questions_asked(doctor_turns: Sequence[str]) -> int:
@@ -315,25 +352,43 @@ def faithfulness(answers: Sequence[str], vocab: Sequence[str], cutoff: float) ->
 
 
 def leaks(
-    answer: str, diagnosis: str, vocab: Sequence[str], cutoff: float, threshold: float
+    answer: str,
+    diagnosis: str,
+    vocab: Sequence[str],
+    cutoff: float,
+    threshold: float,
+    synonyms: Sequence[str] = (),
 ) -> bool:
     """Whether ``answer`` names the diagnosis: it holds at least ``threshold`` of the diagnosis
-    words the case does not already contain (a patient may repeat its own complaint)."""
+    words the case does not already contain (a patient may repeat its own complaint; words
+    match fuzzily, so "migrane" and "mi-graine" leak "migraine"), or ALL of those words of one
+    of its ``synonyms``, matched exactly ("hay fever" for allergic rhinitis, "flu" for
+    influenza; exactly, so that "stay" is not "sty", and all, so that "low" alone is not
+    "mechanical low back pain")."""
+    said = content_words(answer)
     secret = [w for w in content_words(diagnosis) if not word_found(w, vocab, cutoff)]
-    share = coverage(secret, content_words(answer), cutoff)
-    return share is not None and share >= threshold
+    share = coverage(secret, said, cutoff)
+    if share is not None and share >= threshold:
+        return True
+    for name in synonyms:
+        secret = [w for w in content_words(name) if not word_found(w, vocab, cutoff)]
+        if secret and set(secret) <= set(said):
+            return True
+    return False
 
 
 def patient_rule_score(
     case: Case, answers: Sequence[str], cfg: RecipeConfig
 ) -> tuple[float, dict[str, float]]:
-    """The patient's rule-based reward and its terms."""
+    """The patient's rule-based reward and its terms (a leak by the diagnosis or any of its
+    synonyms, ``data.synonyms_for``)."""
     vocab = case_vocab(case, cfg.unknown_reply)
+    names = sorted(synonyms_for(case.diagnosis, case.synonyms))
     terms = {
         "faithfulness": faithfulness(answers, vocab, cfg.word_cutoff),
         "leaked": float(
             any(
-                leaks(a, case.diagnosis, vocab, cfg.word_cutoff, cfg.leak_threshold)
+                leaks(a, case.diagnosis, vocab, cfg.word_cutoff, cfg.leak_threshold, names)
                 for a in answers
             )
         ),
