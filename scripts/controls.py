@@ -214,9 +214,9 @@ def leak_free_rows(recipe: str, config: dict) -> list[int] | None:
 
 def _deep_research_answer(text: str) -> str | None:
     from recipes.deep_research.reward import normalize
+    from scripts.rescore import research_answer
 
-    found = re.findall(r"<answer>(.*?)(?:</answer>|<\|im_end\|>|$)", text, flags=re.S)
-    answer = normalize(found[-1]) if found else ""
+    answer = normalize(research_answer(text) or "")
     return answer or None
 
 

@@ -5,7 +5,7 @@ training again: the evaluation files keep every reply's text.
 ``rescorer(config, held_out)`` gives, for a seed's config and its held-out items (``SeedRun.
 held_out()``), a function that rewrites the ``passed`` of an evaluation file's lines in place
 (the value as logged kept as ``passed_as_run``), or None when the recipe's workflow has no
-rescorer (its scorer did not change: takes_two, deep_research, gym). What is rescored:
+rescorer (its scorer did not change what it credits: takes_two, gym). What is rescored:
 
 - math (``solver``, ``solver_verifier``): the solver's last turn, by ``reward.score``;
 - math (``solver_rewriter_selector``, ``solver_selector``): the selector's pick
@@ -15,6 +15,8 @@ rescorer (its scorer did not change: takes_two, deep_research, gym). What is res
 - debate (answer style): each debater's last turn, the verdict by today's rule (a tie between
   different answers is no verdict), or the single agent's own last turn; and the share of the
   debaters whose final answer is right (``final_accuracy``);
+- deep_research: the agent's (or answerer's) last ``<answer>``, exact match by today's
+  ``reward.exact_match`` (an answer that negates, hedges or names several is no match);
 - code_pair (pair): the helper's and main's replies run again through today's checks
   (``reward.score_pair``: parent-side comparison of plain results).
 
@@ -112,6 +114,30 @@ def _debate(config: dict, held_out: list) -> Rescore:
     return rescore
 
 
+_ANSWER_TAG = re.compile(r"<answer>(.*?)(?:</answer>|$)", re.S)
+
+
+def research_answer(text: str) -> str | None:
+    """A deep_research agent's final answer in its decoded dialogue: the last ``<answer>`` of
+    its own turns (a scaffolded turn cut at its line break has no closing tag)."""
+    found = [m.group(1) for turn in turns(text) for m in _ANSWER_TAG.finditer(turn)]
+    return found[-1].strip() if found else None
+
+
+def _deep_research(config: dict, held_out: list) -> Rescore:
+    from recipes.deep_research.reward import exact_match, gold_answers
+
+    golds = [gold_answers(s.label) for s in held_out]
+
+    def rescore(lines: Lines) -> None:
+        for item in lines:
+            if item["agent"] in ("agent", "answerer"):
+                answers = [research_answer(t) for t in item["texts"]]
+                _set(item, [exact_match(a, golds[item["row"]]) == 1.0 for a in answers])
+
+    return rescore
+
+
 def _code_pair(config: dict, held_out: list) -> Rescore:
     from recipes.code_pair.config import as_config
     from recipes.code_pair.reward import problem_of, score_pair
@@ -144,6 +170,8 @@ def rescorer(config: dict, held_out: list) -> Rescore | None:
     answers = args.get("style", "answer") == "answer"
     if recipe == "debate" and answers and args.get("judge", "majority") == "majority":
         return _debate(config, held_out)
+    if recipe == "deep_research":
+        return _deep_research(config, held_out)
     if recipe == "code_pair" and args.get("workflow", "pair") == "pair":
         return _code_pair(config, held_out)
     return None

@@ -78,7 +78,21 @@ def test_debate_verdict_of_two_who_disagree_is_none():
     assert [x["passed"] for x in lines] == [[False], [False], [True], [True]]
 
 
+def test_deep_research_answers_are_matched_again():
+    fix = rescore.rescorer({"recipe": "deep_research"}, _held(["Oslo"], ["Rome"]))
+    tool = "<|im_start|>user\n<information><answer>Rome</answer></information><|im_end|>\n"
+    lines = [
+        _line(
+            0, "agent", ["<search>q</search>" + END + "<|im_start|>assistant\n<answer>Oslo?"], [1]
+        ),
+        _line(1, "agent", ["<search>q</search>" + END + tool], [True]),  # a passage is no answer
+        _line(0, "searcher", ["<summary>Oslo</summary>"], [True]),
+    ]
+    fix(lines)
+    assert [x["passed"] for x in lines] == [[False], [False], [True]]
+    assert rescore.research_answer("<answer>Oslo</answer>" + END) == "Oslo"
+
+
 def test_workflows_whose_scorer_did_not_change_have_no_rescorer():
     assert rescore.rescorer({"recipe": "takes_two"}, []) is None
-    assert rescore.rescorer({"recipe": "deep_research"}, []) is None
     assert rescore.rescorer({"recipe": "debate", "recipe_args": {"style": "procon"}}, []) is None
