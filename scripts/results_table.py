@@ -113,13 +113,17 @@ def learning_table(names: list[str], where: Path) -> str:
     def rows(name: str, r: dict) -> list[list[str]]:
         beside = "; ".join(f"{k} {_change(v)}" for k, v in r["beside"].items()) or "—"
         best = r.get("above_control")
+        clean = r.get("subsets", {}).get("leak-free")
+        held = str(r["n_eval"])
+        if clean is not None:  # the items no training problem is (canonical_key), beside
+            held += f" (leak-free {clean['n_eval']}: {_change(clean)}, {_ci(clean)})"
         return [
             [
                 _link(name, where),
                 _setup(r),
                 r["metric"],
                 f"{len(r['seeds'])} × {_steps(r)}",
-                str(r["n_eval"]),
+                held,
                 f"{r['before']:.3f}",
                 f"{r['after']:.3f}",
                 f"**{_ci(r)}**",
