@@ -34,6 +34,7 @@ from pathlib import Path
 from jsonargparse import ArgumentParser
 
 from kernel.advantages import ESTIMATORS
+from kernel.auth import refuse_key_flag
 from kernel.cluster.plan import ClusterConfig, make_plan
 from kernel.cluster.run import run_plan
 from kernel.env.server import EnvServerConfig, serve
@@ -419,8 +420,9 @@ def build_parser() -> ArgumentParser:
             EnvServerConfig,
             "Host environments over HTTP, one session per episode (kernel.env.server): a run "
             "plays them remotely with environments.NAME.url = http://HOST:PORT. Bounded "
-            "sessions and concurrency, per-step timeouts, Bearer-key auth (--api_key or "
-            "TANDEM_API_KEY).",
+            "sessions and concurrency, resets and steps in worker processes killed at "
+            "--step_timeout_s, Bearer-key auth (the key from TANDEM_API_KEY or --api_key_file, "
+            "never on the command line).",
         ),
         help="Host environments (math, code, NAME=dotted.path) over HTTP.",
     )
@@ -538,6 +540,7 @@ def main(argv: list[str] | None = None) -> None:
             out = export(Path(args["checkpoint"]), args["agent"], Path(args["out"]), args["merge"])
             print(f"{args['agent']} of {args['checkpoint']} ({what}): {out}")
         elif ns.command == "env":
+            refuse_key_flag(argv)  # a key on the command line is readable by every local user
             serve(_build(EnvServerConfig, args["serve"]))
         elif ns.command == "launch":
             cluster = ClusterConfig(**vars(args["cluster"]))

@@ -1,9 +1,11 @@
 """Command line of the retriever: build an index, serve it.
 
     python -m retriever build --corpus corpus.jsonl --out DIR [--index-type flat|ivf|hnsw]
-    python -m retriever serve --index DIR --host 127.0.0.1 --port 8000 [--api_key KEY]
+    python -m retriever serve --index DIR --host 127.0.0.1 --port 8000 [--api_key_file PATH]
 
-``serve`` without ``--api_key`` reads the key from the ``TANDEM_API_KEY`` environment variable.
+``serve`` reads its key from the ``TANDEM_API_KEY`` environment variable or ``--api_key_file``
+(a file only its user may read); ``--api_key`` is refused (a command line is readable by every
+local user).
 
 Every field of ``BuildConfig`` / ``RetrieverSettings`` is a flag (``--help`` lists them with
 their help text). Flags may be spelt with dashes or underscores (``--id-key`` = ``--id_key``).
@@ -12,15 +14,14 @@ their help text). Flags may be spelt with dashes or underscores (``--id-key`` = 
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from pathlib import Path
 
+from kernel.auth import API_KEY_ENV, refuse_key_flag, server_key
 from retriever.app import RetrieverSettings
 from retriever.index import BuildConfig
 
 PROG = "python -m retriever"
-API_KEY_ENV = "TANDEM_API_KEY"  # as kernel.engine.launch's (the retriever imports no kernel)
 
 
 def _underscored(argv: list[str]) -> list[str]:
@@ -46,12 +47,17 @@ def parse(argv: list[str]) -> tuple[str, BuildConfig | RetrieverSettings]:
     for name, cls in classes.items():
         p = ArgumentParser(prog=f"{PROG} {name}", description=cls.__doc__)
         p.add_class_arguments(cls, None)
+        if cls is RetrieverSettings:
+            key_file = "A file holding the API key, readable by this user only (chmod 600)."
+            p.add_argument("--api_key_file", type=str | None, default=None, help=key_file)
         sub.add_subcommand(name, p, help=helps[name])
-    ns = parser.parse_args(_underscored(argv))
+    argv = _underscored(argv)
+    refuse_key_flag(argv)
+    ns = parser.parse_args(argv)
     cls = classes[ns.command]
     values = {f.name: ns[ns.command][f.name] for f in dataclasses.fields(cls)}
     if cls is RetrieverSettings:
-        values["api_key"] = values["api_key"] or os.environ.get(API_KEY_ENV) or None
+        values["api_key"] = server_key(ns[ns.command]["api_key_file"])
     return ns.command, cls(**values).validate()
 
 

@@ -13,8 +13,9 @@ which on CPU costs far less per query than one forward pass per request.
 ``{id, title, text}`` (a research agent's "read" tool); an id the index does not hold is HTTP
 404 naming it, so a caller can tell a wrong id from a bad request.
 
-With ``api_key`` set, ``/retrieve`` and ``/documents`` need ``Authorization: Bearer <api_key>``
-(HTTP 401 otherwise); ``/health`` stays open for load balancers and launch scripts.
+With ``api_key`` set, every route but ``/health`` needs ``Authorization: Bearer <api_key>``
+(HTTP 401 otherwise, checked by ``kernel.auth.BearerAuth`` as the engine and the environment
+server check theirs); ``/health`` stays open for load balancers and launch scripts.
 
 Every bad request -- a missing field, too many queries or ids, an empty or over-long query or
 id, a topk out of range -- gets HTTP 422 with ``{"error": {"message": ...}}`` naming the field.
@@ -23,7 +24,6 @@ id, a topk out of range -- gets HTTP 422 with ``{"error": {"message": ...}}`` na
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 import queue
 import threading
@@ -31,12 +31,13 @@ from concurrent.futures import Future
 from contextlib import asynccontextmanager
 
 import numpy as np
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from pydantic.dataclasses import dataclass
 
+from kernel.auth import BearerAuth
 from retriever.index import DEFAULT_MODEL, SearchIndex, default_prefixes, embed, load_model
 
 log = logging.getLogger(__name__)
@@ -82,9 +83,10 @@ class RetrieverSettings:
     log_level: str = "warning"
     """uvicorn log level."""
     api_key: str | None = None
-    """If set, /retrieve and /documents need ``Authorization: Bearer <api_key>``.
-    ``python -m retriever serve`` without the flag reads the ``TANDEM_API_KEY`` environment
-    variable (empty: none), which keeps the key out of ``ps``."""
+    """If set, every route but /health needs ``Authorization: Bearer <api_key>``.
+    ``python -m retriever serve`` refuses it on the command line (any local user can read
+    that): it reads ``--api_key_file PATH`` (a file only its user may read) or the
+    ``TANDEM_API_KEY`` environment variable (empty: none)."""
 
     def validate(self) -> RetrieverSettings:
         if not self.index:
@@ -140,10 +142,6 @@ class NotFound(LookupError):
 
 class BadRequest(ValueError):
     """A well-formed request outside the server's limits: HTTP 422 with this message."""
-
-
-class Unauthorized(PermissionError):
-    """A request without the server's Bearer key: HTTP 401."""
 
 
 def _error(status: int, message: str) -> JSONResponse:
@@ -339,25 +337,14 @@ def create_app(settings: RetrieverSettings) -> FastAPI:
     async def _missing(_: Request, exc: NotFound):
         return _error(404, str(exc.args[0]))
 
-    @app.exception_handler(Unauthorized)
-    async def _unauthorized(_: Request, exc: Unauthorized):
-        return _error(401, str(exc))
-
-    async def authorized(request: Request) -> None:
-        given = request.headers.get("authorization", "")
-        if settings.api_key and not hmac.compare_digest(given, f"Bearer {settings.api_key}"):
-            raise Unauthorized("missing or wrong Authorization: Bearer key")
-
-    keyed = [Depends(authorized)]
-
-    @app.post("/retrieve", response_model=RetrieveResponse, dependencies=keyed)
+    @app.post("/retrieve", response_model=RetrieveResponse)
     async def retrieve(body: RetrieveRequest) -> RetrieveResponse:
         r: Retriever = app.state.retriever
         topk = r.check(body)
         results = await asyncio.wrap_future(app.state.batcher.submit(body.queries, topk))
         return RetrieveResponse(results=results)
 
-    @app.post("/documents", response_model=DocumentsResponse, dependencies=keyed)
+    @app.post("/documents", response_model=DocumentsResponse)
     async def documents(body: DocumentsRequest) -> DocumentsResponse:
         # a dict lookup: cheap enough to answer on the event loop
         return DocumentsResponse(documents=app.state.retriever.documents(body))
@@ -372,4 +359,5 @@ def create_app(settings: RetrieverSettings) -> FastAPI:
             "index_type": r.index.meta.get("index_type"),
         }
 
+    app.add_middleware(BearerAuth, api_key=settings.api_key)
     return app

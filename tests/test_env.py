@@ -45,11 +45,12 @@ def run(coro):
     return asyncio.run(coro)
 
 
-def start_server(port: int, tmp_path, *extra: str) -> LaunchedProcess:
+def start_server(port: int, tmp_path, *extra: str, key: str = "") -> LaunchedProcess:
     command = [sys.executable, "-m", "kernel", "env", "serve", f"--port={port}"]
     command += ["--environments=math,code", f"--env_args={json.dumps(ARGS)}", *extra]
     url = f"http://127.0.0.1:{port}"
-    server = LaunchedProcess.start("env server", url, command, tmp_path / f"env{port}.log")
+    env = {"TANDEM_API_KEY": key}  # the key in the environment, never on the command line
+    server = LaunchedProcess.start("env server", url, command, tmp_path / f"env{port}.log", env)
     return server.wait_healthy(60)
 
 
@@ -58,11 +59,10 @@ def server(tmp_path_factory):
     extra = [
         "--environments=math,code,slow=tests.hook_fixtures.envs.SlowEnv,"
         "broken=tests.hook_fixtures.envs.BrokenEnv",
-        f"--api_key={KEY}",
         "--max_sessions=4",
         "--step_timeout_s=1",
     ]
-    proc = start_server(free_port(), tmp_path_factory.mktemp("env"), *extra)
+    proc = start_server(free_port(), tmp_path_factory.mktemp("env"), *extra, key=KEY)
     yield proc.url
     proc.stop()
 

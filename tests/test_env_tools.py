@@ -2,17 +2,23 @@
 anything else; the Python REPL runs in the sandbox, keeps earlier cells' names and mutes their
 output, and the sandbox's refusals reach the agent as errors; the scratch folder keeps files
 within the episode and refuses paths that leave it; answers end the episode and are scored;
-every call and error is counted in ``info``; settings that cannot work are refused."""
+every call and error is counted in ``info``; settings that cannot work are refused; an action
+is read in one linear pass, exactly as the regular expressions it replaced read it, and the
+calculator refuses what would overflow, recurse or take long."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import re
+import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kernel.env import BadAction
-from kernel.env.tools import ToolEnv, calculate, same_answer
+from kernel.env.tools import ToolEnv, calculate, parse_action, same_answer
 
 SANDBOX = {"timeout_s": 5, "cpu_s": 5}
 ITEM = {"prompt": "What is 4821 * 937?", "label": "4517277"}
@@ -42,6 +48,13 @@ def test_the_calculator_computes_arithmetic_and_refuses_everything_else():
         ("1 / 0", "division by zero"),
         ("1 +", "not an arithmetic expression"),
         ("'a' * 3", "only numbers"),
+        ("1e300 ** 2", "a number in it is too large"),
+        ("1e39 ** 64", "the result is too large"),  # OverflowError, said as a refusal
+        ("-" * 2000 + "1", "nested too deeply"),  # RecursionError
+        ("1+" * 1900 + "1", "nested too deeply"),
+        ("(-8) ** 0.5", "not a real number"),
+        ("0x" + "f" * 130_000 + " ** 64", "at most 4000 characters"),
+        ("0x" + "f" * 40 + " ** 64", "a number in it is too large"),
     ]:
         with pytest.raises(ValueError, match=why):
             calculate(bad)
@@ -148,3 +161,67 @@ def test_the_task_shows_only_the_episodes_tools_and_the_example():
         f"<answer>ANSWER</answer>. {example}"
     )
     assert seen[1].text.startswith("python is not available here. Use one tag per turn: <calc")
+
+
+# The regular expressions parse_action replaced (quadratic on many unclosed tags): it must read
+# every action as they did, but for a write path holding '<' (no longer a path).
+OLD_ACTION = re.compile(
+    r"<(?P<tag>calculator|python|search|read|answer)>(?P<body>.*?)</(?P=tag)>"
+    r'|<write\s+path="(?P<path>[^"]*)">(?P<text>.*?)</write>',
+    re.DOTALL,
+)
+OLD_UNCLOSED = re.compile(
+    r"<(?P<tag>calculator|python|search|read|answer)>(?P<body>.*)\Z", re.DOTALL
+)
+PIECES = [
+    "<calculator>",
+    "</calculator>",
+    "<python>",
+    "</python>",
+    "<answer>",
+    "</answer>",
+    "<read>",
+    "</read>",
+    "<search>",
+    "</search>",
+    '<write path="',
+    '<write  path="a/b',
+    '">',
+    "</write>",
+    '"',
+    "1+2",
+    " ",
+    "\n",
+    "x",
+    "<",
+    ">",
+    "/",
+]
+
+
+def _old(action: str):
+    m = OLD_ACTION.search(action) or OLD_UNCLOSED.search(action)
+    if m is None:
+        return None
+    if m["tag"]:
+        return m["tag"], m["body"], None
+    return "write", m["text"], m["path"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.lists(st.sampled_from(PIECES), max_size=14))
+def test_parse_action_reads_actions_as_the_old_expressions_did(pieces):
+    action = "".join(pieces)
+    new = parse_action(action)
+    old = _old(action)
+    if old is not None and old[2] is not None and "<" in old[2]:
+        return  # a path with '<' in it: no longer a write
+    assert (tuple(new) if new else None) == old, action
+
+
+def test_parse_action_is_linear_in_the_action():
+    """60 KB of unclosed tags cost the old expression seconds (one scan to the end per tag)."""
+    for action in ["<calculator>" * 5000, "<python>" * 7500, '<write path="' * 4600]:
+        began = time.perf_counter()
+        parse_action(action)
+        assert time.perf_counter() - began < 0.1, action[:20]

@@ -90,6 +90,7 @@ LAYERS = {
         "models",
         "toy",
         "sandbox",
+        "auth",
         "",
     ),
     "data and rollout": ("benchmarks", "buffer", "rollout", "env"),

@@ -1,8 +1,10 @@
 """Start one embedded inference server: ``python -m kernel.engine --model PATH --port P``.
 
 Every ``ServerConfig`` field is a flag (``--help`` lists them with their help text); the server
-binds 127.0.0.1 unless ``--host`` says otherwise, reads its API key from ``--api_key`` or the
-``TANDEM_API_KEY`` environment variable, and its port opens once the model is loaded,
+binds 127.0.0.1 unless ``--host`` says otherwise, reads its API key from the ``TANDEM_API_KEY``
+environment variable or ``--api_key_file PATH`` (a file only its user may read; ``--api_key``
+is refused: a command line is readable by every local user), and its port opens once the model
+is loaded,
 so ``GET /health`` answering 200 means ready. ``kernel.engine.launch.launch_server`` starts one
 as a child process. A list is given as JSON or item by item: LoRA adapters loaded at start are
 ``--enable_lora true --lora_paths '["doctor=/ckpt/doctor", "patient=/ckpt/patient"]'``, or
@@ -13,10 +15,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import sys
 
-from kernel.engine.launch import API_KEY_ENV
+from kernel.auth import refuse_key_flag, server_key
 from kernel.engine.server import ServerConfig, create_app
 
 
@@ -30,9 +31,19 @@ def parse_config(argv: list[str] | None = None) -> ServerConfig:
     set_parsing_settings(docstring_parse_attribute_docstrings="-h" in args or "--help" in args)
     parser = ArgumentParser(prog="python -m kernel.engine", description=__doc__)
     parser.add_class_arguments(ServerConfig, None)
+    parser.add_argument(
+        "--api_key_file", type=str | None, default=None, help="A file holding the API key (600)."
+    )
+    try:
+        refuse_key_flag(args)
+    except ValueError as e:
+        parser.error(str(e))
     ns = parser.parse_args(argv)
     values = {f.name: ns[f.name] for f in dataclasses.fields(ServerConfig)}
-    values["api_key"] = values["api_key"] or os.environ.get(API_KEY_ENV) or None
+    try:
+        values["api_key"] = server_key(ns["api_key_file"])
+    except ValueError as e:
+        parser.error(str(e))
     return ServerConfig(**values).validate()
 
 

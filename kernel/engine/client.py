@@ -59,8 +59,8 @@ class ClientConfig:
     max_connections: int = 256
     """Size of the shared connection pool (bounds requests in flight per client)."""
     api_key: str | None = field(default=None, repr=False)
-    """Sent as ``Authorization: Bearer <api_key>`` (engines started with --api_key, SGLang's
-    --api-key)."""
+    """Sent as ``Authorization: Bearer <api_key>`` (engines started with a key: TANDEM_API_KEY
+    or --api_key_file, SGLang's --api-key)."""
 
     def validate(self) -> ClientConfig:
         if self.timeout_s <= 0 or self.connect_timeout_s <= 0:

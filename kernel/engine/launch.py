@@ -25,6 +25,8 @@ from typing import TYPE_CHECKING
 
 import httpx
 
+from kernel.auth import API_KEY_ENV  # the variable a server reads its key from
+
 if TYPE_CHECKING:
     from kernel.engine.server import ServerConfig
 
@@ -167,10 +169,6 @@ class LaunchedProcess:
 
     def __exit__(self, *exc) -> None:
         self.stop()
-
-
-API_KEY_ENV = "TANDEM_API_KEY"
-"""The environment variable an embedded server (and the retriever) reads its API key from."""
 
 
 def server_command(config: ServerConfig) -> list[str]:

@@ -58,7 +58,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import hmac
 import ipaddress
 import logging
 import time
@@ -72,6 +71,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic.dataclasses import dataclass
 
+from kernel.auth import BearerAuth
 from kernel.engine import protocol as P
 from kernel.engine import weights as W
 from kernel.engine.process_group import (
@@ -146,9 +146,10 @@ class ServerConfig:
     of weights each (sync.bucket_mb, base64: about 4/3 of it)."""
     api_key: str | None = None
     """If set, every route but /health needs ``Authorization: Bearer <api_key>`` (SGLang's
-    --api-key). ``python -m kernel.engine`` without the flag reads the ``TANDEM_API_KEY``
-    environment variable (empty: none), which is how ``launch_server`` passes it, so the key
-    never shows in ``ps``."""
+    --api-key). ``python -m kernel.engine`` refuses it on the command line (any local user can
+    read that): it reads ``--api_key_file PATH`` (a file only its user may read) or the
+    ``TANDEM_API_KEY`` environment variable (empty: none), which is how ``launch_server``
+    passes it."""
     weights_dir: str | None = None
     """If set, /update_weights_from_disk loads only checkpoints inside this folder (a run sets
     its output_dir); set it whenever others can reach the port."""
@@ -484,9 +485,10 @@ class _TooLarge(Exception):
 
 
 class Guard:
-    """ASGI middleware at the server's edge, before any route runs:
+    """ASGI middleware at the server's edge, before any route runs (inside
+    ``kernel.auth.BearerAuth``: with ``api_key`` set, every route but /health needs
+    ``Authorization: Bearer <key>``, else 401, as the retriever and environment server answer):
 
-    - with ``api_key`` set, every route but /health needs ``Authorization: Bearer <key>`` (401);
     - a POST or PUT must say ``Content-Type: application/json`` (415): a browser sends that only
       after a CORS preflight, which this server never grants, so no web page can pause, release
       or reload an engine (no CSRF);
@@ -494,19 +496,13 @@ class Guard:
       Content-Length or streams (counted as it arrives, before it is parsed).
     """
 
-    def __init__(self, app, limit_mb: float, api_key: str | None) -> None:
+    def __init__(self, app, limit_mb: float) -> None:
         self.app, self.limit_mb, self.limit = app, limit_mb, int(limit_mb * 2**20)
-        self.api_key = api_key
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        if self.api_key and scope["path"] != "/health":
-            given = headers.get(b"authorization", b"").decode(errors="replace")
-            if not hmac.compare_digest(given, f"Bearer {self.api_key}"):
-                message = "missing or wrong Authorization: Bearer key"
-                return await _error(401, message)(scope, receive, send)
         if scope["method"] in ("POST", "PUT"):
             kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
             if kind != b"application/json":
@@ -855,7 +851,7 @@ async def _decode(
     if load_format == "flattened_bucket" and not (e.settings.api_key or _local(request)):
         raise Forbidden(
             "load_format 'flattened_bucket' is a pickle: accepted only from this machine or "
-            "by a server started with --api_key"
+            "by a server started with a key (TANDEM_API_KEY or --api_key_file)"
         )
     decode = DECODERS.get(load_format)
     if decode is None:
@@ -1058,5 +1054,6 @@ def create_app(settings: ServerConfig) -> FastAPI:
 
     for router in (generation_routes, status_routes, control_routes, weight_routes, lora_routes):
         app.include_router(router)
-    app.add_middleware(Guard, limit_mb=settings.max_request_mb, api_key=settings.api_key)
+    app.add_middleware(Guard, limit_mb=settings.max_request_mb)
+    app.add_middleware(BearerAuth, api_key=settings.api_key)  # outermost: the key first
     return app

@@ -28,7 +28,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-API_KEY_ENV = "TANDEM_API_KEY"  # as the retriever: the key of a server started without one
+from kernel.auth import API_KEY_ENV  # noqa: F401  (the key a client sends, by default)
 
 
 @dataclass

@@ -21,9 +21,12 @@ from kernel.env import BadAction, EnvUnavailable, Observation
 
 
 def _detail(r: httpx.Response) -> str:
+    """The server's message: ``{"error": {"message": ...}}`` (older servers: ``detail``)."""
     try:
-        return str(r.json().get("detail", r.text))
-    except ValueError:
+        data = r.json()
+        error = data.get("error")
+        return str(error.get("message") if isinstance(error, dict) else data.get("detail", r.text))
+    except (ValueError, AttributeError):
         return r.text[:300]
 
 

@@ -1,41 +1,66 @@
 """The environment server: ``python -m kernel env serve --environments math,code`` hosts
 environments (``kernel.env``) over HTTP, one session per episode, as MRLM's ``mrlm serve`` does
 over gRPC. HTTP because every other Tandem service speaks it (the engines, the router, the
-retriever): one auth scheme, one client library, and curl can drive an episode by hand.
+retriever): one auth scheme (``kernel.auth``), one client library, and curl can drive an episode
+by hand.
 
-Routes (JSON; with an ``api_key`` every route but /health needs ``Authorization: Bearer KEY``):
+Routes (JSON; with a key every route but /health needs ``Authorization: Bearer KEY``):
 
-- ``GET /health``: the environments it hosts and its open sessions;
+- ``GET /health``: the environments it hosts, its open sessions and its worker processes;
 - ``POST /sessions`` ``{"env": NAME, "item": {...}}``: a new episode, reset on the item ->
   ``{"session": ID, "observation": {...}}``;
 - ``POST /sessions/ID/step`` ``{"action": TEXT}`` -> ``{"observation": {...}}``;
 - ``DELETE /sessions/ID``: the episode closed (the client does this at the end of each).
 
-Bounds and errors: at most ``max_sessions`` open episodes (429 beyond, the client waits and
-retries), at most ``max_concurrent`` resets and steps running at once (others queue), each
-limited to ``step_timeout_s`` (504, the session closed); a session idle for ``session_ttl_s``
-is closed. An unknown environment or session is a 404 naming it, an action the environment
-refuses (``BadAction``) or a step after the end a 400, two steps of one session at once a 409,
-an environment that raises a 500 with its error (that session closed). No request brings the
-server down.
+The key comes from the ``TANDEM_API_KEY`` environment variable or ``--api_key_file PATH`` (a
+file only the server's user may read), never from the command line (``kernel.auth``).
+
+No request can stall it. The server's event loop only parses bounded requests and waits: every
+reset, step and close runs in a worker process (``kernel.env.workers``) under ``step_timeout_s``,
+and a call that outlives it has its worker killed with every process it started (504, the
+session closed). So a policy's action -- a quadratic scan, a tower of powers, code that forks or
+floods -- costs its own episode a worker, never ``/health`` or another session. Between calls an
+episode's environment lives in the server as its pickled state (a hosted environment must
+pickle; one holding what cannot defines ``__getstate__``), so a killed worker loses nothing but
+the step it was taking.
+
+Bounds and errors, every one an answer with a JSON ``{"error": {"message": ...}}`` that names
+what is wrong (and never echoes input it cannot encode): a request body over ``max_body_mb`` or
+an action over ``max_action_chars`` 413; a POST that is not ``Content-Type: application/json``
+415; a body that is not JSON, holds NaN/Infinity or a lone surrogate 400; a body of the wrong
+shape 422; an unknown environment or session 404; at most ``max_sessions`` open episodes (429
+beyond: the client waits and retries; a reset that fails holds no session); at most
+``max_concurrent`` resets and steps running at once (others queue), and at most ``workers``
+worker processes; an action the environment refuses (``BadAction``) or a step after the end
+400; two steps of one session at once 409; a missing or wrong key 401. What the agent gets
+wrong inside an action is the environment's to answer as an observation (the tools environment
+turns every tool error into one). Only an environment's own bug (it raises, or its worker dies)
+is a 500 naming it, that session closed; a session idle for ``session_ttl_s`` is closed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+import json
+import os
+import pickle
 import secrets
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from fastapi import Depends, FastAPI, HTTPException, Request
-from pydantic import BaseModel
+from fastapi import FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from pydantic import BaseModel, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kernel.env import API_KEY_ENV, BadAction, Environment
+from kernel.auth import API_KEY_ENV, BearerAuth, error_body, send_error, server_key
+from kernel.env import BadAction, Observation
 from kernel.env.spec import EnvSpec, env_specs
+from kernel.env.workers import WorkerFailed, WorkerLost, WorkerPool, WorkerTimeout
 
 
 @dataclass
@@ -48,20 +73,32 @@ class EnvServerConfig:
     env_args: dict = field(default_factory=dict)
     """Keyword arguments per environment, e.g. '{"math": {"format_penalty": -0.5}}'."""
     host: str = "127.0.0.1"
-    """Address to bind (0.0.0.0 to serve other machines; then set api_key)."""
+    """Address to bind (0.0.0.0 to serve other machines; then give a key)."""
     port: int = 8300
     """Port to bind."""
-    api_key: str | None = None
-    """If set, every route but /health needs ``Authorization: Bearer <api_key>`` (default: the
-    TANDEM_API_KEY environment variable)."""
+    api_key: str | None = field(default=None, repr=False)
+    """The Bearer key every route but /health then needs. Never on the command line (refused
+    there: any local user can read it): ``serve`` takes it from --api_key_file or the
+    TANDEM_API_KEY environment variable."""
+    api_key_file: str | None = None
+    """A file holding the key, readable by the server's user only (chmod 600)."""
     max_sessions: int = 512
     """Open episodes at most; a new one beyond gets 429 until one closes."""
     max_concurrent: int = 64
     """Resets and steps running at once; more wait their turn."""
+    workers: int = 8
+    """Worker processes at most (started as needed): each runs one reset, step or close at a
+    time, so this bounds the CPU the hosted environments take."""
+    worker_memory_mb: int = 4096
+    """Address-space limit of each worker process (a runaway call gets MemoryError); 0: none."""
     step_timeout_s: float = 120.0
-    """Longest one reset or step may take (504, and the session is closed)."""
+    """Longest one reset or step may take (504: its worker killed, the session closed)."""
     session_ttl_s: float = 900.0
     """An episode idle this long is closed (its client is gone)."""
+    max_action_chars: int = 200_000
+    """Longest action a step takes (413 beyond)."""
+    max_body_mb: float = 4.0
+    """Largest request body in MiB (413 beyond, counted as it arrives)."""
 
     def specs(self) -> dict[str, EnvSpec]:
         settings: dict[str, dict[str, Any]] = {}
@@ -76,9 +113,19 @@ class EnvServerConfig:
             settings[name]["args"] = dict(args)
         if not settings:
             raise ValueError("--environments: name at least one environment")
-        for bound in ("max_sessions", "max_concurrent", "step_timeout_s", "session_ttl_s"):
+        for bound in (
+            "max_sessions",
+            "max_concurrent",
+            "workers",
+            "step_timeout_s",
+            "session_ttl_s",
+            "max_action_chars",
+            "max_body_mb",
+        ):
             if getattr(self, bound) <= 0:
                 raise ValueError(f"--{bound} must be > 0")
+        if self.worker_memory_mb < 0:
+            raise ValueError("--worker_memory_mb must be >= 0")
         return env_specs(settings)
 
 
@@ -95,24 +142,188 @@ class Act(BaseModel):
     action: str
 
 
+# ---- in a worker process: one call on an environment, its state pickled in and out ----------
+
+
+def _observation(obs: Observation) -> bytes:
+    """The observation as UTF-8 JSON, made here in the worker (a lone surrogate the environment
+    put in a string becomes '?'; a non-finite reward is the environment's bug: ValueError)."""
+    if not isinstance(obs, Observation):
+        raise TypeError(f"the environment returned {type(obs).__name__}, not an Observation")
+    data = obs.to_json()
+    try:
+        return json.dumps(data, ensure_ascii=False, allow_nan=False).encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(data, ensure_ascii=True, allow_nan=False)
+        clean = json.loads(text, object_hook=_replace_surrogates)
+        return json.dumps(_replace_surrogates(clean), ensure_ascii=False).encode("utf-8")
+
+
+def _replace_surrogates(value):
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    if isinstance(value, dict):
+        return {_replace_surrogates(k): _replace_surrogates(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_replace_surrogates(v) for v in value]
+    return value
+
+
+async def _close_quietly(env) -> None:
+    with contextlib.suppress(Exception):
+        await env.close()
+
+
+async def _open(spec: EnvSpec, item: dict) -> tuple:
+    """A new episode: ("ok", state, observation) or ("bad", message) (nothing left open)."""
+    env = spec.open()
+    try:
+        obs = await env.reset(item)
+        return "ok", pickle.dumps(env), _observation(obs), bool(obs.done)
+    except BadAction as e:
+        await _close_quietly(env)
+        return "bad", str(e)
+    except BaseException:
+        await _close_quietly(env)
+        raise
+
+
+async def _step(state: bytes, action: str) -> tuple:
+    """One step: ("ok", state, observation, done) or ("bad", message, state)."""
+    env = pickle.loads(state)
+    try:
+        obs = await env.step(action)
+    except BadAction as e:
+        return "bad", str(e), pickle.dumps(env)
+    return "ok", pickle.dumps(env), _observation(obs), bool(obs.done)
+
+
+async def _close(state: bytes) -> None:
+    await pickle.loads(state).close()
+
+
+# ---- in the server ---------------------------------------------------------------------------
+
+
 class _Session:
-    def __init__(self, name: str, env: Environment) -> None:
-        self.name, self.env = name, env
+    def __init__(self, name: str, state: bytes) -> None:
+        self.name, self.state = name, state
         self.lock = asyncio.Lock()
         self.done = False
         self.used = time.monotonic()
+
+
+class _BodyCap:
+    """ASGI middleware: a POST must be JSON (415; so no web page can open sessions without a
+    CORS preflight this server never grants), and a body over ``limit`` bytes is refused (413)
+    whether it declares its length or streams."""
+
+    def __init__(self, app, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if scope["method"] in ("POST", "PUT", "PATCH"):
+            kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+            if kind != b"application/json":
+                message = f"Content-Type must be application/json, got {kind[:80]!r}"
+                return await send_error(send, 415, message)
+        declared = headers.get(b"content-length", b"0")
+        if not declared.isdigit():
+            return await send_error(send, 400, f"Content-Length {declared[:40]!r} is no number")
+        too_large = f"the request body exceeds max_body_mb ({self.limit} bytes)"
+        if int(declared) > self.limit:
+            return await send_error(send, 413, too_large)
+        seen, started = 0, False
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge
+            return message
+
+        async def watched(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, watched)
+        except _TooLarge:
+            if not started:
+                await send_error(send, 413, too_large)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _parse(raw: bytes, model: type[BaseModel]) -> BaseModel:
+    """A request body as ``model``: HTTPException 400 for what is not strict JSON (NaN,
+    Infinity, a lone surrogate, nesting too deep), 422 naming the fields of the wrong shape."""
+    try:
+        data = json.loads(raw, parse_constant=_no_constant)
+        json.dumps(data, ensure_ascii=False).encode("utf-8")  # a lone surrogate raises here
+    except UnicodeError as e:
+        raise HTTPException(400, f"the body is not valid UTF-8 text: {e.reason}") from None
+    except RecursionError:
+        raise HTTPException(400, "the body's JSON is nested too deeply") from None
+    except ValueError as e:
+        raise HTTPException(400, f"the body is not strict JSON: {_short(e)}") from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as e:
+        raise HTTPException(422, _fields(e)) from None
+
+
+def _fields(exc: ValidationError | RequestValidationError) -> str:
+    """pydantic's errors as 'field: problem; ...', never the input itself."""
+    parts = []
+    for err in exc.errors():
+        loc = ".".join(str(x) for x in err.get("loc", ()) if x != "body")
+        msg = "field required" if err.get("type") == "missing" else err.get("msg", "invalid")
+        parts.append(f"{loc}: {msg}" if loc else str(msg))
+    return "; ".join(dict.fromkeys(parts[:4])) or "invalid request"
+
+
+def _short(e: BaseException) -> str:
+    return str(e)[:300]
+
+
+def _json(payload: bytes) -> Response:
+    return Response(payload, media_type="application/json")
 
 
 def create_app(cfg: EnvServerConfig):
     """The FastAPI app of ``cfg`` (its specs checked here, before it serves)."""
     specs = cfg.specs()
     sessions: dict[str, _Session] = {}
+    opening = 0  # resets in flight: they count against max_sessions
     running = asyncio.Semaphore(cfg.max_concurrent)
+    closing: set[asyncio.Task] = set()
+    # the fork server imports the environments' modules once: every worker starts warm
+    preload = ("kernel.env.server", *sorted({s.factory().__module__ for s in specs.values()}))
+    pool = WorkerPool(cfg.workers, preload, cfg.worker_memory_mb)
+    close_timeout = min(cfg.step_timeout_s, 30.0)
 
-    async def close(sid: str) -> None:
+    async def finish(state: bytes) -> None:
+        with contextlib.suppress(Exception):
+            await pool.run(close_timeout, _close, state)
+
+    def close(sid: str) -> None:
+        """Forget session ``sid`` now; its environment is closed in a worker meanwhile."""
         if (s := sessions.pop(sid, None)) is not None:
-            with contextlib.suppress(Exception):  # a failing close must not fail the request
-                await s.env.close()
+            task = asyncio.create_task(finish(s.state))
+            closing.add(task)
+            task.add_done_callback(closing.discard)
 
     async def reap() -> None:
         while True:
@@ -120,92 +331,139 @@ def create_app(cfg: EnvServerConfig):
             now = time.monotonic()
             for sid, s in list(sessions.items()):
                 if now - s.used > cfg.session_ttl_s and not s.lock.locked():
-                    await close(sid)
+                    close(sid)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app):
+        await pool.warm(2)  # the fork server and two workers, before the port answers
         task = asyncio.create_task(reap())
         try:
             yield
         finally:
             task.cancel()
             for sid in list(sessions):
-                await close(sid)
+                close(sid)
+            if closing:
+                await asyncio.wait(set(closing), timeout=5.0)
+            await asyncio.to_thread(pool.close)
 
     app = FastAPI(title="Tandem environments", lifespan=lifespan)
     app.state.environments = sorted(specs)
+    app.state.pool = pool
 
-    async def authorized(request: Request) -> None:
-        given = request.headers.get("authorization", "")
-        if cfg.api_key and not hmac.compare_digest(given, f"Bearer {cfg.api_key}"):
-            raise HTTPException(401, "missing or wrong Authorization: Bearer key")
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_: Request, exc: StarletteHTTPException):
+        return Response(error_body(str(exc.detail)), exc.status_code, media_type="application/json")
 
-    async def run(sid: str, s: _Session, what: str, call) -> dict[str, Any]:
-        """One reset or step of session ``sid``, bounded; the session closed if it fails."""
-        try:
-            async with running:
-                obs = await asyncio.wait_for(call, cfg.step_timeout_s)
-        except BadAction as e:
-            if what == "reset":
-                await close(sid)
-            raise HTTPException(400, f"{s.name}: {e}") from None
-        except TimeoutError:
-            await close(sid)
-            raise HTTPException(
-                504, f"{s.name}: {what} took longer than step_timeout_s={cfg.step_timeout_s}"
-            ) from None
-        except Exception as e:  # the environment's own bug: this episode ends, the server stays
-            await close(sid)
-            raise HTTPException(500, f"{s.name}: {what} failed: {e!r}") from None
-        s.used, s.done = time.monotonic(), bool(obs.done)
-        return obs.to_json()
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError):
+        return Response(error_body(_fields(exc)), 422, media_type="application/json")
+
+    @app.exception_handler(Exception)
+    async def _bug(_: Request, exc: Exception):  # the server's own bug: said, never a traceback
+        message = f"internal error ({type(exc).__name__})"
+        return Response(error_body(message), 500, media_type="application/json")
+
+    async def body(request: Request, model: type[BaseModel]):
+        raw = await request.body()  # at most max_body_mb: _BodyCap counts it
+        return await asyncio.to_thread(_parse, raw, model)  # linear, but off the loop
+
+    async def call(fn, *args) -> tuple:
+        async with running:
+            return await pool.run(cfg.step_timeout_s, fn, *args)
+
+    def failed(name: str, what: str, e: Exception) -> HTTPException:
+        if isinstance(e, WorkerTimeout):
+            message = f"{name}: {what} took longer than step_timeout_s={cfg.step_timeout_s}"
+            return HTTPException(504, message)
+        reason = "its worker died" if isinstance(e, WorkerLost) else str(e)
+        return HTTPException(500, f"{name}: {what} failed: {reason}")
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", "environments": sorted(specs), "sessions": len(sessions)}
+        return {
+            "status": "ok",
+            "environments": sorted(specs),
+            "sessions": len(sessions),
+            "workers": pool.started,
+        }
 
-    @app.post("/sessions", dependencies=[Depends(authorized)])
-    async def open_session(body: Open):
-        if body.env not in specs:
-            raise HTTPException(404, f"no environment {body.env!r} here (hosted: {sorted(specs)})")
-        if len(sessions) >= cfg.max_sessions:
+    @app.post("/sessions")
+    async def open_session(request: Request):
+        nonlocal opening
+        req: Open = await body(request, Open)
+        if req.env not in specs:
+            name = req.env[:100]
+            raise HTTPException(404, f"no environment {name!r} here (hosted: {sorted(specs)})")
+        if len(sessions) + opening >= cfg.max_sessions:
             raise HTTPException(429, f"max_sessions={cfg.max_sessions} episodes are open")
+        opening += 1
+        try:
+            result = await call(_open, specs[req.env], req.item)
+        except (WorkerFailed, WorkerLost, WorkerTimeout) as e:
+            raise failed(req.env, "reset", e) from None
+        finally:
+            opening -= 1
+        if result[0] == "bad":
+            raise HTTPException(400, f"{req.env}: {result[1]}")
+        _, state, observation, done = result
         sid = secrets.token_hex(8)
-        s = sessions[sid] = _Session(body.env, specs[body.env].open())
-        async with s.lock:
-            observation = await run(sid, s, "reset", s.env.reset(body.item))
-        return {"session": sid, "observation": observation}
+        sessions[sid] = _Session(req.env, state)
+        sessions[sid].done = done
+        return _json(b'{"session":"%s","observation":%s}' % (sid.encode(), observation))
 
-    @app.post("/sessions/{sid}/step", dependencies=[Depends(authorized)])
-    async def step(sid: str, body: Act):
+    @app.post("/sessions/{sid}/step")
+    async def step(sid: str, request: Request):
+        req: Act = await body(request, Act)
         s = sessions.get(sid)
         if s is None:
-            raise HTTPException(404, f"no session {sid!r} (closed, timed out or never opened)")
+            raise HTTPException(404, f"no session {sid[:40]!r} (closed, timed out or never opened)")
         if s.lock.locked():
             raise HTTPException(409, f"session {sid!r} is already taking a step")
         if s.done:
             raise HTTPException(400, f"{s.name}: the episode of session {sid!r} is over")
+        if len(req.action) > cfg.max_action_chars:
+            message = f"an action of {len(req.action)} characters: max_action_chars is "
+            raise HTTPException(413, message + str(cfg.max_action_chars))
         async with s.lock:
-            return {"observation": await run(sid, s, "step", s.env.step(body.action))}
+            try:
+                result = await call(_step, s.state, req.action)
+            except (WorkerFailed, WorkerLost, WorkerTimeout) as e:
+                close(sid)
+                raise failed(s.name, "step", e) from None
+            except asyncio.CancelledError:  # the client left mid-step: its outcome is unknown
+                close(sid)
+                raise
+        if sessions.get(sid) is not s:  # closed meanwhile (DELETE, the reaper)
+            raise HTTPException(404, f"session {sid!r} was closed during its step")
+        if result[0] == "bad":
+            s.state, s.used = result[2], time.monotonic()
+            raise HTTPException(400, f"{s.name}: {result[1]}")
+        _, s.state, observation, s.done = result
+        s.used = time.monotonic()
+        return _json(b'{"observation":%s}' % observation)
 
-    @app.delete("/sessions/{sid}", dependencies=[Depends(authorized)])
+    @app.delete("/sessions/{sid}")
     async def delete(sid: str):
         if sid not in sessions:
-            raise HTTPException(404, f"no session {sid!r}")
-        await close(sid)
+            raise HTTPException(404, f"no session {sid[:40]!r}")
+        close(sid)
         return {"closed": sid}
 
+    app.add_middleware(_BodyCap, limit=int(cfg.max_body_mb * 2**20))
+    app.add_middleware(BearerAuth, api_key=cfg.api_key)  # outermost: before anything is read
     return app
 
 
 def serve(cfg: EnvServerConfig) -> None:
-    """Serve ``cfg`` until interrupted (the key defaults to TANDEM_API_KEY)."""
-    import os
-
+    """Serve ``cfg`` until interrupted; its key from ``api_key_file`` or TANDEM_API_KEY."""
     import uvicorn
 
     if cfg.api_key is None:
-        cfg.api_key = os.environ.get(API_KEY_ENV) or None
+        cfg.api_key = server_key(cfg.api_key_file)
+    elif cfg.api_key_file:
+        raise ValueError("give the key once: api_key (in a config file) or --api_key_file")
+    os.environ.pop(API_KEY_ENV, None)  # read: no process this server starts inherits it
     app = create_app(cfg)
     print(f"environments {app.state.environments} on http://{cfg.host}:{cfg.port}", flush=True)
     uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning", timeout_graceful_shutdown=5)

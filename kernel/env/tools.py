@@ -15,14 +15,20 @@ Rewards: the answer's ``answer_reward`` when it equals the label (numbers compar
 text case- and space-insensitively), else 0; ``call_reward`` (default 0) for a tool call that
 worked, ``error_penalty`` (default 0) for one that failed or names a tool the episode lacks;
 ``format_penalty`` for an action that is no tag (the episode goes on: the observation says what
-it accepts). A tag the action opens last and never closes runs to the action's end. ``info``
-counts calls per tool and errors, so a run shows which tools an agent learned to use.
+it accepts). The first complete tag is the action; with none, the first tag it opens and never
+closes runs to the action's end (``parse_action``, one linear pass). Whatever a tool call runs
+into -- a refusal, an overflow, an OS error, a retriever answering nonsense -- is an error
+observation (``<tool> error: why``) and the episode goes on. ``info`` counts calls per tool and
+errors, so a run shows which tools an agent learned to use.
 
-Confinement: the calculator evaluates a parsed expression tree (no names, no calls, exponents
-and results bounded), never ``eval``; Python runs in ``kernel.sandbox`` (its limits, no network,
-a fresh process per call that replays the earlier cells with their output muted); the scratch
-folder is a temporary directory removed on close, and a path that leaves it (absolute, ``..``,
-a link) is refused. Search is on only with a ``retriever_url``.
+Confinement: the calculator evaluates a parsed expression tree (no names, no calls; its
+length, numbers, exponents and results bounded), never ``eval``; Python runs in
+``kernel.sandbox`` (its limits, no network, a fresh process per call that replays the earlier
+cells with their output muted); the scratch folder is a temporary directory removed on close,
+and a path that leaves it (absolute, ``..``, a link) or is too long (over 255 bytes a name,
+1024 characters or 16 folders in all) is refused. Search is on only with a
+``retriever_url``. Hosted by ``kernel env serve``, every step runs in a worker process under
+the server's deadline (``kernel.env.workers``).
 
 The first observation is the task, then the tags of the episode's tools (only those it has) and,
 when set, ``example``: a worked call and answer, which a small model needs to find the format.
@@ -38,21 +44,43 @@ import shutil
 import tempfile
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
 from kernel.env import BadAction, Observation
 from kernel.sandbox import Sandbox, SandboxConfig
 
-ACTION = re.compile(
-    r"<(?P<tag>calculator|python|search|read|answer)>(?P<body>.*?)</(?P=tag)>"
-    r'|<write\s+path="(?P<path>[^"]*)">(?P<text>.*?)</write>',
-    re.DOTALL,
-)
-# a tag the reply opens last and never closes runs to the reply's end (a small model often
-# stops at its end-of-turn token instead of writing the closing tag)
-UNCLOSED = re.compile(r"<(?P<tag>calculator|python|search|read|answer)>(?P<body>.*)\Z", re.DOTALL)
+TAGS = ("calculator", "python", "search", "read", "answer")
+# Where a tag opens; a path holds no '"' or '<', so each try stops at the next '<' (the scan is
+# linear: an action of thousands of unclosed tags costs one pass, not one per tag).
+_OPENS = re.compile(r'<(calculator|python|search|read|answer)>|<write\s+path="([^"<]*)">')
+
+
+class Action(NamedTuple):
+    """The tag an action uses: its name, its body (a write's text) and a write's path."""
+
+    tag: str
+    body: str
+    path: str | None = None
+
+
+def parse_action(action: str) -> Action | None:
+    """The first complete tag of ``action`` (``<tag>body</tag>``, the body up to the nearest
+    closing tag), else the first tag it opens and never closes, its body running to the end (a
+    small model often stops at its end-of-turn token instead of writing the closing tag; an
+    unclosed write has no end and is no tag); None when it has no tag. Linear in its length."""
+    closes = {tag: action.rfind(f"</{tag}>") for tag in (*TAGS, "write")}  # the last of each
+    unclosed = None
+    for m in _OPENS.finditer(action):
+        tag = m[1] or "write"
+        if closes[tag] >= m.end():  # closed after it: the nearest close ends its body
+            return Action(tag, action[m.end() : action.find(f"</{tag}>", m.end())], m[2])
+        if unclosed is None and tag != "write":
+            unclosed = Action(tag, action[m.end() :])
+    return unclosed
+
+
 SYNTAX = {
     "calculator": "<calculator>EXPR</calculator>",
     "python": "<python>CODE</python>",
@@ -83,15 +111,28 @@ _OPS = {
 MAX_EXPONENT, MAX_MAGNITUDE = 64, 10**40
 
 
+MAX_EXPRESSION_CHARS = 4000
+
+
 def calculate(expression: str) -> int | float:
-    """The value of an arithmetic ``expression``; ValueError naming what it refuses."""
+    """The value of an arithmetic ``expression``; ValueError naming what it refuses. Every
+    number in it and every result on the way is at most MAX_MAGNITUDE and every exponent at
+    most MAX_EXPONENT, so no step takes long; an overflow, a complex result or nesting too
+    deep for the parser is refused too."""
+    text = expression.strip()
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise ValueError(f"an expression has at most {MAX_EXPRESSION_CHARS} characters")
     try:
-        tree = ast.parse(expression.strip(), mode="eval").body
+        tree = ast.parse(text, mode="eval").body
     except SyntaxError:
-        raise ValueError(f"not an arithmetic expression: {expression.strip()[:80]!r}") from None
+        raise ValueError(f"not an arithmetic expression: {text[:80]!r}") from None
+    except (RecursionError, MemoryError):
+        raise ValueError("the expression is nested too deeply") from None
 
     def value(node: ast.AST) -> int | float:
         if isinstance(node, ast.Constant) and type(node.value) in (int, float):
+            if abs(node.value) > MAX_MAGNITUDE:
+                raise ValueError("a number in it is too large")
             return node.value
         if isinstance(node, ast.UnaryOp) and type(node.op) in _OPS:
             return _OPS[type(node.op)](value(node.operand))
@@ -100,6 +141,8 @@ def calculate(expression: str) -> int | float:
             if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
                 raise ValueError(f"exponent {right} is larger than {MAX_EXPONENT}")
             out = _OPS[type(node.op)](left, right)
+            if isinstance(out, complex):
+                raise ValueError("the result is not a real number")
             if abs(out) > MAX_MAGNITUDE:
                 raise ValueError("the result is too large")
             return out
@@ -109,6 +152,10 @@ def calculate(expression: str) -> int | float:
         return value(tree)
     except ZeroDivisionError:
         raise ValueError("division by zero") from None
+    except ArithmeticError:  # OverflowError: 1e300 ** 2
+        raise ValueError("the result is too large") from None
+    except (RecursionError, MemoryError):
+        raise ValueError("the expression is nested too deeply") from None
 
 
 def _number(text: str) -> float | None:
@@ -124,6 +171,19 @@ def same_answer(answer: str, label: str) -> bool:
     if a is not None and b is not None:
         return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6)
     return " ".join(answer.lower().split()) == " ".join(label.lower().split())
+
+
+MAX_PATH_CHARS, MAX_PATH_DEPTH = 1024, 16
+
+
+def _reason(e: Exception) -> str:
+    """What went wrong, for the agent: a refusal's own words; an OS error's reason without the
+    server's paths (``File name too long``, ``Not a directory``)."""
+    if isinstance(e, OSError):
+        return e.strerror or type(e).__name__
+    if isinstance(e, ValueError):
+        return str(e)[:500]
+    return f"{type(e).__name__}: {str(e)[:500]}"
 
 
 _SANDBOXES: dict[str, Sandbox] = {}
@@ -188,13 +248,13 @@ class ToolEnv:
         return obs
 
     async def _act(self, action: str) -> Observation:
-        match = ACTION.search(action) or UNCLOSED.search(action)
+        match = parse_action(action)
         if match is None:
             self._count("no_tag")
             return Observation(self.help, self.format_penalty)
-        tag = match["tag"] or "write"
+        tag = match.tag
         if tag == "answer":
-            right = same_answer(match["body"], self.label)
+            right = same_answer(match.body, self.label)
             self.label = None
             return Observation("", self.answer_reward if right else 0.0, True, {"correct": right})
         self._count(f"calls_{tag}")
@@ -203,19 +263,19 @@ class ToolEnv:
             return Observation(f"{tag} is not available here. {self.help}", self.error_penalty)
         try:
             output = await getattr(self, f"_{tag}")(match)
-        except ValueError as e:
+        except Exception as e:  # whatever a tool call runs into, the agent reads it and goes on
             self._count("errors")
-            return Observation(f"{tag} error: {e}", self.error_penalty)
+            return Observation(f"{tag} error: {_reason(e)}", self.error_penalty)
         return Observation(output[: self.max_output_chars], self.call_reward)
 
     def _count(self, key: str) -> None:
         self.counts[key] = self.counts.get(key, 0.0) + 1.0
 
-    async def _calculator(self, match: re.Match) -> str:
-        return str(calculate(match["body"]))
+    async def _calculator(self, match: Action) -> str:
+        return str(calculate(match.body))
 
-    async def _python(self, match: re.Match) -> str:
-        cell = match["body"].strip("\n")
+    async def _python(self, match: Action) -> str:
+        cell = match.body.strip("\n")
         replay = "".join(
             "import contextlib as _c, io as _io\nwith _c.redirect_stdout(_io.StringIO()):\n"
             f"    exec(compile({c!r}, '<cell {i}>', 'exec'))\n"
@@ -227,39 +287,48 @@ class ToolEnv:
         self.cells.append(cell)
         return result.stdout or "(no output)"
 
-    async def _search(self, match: re.Match) -> str:
-        body = {"queries": [match["body"].strip()], "topk": self.search_topk}
+    async def _search(self, match: Action) -> str:
+        body = {"queries": [match.body.strip()], "topk": self.search_topk}
         try:
             async with httpx.AsyncClient(timeout=10.0) as http:
                 r = await http.post(f"{self.retriever_url.rstrip('/')}/retrieve", json=body)
                 r.raise_for_status()
         except httpx.HTTPError as e:
             raise ValueError(f"the retriever did not answer ({type(e).__name__})") from None
-        docs = r.json()["results"][0]
-        return "\n\n".join(f"[{d.get('title', '')}] {d.get('text', '')}" for d in docs)
+        try:
+            docs = r.json()["results"][0]
+            return "\n\n".join(f"[{d.get('title', '')}] {d.get('text', '')}" for d in docs)
+        except (ValueError, LookupError, TypeError, AttributeError):
+            raise ValueError("the retriever answered in an unexpected shape") from None
 
     def _path(self, name: str) -> Path:
         name = name.strip()
+        parts = Path(name).parts
+        if len(name) > MAX_PATH_CHARS or any(len(p.encode()) > 255 for p in parts):
+            raise ValueError(f"a path has at most {MAX_PATH_CHARS} characters, 255 per name")
+        if len(parts) > MAX_PATH_DEPTH:
+            raise ValueError(f"a path is at most {MAX_PATH_DEPTH} folders deep")
         path = (self.folder / name).resolve()
         if not name or Path(name).is_absolute() or not path.is_relative_to(self.folder.resolve()):
             raise ValueError(f"{name!r} is outside the scratch folder")
         return path
 
-    async def _write(self, match: re.Match) -> str:
-        path, text = self._path(match["path"]), match["text"]
+    async def _write(self, match: Action) -> str:
+        path, text = self._path(match.path or ""), match.body
         if len(text) > self.max_file_chars:
             raise ValueError(f"a file holds at most {self.max_file_chars} characters")
         if not path.exists() and len(list(self.folder.rglob("*"))) >= self.max_files:
             raise ValueError(f"the scratch folder holds at most {self.max_files} files")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-        return f"wrote {len(text)} characters to {match['path'].strip()}"
+        return f"wrote {len(text)} characters to {match.path.strip()}"
 
-    async def _read(self, match: re.Match) -> str:
-        path = self._path(match["body"])
+    async def _read(self, match: Action) -> str:
+        path = self._path(match.body)
         if not path.is_file():
-            raise ValueError(f"no file {match['body'].strip()!r}")
-        return path.read_text()
+            raise ValueError(f"no file {match.body.strip()!r}")
+        with path.open() as f:
+            return f.read(self.max_file_chars)
 
     async def close(self) -> None:
         if self.folder is not None:

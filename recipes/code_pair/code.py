@@ -23,7 +23,7 @@ def parse(code: str) -> ast.Module | None:
     """The module's syntax tree, or None when it does not parse."""
     try:
         return ast.parse(code)
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):  # nested past the parser
         return None
 
 

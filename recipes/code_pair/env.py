@@ -19,7 +19,7 @@ from typing import Any
 from kernel.env import BadAction, Observation
 from recipes.code_pair import prompts
 from recipes.code_pair.config import RecipeConfig
-from recipes.code_pair.reward import score_single
+from recipes.code_pair.reward import Outcome, score_single
 
 
 @functools.cache
@@ -34,9 +34,19 @@ class CodeEnv:
     """One coding problem, tried up to ``max_turns`` times (keyword args: RecipeConfig's)."""
 
     def __init__(self, **settings: Any) -> None:
-        self.cfg = _config(json.dumps(settings, sort_keys=True))
+        self.settings = json.dumps(settings, sort_keys=True)
+        self.cfg = _config(self.settings)
         self.problem: tuple[str, str, str] | None = None
         self.turns, self.done = 0, False
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its config (which holds the sandbox): the environment server keeps
+        an episode as its pickled state between steps, and each worker its own config."""
+        return {k: v for k, v in self.__dict__.items() if k != "cfg"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.cfg = _config(self.settings)
 
     async def reset(self, item: Mapping[str, Any]) -> Observation:
         entry, tests = item.get("entry_point"), item.get("label")
@@ -49,7 +59,11 @@ class CodeEnv:
         if self.problem is None or self.done:
             raise BadAction("code: step before reset or after the episode ended")
         problem, tests, entry = self.problem
-        outcome = await score_single(self.cfg, problem, tests, entry, action)
+        try:
+            outcome = await score_single(self.cfg, problem, tests, entry, action)
+        except (RecursionError, MemoryError):  # code nested past what the parser can read
+            why = "the code is nested too deeply to read"
+            outcome = Outcome("syntax_error", error=why, terms={"define_main": 0.0})
         self.turns += 1
         correct = outcome.total > 0 and outcome.passed == outcome.total
         self.done = correct or self.turns >= self.cfg.max_turns

@@ -9,13 +9,17 @@ problem is no answer) and ends the episode. ``info``: the extracted ``answer`` a
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from typing import Any
 
 from kernel.env import BadAction, Observation
+from kernel.env.workers import offload
 from recipes.math_solver_verifier import prompts
 from recipes.math_solver_verifier.reward import MathRewardConfig, final_answer, score
+
+
+def _judge(action: str, label: str, cfg: MathRewardConfig) -> tuple[float, str | None]:
+    return score(action, label, cfg), final_answer(action, label, cfg)
 
 
 class MathEnv:
@@ -35,9 +39,9 @@ class MathEnv:
         if self.label is None:
             raise BadAction("math: step before reset or after the episode ended")
         label, self.label = self.label, None  # one answer per episode
-        # math-verify's parse can take a while: off the event loop (a server serves many)
-        reward = await asyncio.to_thread(score, action, label, self.cfg)
-        answer = final_answer(action, label, self.cfg)
+        # math-verify's parse can take a while: off the event loop (in the server's worker
+        # process, on its main thread, where math-verify's own timeouts work)
+        reward, answer = await offload(_judge, action, label, self.cfg)
         return Observation("", reward, True, {"answer": answer, "correct": reward == 1.0})
 
     async def close(self) -> None:

@@ -160,7 +160,11 @@ def test_api_key_guards_search_and_documents_but_not_health(index_dir):
     with serve(settings) as url:
         body, ids = {"queries": ["purring pet"], "topk": 1}, {"ids": ["cat"]}
         for path, payload in (("/retrieve", body), ("/documents", ids)):
-            for headers in (None, {"Authorization": "Bearer wrong"}):
+            for headers in (
+                None,
+                {"Authorization": "Bearer wrong"},
+                {"Authorization": b"Bearer \xff\xfe"},  # was a 500: the compare raised
+            ):
                 r = httpx.post(url + path, json=payload, headers=headers)
                 assert r.status_code == 401, (path, headers)
                 assert "Bearer" in r.json()["error"]["message"]
