@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kernel.env import BadAction
-from kernel.env.tools import ToolEnv, calculate, parse_action, same_answer
+from kernel.env.tools import ToolEnv, answer_stands, calculate, parse_action, same_answer
 
 SANDBOX = {"timeout_s": 5, "cpu_s": 5}
 ITEM = {"prompt": "What is 4821 * 937?", "label": "4517277"}
@@ -225,3 +225,34 @@ def test_parse_action_is_linear_in_the_action():
         began = time.perf_counter()
         parse_action(action)
         assert time.perf_counter() - began < 0.1, action[:20]
+
+
+@pytest.mark.parametrize(
+    ("answer", "label", "same"),
+    [
+        ("4,517,277", "4517277", True),
+        ("4517277.0", "4517277", True),
+        ("4,5", "45", False),  # a list, not a thousands separator
+        ("12345665650000", "12345665654322", False),  # whole numbers compare exactly
+        ("0.1", "0.10000000001", True),
+        (" Paris ", "paris", True),
+    ],
+)
+def test_same_answer_goldens(answer, label, same):
+    assert same_answer(answer, label) is same
+
+
+@pytest.mark.parametrize(
+    ("action", "stands"),
+    [
+        ("<answer>5</answer>", True),
+        ("The product is <answer>5</answer>", True),
+        ("It is not <answer>5</answer>", False),
+        ("Maybe <answer>5</answer>", False),
+        ("<answer>5 or 6</answer>", False),
+        ("<answer>5</answer><answer>6</answer>", False),
+        ("<answer>5", True),  # unclosed at the end of the turn: still its one answer
+    ],
+)
+def test_an_answer_stands_only_alone_and_undoubted(action, stands):
+    assert answer_stands(action) is stands

@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 
 import httpx
 
+from kernel.answers import doubt
 from kernel.env import BadAction, Observation
 from kernel.sandbox import Sandbox, SandboxConfig
 
@@ -158,19 +159,44 @@ def calculate(expression: str) -> int | float:
         raise ValueError("the expression is nested too deeply") from None
 
 
-def _number(text: str) -> float | None:
-    try:
-        return float(text.replace(",", "").strip())
-    except ValueError:
+# a number as an answer: signed, thousands separators only where they separate thousands
+# ("4,517,277"; "4,5" is two numbers), maybe a decimal part or an exponent
+_NUMBER = re.compile(r"[-+]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d*)?(?:[eE][-+]?\d+)?")
+
+
+def _number(text: str) -> int | float | None:
+    """``text`` as a number (an int when it is a whole number written without a decimal part or
+    an exponent), else None."""
+    text = text.strip()
+    if _NUMBER.fullmatch(text) is None:
         return None
+    plain = text.replace(",", "")
+    return int(plain) if plain.lstrip("+-").isdigit() else float(plain)
 
 
 def same_answer(answer: str, label: str) -> bool:
-    """Numbers equal as numbers (``4,517,277`` == ``4517277.0``), text up to case and spaces."""
+    """Numbers equal as numbers (``4,517,277`` == ``4517277.0``; two whole numbers exactly,
+    others within 1e-9 relative), text up to case and spaces."""
     a, b = _number(answer), _number(label)
     if a is not None and b is not None:
+        if isinstance(a, int) and isinstance(b, int):
+            return a == b
         return math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-6)
     return " ".join(answer.lower().split()) == " ".join(label.lower().split())
+
+
+def answer_stands(action: str) -> bool:
+    """Whether the action's ``<answer>`` is one answer it commits to: no second ``<answer>``,
+    and no negation, hedge or alternative around it or in it ("It is not <answer>5</answer>",
+    "Maybe <answer>5</answer>", "<answer>5 or 6</answer>"), as ``kernel.answers`` reads a
+    marked answer."""
+    start = action.find("<answer>")
+    if start < 0 or action.find("<answer>", start + 1) >= 0:
+        return False
+    close = action.find("</answer>", start)
+    end = len(action) if close < 0 else close + len("</answer>")
+    body = action[start + len("<answer>") : close if close >= 0 else len(action)]
+    return doubt(action, start, body, end) is None
 
 
 MAX_PATH_CHARS, MAX_PATH_DEPTH = 1024, 16
@@ -254,7 +280,7 @@ class ToolEnv:
             return Observation(self.help, self.format_penalty)
         tag = match.tag
         if tag == "answer":
-            right = same_answer(match.body, self.label)
+            right = answer_stands(action) and same_answer(match.body, self.label)
             self.label = None
             return Observation("", self.answer_reward if right else 0.0, True, {"correct": right})
         self._count(f"calls_{tag}")

@@ -8,8 +8,8 @@ The checkers are the environments', not gym's: ``tools`` is kernel/env/tools.py 
 the content of the first action tag, compared by ``same_answer``: numbers as numbers, text up
 to case and spaces), ``math`` is the math recipe's strict scorer (its own adversarial file is
 test_math_reward_adversarial.py; a few rows here check it reaches gym's reward unchanged). The
-attacks the tools checker still pays are strict xfails naming kernel/env/tools.py: it lies
-outside this recipe and is reported, not edited here.
+attacks the tools checker paid until it read the whole action (a second tag, a negation or
+hedge around the tag, a comma list, a near miss on a big integer) are rows like the others.
 
 Fast tier: a tokenizer, no model.
 """
@@ -36,11 +36,6 @@ ENVS = env_specs(
 TASK = ("What is 1604 * 706?", "1132424")  # a tools_test.jsonl row
 MATH = ("Calculate 10 - 5.", "5")
 CALL = "<calculator>1604 * 706</calculator>"
-KERNEL = "kernel/env/tools.py (outside this recipe): "
-
-
-def xfail(reason: str):
-    return pytest.mark.xfail(strict=True, reason=reason)
 
 
 def params(rows):
@@ -78,34 +73,27 @@ ATTACKS = [
     ("result-in-the-calculator", "tools", TASK, 2,
      ["<calculator>1132424</calculator>", "<calculator>1132424</calculator>"], (0.0, False)),
     ("number-without-a-tag", "tools", TASK, 2, ["1132424", "1132424"], (-0.2, False)),
-    # ---- what the tools checker still pays (kernel/env/tools.py)
+    # ---- what the tools checker paid until it read the whole action (kernel/env/tools.py)
     pytest.param(
         "tools", ("What is 9 * 5?", "45"), 2, ["<answer>4,5</answer>"], (0.0, False),
         id="two-numbers-joined-by-a-comma",
-        marks=xfail(KERNEL + "_number drops every comma, so the list '4,5' reads as 45 "
-                    "(debate's reader rejects it: no thousands separator)"),
     ),
     pytest.param(
         "tools", TASK, 2, ["<answer>1132424</answer><answer>1132425</answer>"], (0.0, False),
         id="two-answer-tags",
-        marks=xfail(KERNEL + "the first tag of an action is read, the rest ignored"),
     ),
     pytest.param(
         "tools", TASK, 2, ["It is not <answer>1132424</answer>"], (0.0, False),
         id="negated-outside-the-tag",
-        marks=xfail(KERNEL + "only the tag's content is read, not the text around it"),
     ),
     pytest.param(
         "tools", TASK, 2, ["Maybe <answer>1132424</answer>"], (0.0, False),
         id="hedged-outside-the-tag",
-        marks=xfail(KERNEL + "only the tag's content is read, not the text around it"),
     ),
     pytest.param(
         "tools", ("What is 12345678 * 999999?", "12345665654322"), 2,
         ["<answer>12345665650000</answer>"], (0.0, False),
         id="near-miss-on-a-big-number",
-        marks=xfail(KERNEL + "same_answer's rel_tol=1e-9 accepts an error of 4322 at 1.2e13; "
-                    "integers should compare exactly"),
     ),
     # ---- the math environment through gym: its strict scorer, unchanged
     ("math-negated", "math", MATH, 1, ["The answer is not 5."], (0.0, False)),
