@@ -5,7 +5,7 @@ training again: the evaluation files keep every reply's text.
 ``rescorer(config, held_out)`` gives, for a seed's config and its held-out items (``SeedRun.
 held_out()``), a function that rewrites the ``passed`` of an evaluation file's lines in place
 (the value as logged kept as ``passed_as_run``), or None when the recipe's workflow has no
-rescorer (its scorer did not change what it credits: takes_two, gym). What is rescored:
+rescorer (its scorer did not change what it credits: takes_two). What is rescored:
 
 - math (``solver``, ``solver_verifier``): the solver's last turn, by ``reward.score``;
 - math (``solver_rewriter_selector``, ``solver_selector``): the selector's pick
@@ -17,6 +17,8 @@ rescorer (its scorer did not change what it credits: takes_two, gym). What is re
   debaters whose final answer is right (``final_accuracy``);
 - deep_research: the agent's (or answerer's) last ``<answer>``, exact match by today's
   ``reward.exact_match`` (an answer that negates, hedges or names several is no match);
+- gym, its ``tools`` tasks: the last action's ``<answer>`` by today's checker (alone, undoubted,
+  ``same_answer``; kernel/env/tools.py); other environments' rows as logged;
 - code_pair (pair): the helper's and main's replies run again through today's checks
   (``reward.score_pair``: parent-side comparison of plain results).
 
@@ -138,6 +140,30 @@ def _deep_research(config: dict, held_out: list) -> Rescore:
     return rescore
 
 
+def _gym(config: dict, held_out: list) -> Rescore:
+    from kernel.env.tools import answer_stands, parse_action, same_answer
+
+    default = (config.get("recipe_args") or {}).get("env")
+
+    def right(text: str, label: str) -> bool:
+        last = turns(text)[-1]
+        action = parse_action(last)
+        return (
+            action is not None
+            and action.tag == "answer"
+            and answer_stands(last)
+            and same_answer(action.body, label)
+        )
+
+    def rescore(lines: Lines) -> None:
+        for item in lines:
+            sample = held_out[item["row"]]
+            if (sample.metadata.get("env") or default) == "tools":
+                _set(item, [right(t, str(sample.label)) for t in item["texts"]])
+
+    return rescore
+
+
 def _code_pair(config: dict, held_out: list) -> Rescore:
     from recipes.code_pair.config import as_config
     from recipes.code_pair.reward import problem_of, score_pair
@@ -172,6 +198,8 @@ def rescorer(config: dict, held_out: list) -> Rescore | None:
         return _debate(config, held_out)
     if recipe == "deep_research":
         return _deep_research(config, held_out)
+    if recipe == "gym":
+        return _gym(config, held_out)
     if recipe == "code_pair" and args.get("workflow", "pair") == "pair":
         return _code_pair(config, held_out)
     return None

@@ -93,6 +93,29 @@ def test_deep_research_answers_are_matched_again():
     assert rescore.research_answer("<answer>Oslo</answer>" + END) == "Oslo"
 
 
+def test_gym_tools_answers_are_checked_again():
+    held = [
+        SimpleNamespace(label="45", metadata={"env": "tools"}),
+        SimpleNamespace(label="7", metadata={"env": "math"}),
+    ]
+    fix = rescore.rescorer({"recipe": "gym", "recipe_args": {}}, held)
+    call = "<calculator>9 * 5</calculator>" + END + "<|im_start|>user\n45<|im_end|>\n"
+    lines = [
+        _line(
+            0,
+            "default",
+            [
+                call + "<|im_start|>assistant\n<answer>45</answer>" + END,
+                "<answer>45</answer><answer>46</answer>" + END,
+            ],
+            [True, True],
+        ),
+        _line(1, "default", ["The answer is 7." + END], [True]),  # another environment: as logged
+    ]
+    fix(lines)
+    assert [x["passed"] for x in lines] == [[True, False], [True]]
+
+
 def test_workflows_whose_scorer_did_not_change_have_no_rescorer():
     assert rescore.rescorer({"recipe": "takes_two"}, []) is None
     assert rescore.rescorer({"recipe": "debate", "recipe_args": {"style": "procon"}}, []) is None
