@@ -54,16 +54,21 @@ import shlex
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from kernel.run.results import (  # noqa: E402  (a run's files: kernel/run/results.py)
+    SeedRun,
+    plain_or_gzipped,
+    read_jsonl,
+    read_seeds,
+    seed_dirs,
+)
 from scripts.controls import ANSWERS, controls, leak_free_rows, vote_scores  # noqa: E402
 from scripts.provenance import commit  # noqa: E402
 from scripts.rescore import rescorer, turns  # noqa: E402
@@ -187,12 +192,6 @@ def crossed_bootstrap(
     return float(np.percentile(means, 2.5)), float(np.percentile(means, 97.5))
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 Scores = dict[str, dict[str, dict[int, float]]]  # agent -> score -> held-out row -> value
 
 
@@ -285,204 +284,37 @@ def compare_all(before: list[Scores], after: list[Scores], resamples: int, fn) -
     return out
 
 
-# ---- a run on disk --------------------------------------------------------------------------
+# ---- a seed's replies, scored today (its files are read by kernel/run/results.py) -----------
 
 
-def seed_dirs(out: Path) -> list[Path]:
-    """The seed folders of a bench_learning run (``seed<S>``, by seed), published or not."""
-    found = {p.parent for p in out.glob("seed*/metrics.jsonl*")}
-    return sorted(found, key=lambda p: int(p.name[4:]))
+_RESCORERS: dict[Path, tuple[dict, Callable[[list[dict]], None] | None]] = {}
 
 
-def replies_parser(doc: str) -> argparse.ArgumentParser:
-    """The command line of a recipe's ``read_replies`` (``doc``: its module docstring): the
-    run folders this script wrote."""
-    parser = argparse.ArgumentParser(
-        description=doc.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("runs", nargs="+", type=Path, help="bench_learning run folders")
-    return parser
+def rescorer_of(run: SeedRun) -> Callable[[list[dict]], None] | None:
+    """Today's scorer of a seed's replies (scripts/rescore.py), None where it did not change;
+    built once per seed folder (again if its config differs)."""
+    cached = _RESCORERS.get(run.path)
+    if cached is None or cached[0] != run.config:
+        cached = _RESCORERS[run.path] = (run.config, rescorer(run.config, run.held_out))
+    return cached[1]
 
 
-def each_seed(runs: list[Path], width: int) -> Iterator[tuple[SeedRun, list[tuple[str, Path]]]]:
-    """A read_replies table's rows: every finished seed of every run folder in ``runs``, with
-    its first and last held-out evaluation, each labelled "run seed eval" (the run's name
-    padded to ``width``)."""
-    for run in runs:
-        for seed in read_seeds(run, "read_replies"):
-            where = f"{run.name:<{width}} {seed.path.name:<6}"
-            yield seed, [(f"{where} {p.name.split('.')[0]:<9}", p) for p in seed.evaluations]
+def rescored_lines(run: SeedRun, path: Path) -> list[dict]:
+    """One of a seed's evaluation files, its replies scored by today's scorers."""
+    lines = read_jsonl(path)
+    if (rescore := rescorer_of(run)) is not None:
+        rescore(lines)
+    return lines
 
 
-def read_seeds(out: Path, who: str) -> list[SeedRun]:
-    """Every finished seed of the run in ``out`` (a seed still training, or cut short before
-    its last evaluation, is named on stderr and left out); exits naming ``out`` if it holds
-    none."""
-    runs = []
-    for d in seed_dirs(out):
-        rows = read_jsonl(_either(d / "metrics.jsonl"))
-        steps, last = last_eval(d, rows)
-        if last is None:
-            print(f"{who}: {d} has not finished (no last evaluation): left out", file=sys.stderr)
-        else:
-            runs.append(SeedRun.of(d, rows, steps, last))
-    if not runs:
-        raise SystemExit(f"{who}: no finished seed<S> under {out}")
-    return runs
+def run_scores(run: SeedRun, path: Path) -> Scores:
+    """``item_scores`` of one of a seed's evaluation files, scored by today's scorers."""
+    return item_scores(rescored_lines(run, path))
 
 
-def last_eval(out: Path, rows: list[dict]) -> tuple[int, Path | None]:
-    """(steps done, the held-out evaluation file after the last) of the kernel run in ``out``
-    whose metrics rows are ``rows``; the file is None until the run has trained and evaluated."""
-    steps = sum(1 for r in rows if r["step"] >= 0)
-    for name in (f"step_{steps}.jsonl", f"step_{steps}.jsonl.gz"):
-        if steps and (out / "eval" / name).exists():
-            return steps, out / "eval" / name
-    return steps, None
-
-
-def final_eval(out: Path, rows: list[dict]) -> tuple[int, Path]:
-    """(steps done, the last held-out evaluation's file) of the finished kernel run in ``out``
-    whose metrics rows are ``rows``; exits naming the file if the run did not finish."""
-    steps, last = last_eval(out, rows)
-    if last is None:
-        missing = out / "eval" / f"step_{steps}.jsonl"
-        sys.exit(f"bench_learning.py: {missing} is missing: the run in {out} did not finish")
-    return steps, last
-
-
-def first_eval(out: Path) -> Path:
-    plain = out / "eval" / "step_0.jsonl"
-    return plain if plain.exists() else plain.with_suffix(".jsonl.gz")
-
-
-@dataclass
-class SeedRun:
-    """One finished seed: its folder, metrics rows, config, steps and evaluation files."""
-
-    path: Path
-    rows: list[dict]
-    config: dict
-    steps: int
-    first: Path
-    last: Path
-
-    @classmethod
-    def read(cls, path: Path) -> SeedRun:
-        rows = read_jsonl(_either(path / "metrics.jsonl"))
-        return cls.of(path, rows, *final_eval(path, rows))
-
-    @classmethod
-    def of(cls, path: Path, rows: list[dict], steps: int, last: Path) -> SeedRun:
-        """The seed in ``path`` whose metrics rows, steps done and last evaluation are read."""
-        config = json.loads((path / "config.json").read_text())
-        return cls(path, rows, config, steps, first_eval(path), last)
-
-    @property
-    def stamp(self) -> list[str]:
-        """commit.txt's lines: the commit the seed started at (else the current one), then one
-        "resumed at step N: <commit>" line per resume."""
-        path = self.path / "commit.txt"
-        return path.read_text().splitlines() if path.exists() else [commit()]
-
-    @property
-    def commits(self) -> list[str]:
-        """Every commit the seed trained at: where it started, then where it resumed."""
-        first, *resumed = self.stamp
-        return [first] + [line.rsplit(": ", 1)[1] for line in resumed]
-
-    @property
-    def resumed(self) -> list[str]:
-        """Where an interrupted seed went on, and at which commit ("resumed at step N: sha")."""
-        return self.stamp[1:]
-
-    @property
-    def seed(self) -> int:
-        return int(self.config.get("seed", 0))
-
-    @cached_property
-    def rescore(self) -> Callable[[list[dict]], None] | None:
-        """Today's scorer of this seed's replies (scripts/rescore.py), None where it did not
-        change."""
-        return rescorer(self.config, self.held_out())
-
-    def lines(self, path: Path) -> list[dict]:
-        """One of this seed's evaluation files, its replies scored by today's scorers."""
-        lines = read_jsonl(path)
-        if self.rescore is not None:
-            self.rescore(lines)
-        return lines
-
-    def scores(self, path: Path) -> Scores:
-        """``item_scores`` of one of this seed's evaluation files, scored by today's scorers."""
-        return item_scores(self.lines(path))
-
-    @property
-    def votes(self) -> dict[int, Path]:
-        """k -> the evaluation of the last checkpoint with k sampled episodes per item
-        (``eval/vote_k<K>.jsonl``, written by ``--vote K``)."""
-        found = {}
-        for p in sorted((self.path / "eval").glob("vote_k*.jsonl*")):
-            found[int(p.name.split(".")[0].removeprefix("vote_k"))] = p
-        return found
-
-    @property
-    def evaluations(self) -> list[Path]:
-        """The first and the last held-out evaluation files (one, if they are the same)."""
-        return list(dict.fromkeys([self.first, self.last]))
-
-    def held_out(self) -> list:
-        """The held-out items, one Sample per row, read as the run's evaluation read them
-        (``eval_data``: eval.path in order, up to eval.max_prompts)."""
-        from kernel.buffer import DataBuffer, DataConfig
-        from kernel.run.evaluation import eval_data
-
-        data, held = DataConfig(**self.config["data"]), SimpleNamespace(**self.config["eval"])
-        buffer = DataBuffer(eval_data(SimpleNamespace(data=data, eval=held)))
-        return [group[0] for group in buffer.next_groups(len(buffer))]
-
-    @property
-    def train_rows(self) -> list[dict]:
-        return [r for r in self.rows if r["step"] >= 0]
-
-    def phases(self) -> dict[str, float]:
-        """Wall seconds per phase, summed over the run's metrics rows."""
-
-        def total(key: str) -> float:
-            return float(sum(r.get(key, 0.0) for r in self.rows))
-
-        reward = total("rollout/reward_seconds")
-        return {
-            "startup": total("time/startup_s"),
-            "generate": total("time/rollout_s") - reward,
-            "reward": reward,
-            "train": total("time/train_s"),
-            "sync": total("time/sync_s"),
-            "eval": total("time/eval_s"),
-        }
-
-    def minutes(self) -> float:
-        return sum(self.phases().values()) / 60
-
-    def samples(self) -> int:
-        return int(sum(v for r in self.rows for k, v in r.items() if k.endswith("/samples")))
-
-    def tokens_per_step(self) -> float:
-        """Generated (sampled) tokens per training step, every agent's together."""
-        totals = [
-            sum(
-                r[k] * r.get(k.replace("/response_length", "/samples"), 0.0)
-                for k in r
-                if k.endswith("/response_length")
-            )
-            for r in self.train_rows
-        ]
-        return float(np.mean(totals)) if totals else 0.0
-
-
-def _either(path: Path) -> Path:
-    """``path``, or its gzipped copy (a published run)."""
-    return path if path.exists() else path.with_name(path.name + ".gz")
+def trained_at(run: SeedRun) -> list[str]:
+    """Every commit a seed trained at (its commit.txt), else the checked-out one."""
+    return run.commits or [commit()]
 
 
 def held_out_field(config: dict, field: str) -> dict[int, object]:
@@ -512,8 +344,8 @@ def report(
 ) -> dict:
     """The learning report of finished seed runs (the same preset and steps)."""
     headline = headline_of(recipe, preset)
-    before = [r.scores(r.first) for r in runs]
-    after = [r.scores(r.last) for r in runs]
+    before = [run_scores(r, r.first) for r in runs]
+    after = [run_scores(r, r.last) for r in runs]
     agents = compare_all(before, after, resamples, pooled)
     mine = agents.get(headline.agent, {})
     if headline.score not in mine:
@@ -539,7 +371,7 @@ def report(
         )
     final = [a[headline.agent][headline.score] for a in after]
     measured = {}  # control -> this run's final scores against it
-    finals = [r.lines(r.last) for r in runs]
+    finals = [rescored_lines(r, r.last) for r in runs]
     for name, maps in controls(recipe, preset, runs[0].config, finals).items():
         if (stats := between(maps, final, resamples)) is not None:
             measured[name] = stats
@@ -599,7 +431,7 @@ def report(
         "agents": agents,
         "phases_s": {k: round(sum(r.phases()[k] for r in runs), 1) for k in runs[0].phases()},
         "command": command_line,
-        "commit": ", ".join(sorted({c for r in runs for c in r.commits})),
+        "commit": ", ".join(sorted({c for r in runs for c in trained_at(r)})),
         "machine": machine(),
     }
 
@@ -632,8 +464,8 @@ def against(
     set), by item, over both runs' seeds: its headline against the base's (``base_headline``:
     e.g. the three-role workflow's selector against the single solver), and every agent and
     score both have."""
-    final = [r.scores(r.last) for r in runs]
-    other = [r.scores(r.last) for r in base]
+    final = [run_scores(r, r.last) for r in runs]
+    other = [run_scores(r, r.last) for r in base]
     base_report = base[0].path.parent / "learning.json"
     theirs = json.loads(base_report.read_text()) if base_report.exists() else {}
     agent, score = theirs.get("agent", headline.agent), theirs.get("score", headline.score)
@@ -651,7 +483,7 @@ def against(
         "agents": compare_all(other, final, resamples, between),
         "vote": None,
     }
-    recipe = runs[0].config["recipe"]
+    recipe = runs[0].config.get("recipe")
     if (k := vote_k(base, recipe)) is not None:  # the baseline's vote at equal inference tokens
         from kernel.models import load_tokenizer
 
@@ -675,7 +507,7 @@ def publish(out: Path, runs: list[SeedRun], name: str) -> Path:
     and per seed its config, metrics, first and last evaluation (gzipped) and curves. A seed
     that trained at a tree with uncommitted changes is kept out of a results table: it may go
     under partial/ only."""
-    dirty = [f"seed {r.seed} ({c})" for r in runs for c in r.commits if c.endswith("+dirty")]
+    dirty = [f"seed {r.seed} ({c})" for r in runs for c in trained_at(r) if c.endswith("+dirty")]
     if dirty and not name.startswith("partial/"):
         sys.exit(
             f"bench_learning.py: --publish {name}: {', '.join(dirty)} trained with uncommitted "
@@ -693,7 +525,7 @@ def publish(out: Path, runs: list[SeedRun], name: str) -> Path:
         if (r.path / "commit.txt").exists():
             shutil.copy(r.path / "commit.txt", d / "commit.txt")
         for src, target in (
-            (_either(r.path / "metrics.jsonl"), d / "metrics.jsonl.gz"),
+            (plain_or_gzipped(r.path / "metrics.jsonl"), d / "metrics.jsonl.gz"),
             (r.first, d / "eval" / "step_0.jsonl.gz"),
             (r.last, d / "eval" / f"step_{r.steps}.jsonl.gz"),
             *((v, d / "eval" / f"vote_k{k}.jsonl.gz") for k, v in r.votes.items()),

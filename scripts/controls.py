@@ -171,7 +171,7 @@ def controls(recipe: str, preset: str, config: dict, finals: list[list[dict]]) -
     per-episode controls."""
     out: dict[str, list[Map]] = {}
     how = GUESSING.get(recipe)
-    if how is not None:
+    if how is not None and config.get("data", {}).get("path"):
         held = _rows(config["eval"]["path"], config["eval"].get("max_prompts"))
         train = _rows(config["data"]["path"])
         out["most common answer"] = [most_common_answer(held, train, how)]
@@ -201,7 +201,7 @@ def leak_free_rows(recipe: str, config: dict) -> list[int] | None:
     ``canonical_key``; None when every row is (or the recipe has no key): a figure on these
     rows is the one no memorised training item can reach."""
     key = _key(recipe)
-    if key is None:
+    if key is None or not config.get("data", {}).get("path"):
         return None
     held = _rows(config["eval"]["path"], config["eval"].get("max_prompts"))
     trained = {key(r) for r in _rows(config["data"]["path"])}

@@ -2,10 +2,11 @@
 a scorer that was made stricter (the math and debate answer rules, code_pair's checks) without
 training again: the evaluation files keep every reply's text.
 
-``rescorer(config, held_out)`` gives, for a seed's config and its held-out items (``SeedRun.
-held_out()``), a function that rewrites the ``passed`` of an evaluation file's lines in place
-(the value as logged kept as ``passed_as_run``), or None when the recipe's workflow has no
-rescorer (its scorer did not change what it credits: takes_two). What is rescored:
+``rescorer(config, held_out)`` gives, for a seed's config and a function that reads its
+held-out items (``SeedRun.held_out``), a function that rewrites the ``passed`` of an
+evaluation file's lines in place (the value as logged kept as ``passed_as_run``), or None
+when the recipe's workflow has no rescorer (its scorer did not change what it credits:
+takes_two). What is rescored:
 
 - math (``solver``, ``solver_verifier``): the solver's last turn, by ``reward.score``;
 - math (``solver_rewriter_selector``, ``solver_selector``): the selector's pick
@@ -187,19 +188,19 @@ def _code_pair(config: dict, held_out: list) -> Rescore:
     return lambda lines: asyncio.run(judge(lines))
 
 
-def rescorer(config: dict, held_out: list) -> Rescore | None:
+def rescorer(config: dict, held_out: Callable[[], list]) -> Rescore | None:
     """The function that rescores an evaluation file's lines of a run with ``config`` (module
-    docstring); None for a workflow whose scorer did not change."""
-    recipe, args = config["recipe"], config.get("recipe_args") or {}
-    if recipe == "math_solver_verifier":
-        return _math(config, held_out)
-    answers = args.get("style", "answer") == "answer"
-    if recipe == "debate" and answers and args.get("judge", "majority") == "majority":
-        return _debate(config, held_out)
-    if recipe == "deep_research":
-        return _deep_research(config, held_out)
-    if recipe == "gym":
-        return _gym(config, held_out)
-    if recipe == "code_pair" and args.get("workflow", "pair") == "pair":
-        return _code_pair(config, held_out)
-    return None
+    docstring); None for a workflow whose scorer did not change, or a config that names no
+    recipe. ``held_out`` gives the run's held-out items, read only when there is a rescorer."""
+    recipe, args = config.get("recipe"), config.get("recipe_args") or {}
+    answers = (
+        args.get("style", "answer") == "answer" and args.get("judge", "majority") == "majority"
+    )
+    build = {
+        "math_solver_verifier": _math,
+        "debate": _debate if answers else None,
+        "deep_research": _deep_research,
+        "gym": _gym,
+        "code_pair": _code_pair if args.get("workflow", "pair") == "pair" else None,
+    }.get(recipe)
+    return None if build is None else build(config, held_out())

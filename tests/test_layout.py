@@ -1,7 +1,12 @@
 """House rules that a test can hold: recipes import only kernel and third-party packages
-(never another recipe), every Python file opens with a docstring, heavy imports stay lazy."""
+(never another recipe, never the repository's scripts), a recipe folder copied out of the
+repository still imports and runs, every Python file opens with a docstring, heavy imports stay
+lazy."""
 
 import ast
+import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,23 +29,117 @@ def test_every_python_file_opens_with_a_docstring():
     assert not missing, f"files without a module docstring: {missing}"
 
 
-def test_recipes_never_import_another_recipe():
-    offenders = []
-    for recipe in (ROOT / "recipes").iterdir():
-        if not recipe.is_dir() or recipe.name.startswith("_"):
-            continue
-        for p in recipe.rglob("*.py"):
+RECIPES = sorted(
+    p for p in (ROOT / "recipes").iterdir() if p.is_dir() and not p.name.startswith("_")
+)
+# folders of this repository that the installed package does not ship (pyproject.toml's
+# packages: kernel, retriever, recipes): a recipe importing them breaks once copied out
+NOT_INSTALLED = ("scripts", "tests")
+
+
+def _recipe_imports():
+    """(recipe folder, file, line, imported module) for every absolute import in a recipe,
+    inside functions too."""
+    for recipe in RECIPES:
+        for p in sorted(recipe.rglob("*.py")):
             for node in ast.walk(ast.parse(p.read_text())):
-                names = []
                 if isinstance(node, ast.Import):
                     names = [a.name for a in node.names]
                 elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                     names = [node.module]
+                else:
+                    continue
                 for name in names:
-                    parts = name.split(".")
-                    if parts[0] == "recipes" and parts[1:2] != [recipe.name]:
-                        offenders.append(f"{p.relative_to(ROOT)} imports {name}")
+                    yield recipe, p, node.lineno, name
+
+
+def test_recipes_never_import_another_recipe():
+    offenders = [
+        f"{p.relative_to(ROOT)}:{line} imports {name}"
+        for recipe, p, line, name in _recipe_imports()
+        if name.split(".")[0] == "recipes" and name.split(".")[1:2] != [recipe.name]
+    ]
     assert not offenders, offenders
+
+
+def test_recipes_never_import_the_repositorys_scripts_or_tests():
+    """What a recipe needs from outside its folder comes from ``kernel`` (e.g. reading a
+    finished run: ``kernel.run.results``), never from ``scripts/`` or ``tests/``, which a
+    copied recipe does not have."""
+    offenders = [
+        f"{p.relative_to(ROOT)}:{line} imports {name}"
+        for _, p, line, name in _recipe_imports()
+        if name.split(".")[0] in NOT_INSTALLED
+    ]
+    assert not offenders, offenders
+
+
+def _outside(tmp_path: Path) -> tuple[Path, dict]:
+    """A project folder outside the repository holding a ``recipes`` package of its own, and
+    an environment for a child run there: no PYTHONPATH, so only the installed ``tandem``
+    (kernel) and the project folder (the child's working directory) are importable."""
+    project = tmp_path / "project"
+    assert not project.resolve().is_relative_to(ROOT)
+    (project / "recipes").mkdir(parents=True)
+    (project / "recipes" / "__init__.py").write_text('"""My recipes."""\n')
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return project, env
+
+
+def _copy(recipe: Path, dest: Path) -> None:
+    shutil.copytree(recipe, dest, ignore=shutil.ignore_patterns("__pycache__"))
+
+
+def test_every_recipe_module_imports_from_a_copy_outside_the_repository(tmp_path):
+    """Each recipe folder copied into another project's ``recipes/``: every module of it
+    imports there, from the copy, with ``scripts`` and ``tests`` out of reach."""
+    project, env = _outside(tmp_path)
+    for recipe in RECIPES:
+        _copy(recipe, project / "recipes" / recipe.name)
+    code = (
+        "import importlib, importlib.util, json, pathlib\n"
+        "mods = sorted('.'.join(p.with_suffix('').parts) for p in "
+        "pathlib.Path('recipes').rglob('*.py'))\n"
+        "failed = {}\n"
+        "for m in mods:\n"
+        "    try:\n"
+        "        importlib.import_module(m.removesuffix('.__init__'))\n"
+        "    except Exception as e:\n"
+        "        failed[m] = repr(e)\n"
+        "import recipes\n"
+        "print(json.dumps({'n': len(mods), 'failed': failed, 'from': recipes.__file__,\n"
+        "    'reachable': [n for n in ('scripts', 'tests') if importlib.util.find_spec(n)]}))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=project, env=env
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    found = json.loads(out.stdout.strip().splitlines()[-1])
+    assert found["reachable"] == [] and Path(found["from"]).parent == project / "recipes"
+    assert found["n"] > 2 * len(RECIPES) and not found["failed"], found["failed"]
+
+
+def test_a_copied_recipe_runs_its_tiny_preset_outside_the_repository(tmp_path):
+    """The template copied as another project's ``recipes/my_recipe`` (its presets renamed, as
+    its README says) trains a step of its tiny preset with ``python -m kernel train --recipe
+    my_recipe`` run from that project's folder: hooks, config, preset and data all from the
+    copy (the repository has no my_recipe)."""
+    project, env = _outside(tmp_path)
+    mine = project / "recipes" / "my_recipe"
+    _copy(ROOT / "recipes" / "template", mine)
+    for preset in (mine / "presets").glob("*.yaml"):
+        preset.write_text(preset.read_text().replace("template", "my_recipe"))
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "kernel", "train", "--recipe", "my_recipe", "--preset", "tiny"]
+    cmd += ["--num_steps", "1", "--output_dir", str(out)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=project, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    assert not (ROOT / "recipes" / "my_recipe").exists()
+    config = json.loads((out / "config.json").read_text())
+    assert config["recipe"] == "my_recipe"
+    assert config["data"]["path"] == "recipes/my_recipe/data/train.jsonl"  # the copy's
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert [r["step"] for r in rows] == [0] and "proposer/reward" in rows[0]
 
 
 def test_import_kernel_stays_light():
@@ -55,9 +154,10 @@ def test_import_kernel_stays_light():
 
 def test_the_recipe_api_imports_without_the_training_stack():
     """A recipe's hooks (generate, reward, config) and the API they use (kernel.dialogue,
-    hooks, sample) load without torch, transformers, the engine or the trainer."""
+    hooks, sample; kernel.run.results for reading a run's replies) load without torch,
+    transformers, the engine or the trainer."""
     recipes = sorted(p.name for p in (ROOT / "recipes").iterdir() if (p / "generate.py").exists())
-    modules = ["kernel.dialogue", "kernel.hooks", "kernel.sample"] + [
+    modules = ["kernel.dialogue", "kernel.hooks", "kernel.sample", "kernel.run.results"] + [
         f"recipes.{r}.{m}" for r in recipes for m in ("generate", "reward", "config")
     ]
     code = (

@@ -12,11 +12,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kernel.buffer import DataBuffer, DataConfig
-from kernel.hooks import RolloutContext, package_file
+from kernel.buffer import DataBuffer
+from kernel.hooks import RolloutContext
 from kernel.metrics import mean, pass_at_k
 from kernel.rollout import RolloutManager
 from kernel.run.config import TrainConfig
+from kernel.run.results import eval_data
 
 
 async def evaluate(
@@ -83,17 +84,6 @@ async def evaluate(
     path.write_text("".join(json.dumps(item) + "\n" for item in items))
     row["time/eval_s"] = time.perf_counter() - t0
     return row
-
-
-def eval_data(cfg: TrainConfig) -> DataConfig:
-    """The held-out prompts' data settings: the run's, on eval.path, in order."""
-    return replace(
-        cfg.data,
-        path=package_file(cfg.eval.path),
-        n_samples_per_prompt=cfg.eval.n_samples,
-        shuffle=False,
-        max_prompts=cfg.eval.max_prompts,
-    )
 
 
 def _numbers(metrics: Any) -> dict[str, float]:

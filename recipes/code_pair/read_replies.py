@@ -1,8 +1,8 @@
 """Read a code_pair run's held-out replies before believing its score.
 
 ``python -m recipes.code_pair.read_replies RUN [RUN ...]`` takes ``scripts/bench_learning.py``
-run folders (``runs/learning/code_pair``, ``docs/results/code_pair``), read through that
-script's ``SeedRun`` (run it from the repository root), and prints, per seed and held-out
+run folders (``runs/learning/code_pair``, ``docs/results/code_pair``), read through the
+kernel's ``SeedRun`` (``kernel.run.results``), and prints, per seed and held-out
 evaluation (the first and the last), from the replies themselves:
 
 - main (or the single coder): ``passed``, problems with every check passing (the headline, as
@@ -23,10 +23,10 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
+from kernel.run.results import each_seed, read_jsonl, replies_parser
 from recipes.code_pair import code
 from recipes.code_pair.config import HELPER
 from recipes.code_pair.reward import STATUS_NAMES
-from scripts.bench_learning import each_seed, read_jsonl, replies_parser
 
 AUX = "aux"
 

@@ -1,8 +1,8 @@
 """Read a deep_research run's held-out replies before believing its score.
 
 ``python -m recipes.deep_research.read_replies RUN [RUN ...]`` takes ``scripts/bench_learning.py``
-run folders (``runs/learning/deep_research``, ``docs/results/deep_research``), read through that
-script's ``SeedRun`` (run it from the repository root), and prints, per seed and held-out
+run folders (``runs/learning/deep_research``, ``docs/results/deep_research``), read through the
+kernel's ``SeedRun`` (``kernel.run.results``), and prints, per seed and held-out
 evaluation (the first and the last), from the episodes themselves:
 
 - the agent: ``em``, ``f1`` and ``gold in answer`` as logged (the headline is ``em``), ``em``
@@ -23,8 +23,8 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from kernel.run.results import each_seed, read_jsonl, replies_parser
 from recipes.deep_research.reward import answer_in, exact_match, gold_answers, normalize
-from scripts.bench_learning import each_seed, read_jsonl, replies_parser
 
 
 def _tag(name: str) -> re.Pattern:

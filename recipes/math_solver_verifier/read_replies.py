@@ -2,9 +2,9 @@
 
 ``python -m recipes.math_solver_verifier.read_replies RUN [RUN ...]`` takes
 ``scripts/bench_learning.py`` run folders (``runs/learning/math_verifier``,
-``docs/results/math_solver``), read through that script's ``SeedRun`` (run it from the
-repository root), and prints, per seed, held-out evaluation (the first and the last) and role,
-from the replies themselves:
+``docs/results/math_solver``), read through the kernel's ``SeedRun`` (``kernel.run.results``),
+and prints, per seed, held-out evaluation (the first and the last) and role, from the replies
+themselves:
 
 - ``right``: the role's own final answers that are right, rescored with ``reward.score`` (for
   the verifier and the selector, the episodes' outcomes as logged); ``answered``: final answers
@@ -29,10 +29,10 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from kernel.run.results import each_seed, read_jsonl, replies_parser
 from recipes.math_solver_verifier.config import RecipeConfig, as_config
 from recipes.math_solver_verifier.generate import JUDGMENT, parse_judgment, parse_verdict
 from recipes.math_solver_verifier.reward import final_answer, score
-from scripts.bench_learning import each_seed, read_jsonl, replies_parser
 
 # a role's dialogue as decoded (ChatML, SmolLM2's template): its turns end with <|im_end|>,
 # and another speaker's message sits between two of them

@@ -26,12 +26,12 @@ import re
 import time
 from pathlib import Path
 
+from kernel.run.results import read_jsonl, read_seeds
 from recipes.math_solver_verifier import prompts
 from recipes.math_solver_verifier.generate import parse_verdict
 from recipes.math_solver_verifier.read_replies import turns
 from recipes.math_solver_verifier.reward import MathRewardConfig, score
 from recipes.math_solver_verifier.tiers import reply
-from scripts.bench_learning import read_jsonl, read_seeds
 
 _TAG = re.compile(r"verdict\s*:\s*\**\s*(approve|reject)", re.IGNORECASE)
 

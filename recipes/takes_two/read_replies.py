@@ -1,8 +1,8 @@
 """Read a takes_two run's held-out replies before believing its score.
 
 ``python -m recipes.takes_two.read_replies RUN [RUN ...]`` takes ``scripts/bench_learning.py``
-run folders (``runs/learning/takes_two``, ``docs/results/takes_two_frozen``), read through that
-script's ``SeedRun`` (run it from the repository root), and prints, per seed and held-out
+run folders (``runs/learning/takes_two``, ``docs/results/takes_two_frozen``), read through the
+kernel's ``SeedRun`` (``kernel.run.results``), and prints, per seed and held-out
 evaluation (the first and the last), from the replies themselves:
 
 - ``correct``: correct single diagnoses (``reward.diagnosis_correct``), and how many of them
@@ -25,9 +25,9 @@ import re
 from collections import Counter
 from pathlib import Path
 
+from kernel.run.results import SeedRun, each_seed, read_jsonl, replies_parser
 from recipes.takes_two.data import Case, diagnosis_matches
 from recipes.takes_two.reward import candidate_named, diagnosis_correct, parse_final
-from scripts.bench_learning import SeedRun, each_seed, read_jsonl, replies_parser
 
 _TURN_END = re.compile(r"<\|im_end\|>|<\|eot_id\|>|</s>|\n")
 

@@ -4,8 +4,8 @@ whether the helper wrote aux or main's function instead; plain and gzipped evalu
 
 from __future__ import annotations
 
+from kernel.run.results import SeedRun
 from recipes.code_pair import read_replies
-from scripts.bench_learning import SeedRun
 from tests.recipes.conftest import write_learning_run
 
 CONFIG = {  # what the run's evaluation reads the held-out problems by (HumanEval rows 0 and 1)

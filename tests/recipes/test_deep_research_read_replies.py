@@ -5,8 +5,8 @@ passages held the gold answer and its summary kept it."""
 
 from __future__ import annotations
 
+from kernel.run.results import SeedRun
 from recipes.deep_research import read_replies
-from scripts.bench_learning import SeedRun
 from tests.recipes.conftest import write_learning_run
 
 CONFIG = {  # the first two rows of the shipped held-out set: Dorbek Garul's town, Quovin's job

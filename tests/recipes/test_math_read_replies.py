@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kernel.run.results import SeedRun
 from recipes.math_solver_verifier import read_replies, verdicts
 from recipes.math_solver_verifier.config import as_config
-from scripts.bench_learning import SeedRun
 from tests.recipes.conftest import write_learning_run
 
 TEST = "recipes/math_solver_verifier/data/arith2-12d_test.jsonl"  # row 0: 5 - 3, row 1: -9 - 8

@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kernel.run.results import SeedRun
 from recipes.takes_two import read_replies
-from scripts.bench_learning import SeedRun
 from tests.recipes.conftest import write_learning_run
 
 TEST = "recipes/takes_two/data/test_shared.jsonl"  # row 0: migraine, row 1: influenza

@@ -8,6 +8,8 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
@@ -24,8 +26,9 @@ rescore = module("rescore")
 END = "<|im_end|>\n"
 
 
-def _held(*labels: str) -> list:
-    return [SimpleNamespace(label=label) for label in labels]
+def _held(*labels: str):
+    """The held-out items' reader a rescorer takes: the items as SeedRun.held_out gives them."""
+    return lambda: [SimpleNamespace(label=label) for label in labels]
 
 
 def _line(row: int, agent: str, texts: list[str], passed: list[bool]) -> dict:
@@ -98,7 +101,7 @@ def test_gym_tools_answers_are_checked_again():
         SimpleNamespace(label="45", metadata={"env": "tools"}),
         SimpleNamespace(label="7", metadata={"env": "math"}),
     ]
-    fix = rescore.rescorer({"recipe": "gym", "recipe_args": {}}, held)
+    fix = rescore.rescorer({"recipe": "gym", "recipe_args": {}}, lambda: held)
     call = "<calculator>9 * 5</calculator>" + END + "<|im_start|>user\n45<|im_end|>\n"
     lines = [
         _line(
@@ -117,5 +120,9 @@ def test_gym_tools_answers_are_checked_again():
 
 
 def test_workflows_whose_scorer_did_not_change_have_no_rescorer():
-    assert rescore.rescorer({"recipe": "takes_two"}, []) is None
-    assert rescore.rescorer({"recipe": "debate", "recipe_args": {"style": "procon"}}, []) is None
+    unread = lambda: pytest.fail("the held-out items are read only to rescore")  # noqa: E731
+    assert rescore.rescorer({"recipe": "takes_two"}, unread) is None
+    assert (
+        rescore.rescorer({"recipe": "debate", "recipe_args": {"style": "procon"}}, unread) is None
+    )
+    assert rescore.rescorer({"model": "m"}, unread) is None  # a config naming no recipe
