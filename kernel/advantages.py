@@ -5,7 +5,13 @@ sample's response tokens). The estimators are pure tensor functions over a rewar
 ``(N,)`` and a group index ``(N,)`` (contiguous ints, one per group); ``compute_advantages``
 builds those from a list of samples and writes ``sample.advantage`` back.
 
-Estimators (``AdvantageConfig.estimator``):
+An estimator is registered by name: ``@estimator("NAME")`` on a function of an
+``AdvantageBatch`` (the samples, their rewards ``(N,)`` and group index ``(N,)``) and the
+``AdvantageConfig``, returning the advantages ``(N,)``; ``advantage.estimator: NAME`` then
+chooses it. Validation, ``compute_advantages`` and ``kernel info`` read the registry, so a new
+estimator is that one function (and its settings, if any, on ``AdvantageConfig``).
+
+Estimators (``AdvantageConfig.estimator``), registered in this order:
 
 - ``grpo``: ``(r - mean_g) / (std_g + eps)``; ``std_normalize=False`` drops the division.
   ``std_g`` is the unbiased (Bessel) group std, as ``torch.std`` in TRL and verl.
@@ -65,43 +71,31 @@ Degenerate cases, all defined and tested:
 from __future__ import annotations
 
 import math
+import re
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 import torch
 from torch import Tensor
 
 from kernel.sample import Sample
 
-Estimator = Literal[
-    "grpo",
-    "dr_grpo",
-    "rloo",
-    "reinforce_pp",
-    "reinforce_pp_baseline",
-    "magrpo",
-    "mareinforce",
-    "marloo",
-    "maremax",
-    "gigpo",
-    "gae",
-]
 GroupBy = Literal["prompt", "prompt_agent", "prompt_agent_turn"]
 TeamReward = Literal["sum", "mean"]
 
-ESTIMATORS: tuple[str, ...] = typing.get_args(Estimator)
 GROUP_BY: tuple[str, ...] = typing.get_args(GroupBy)
 TEAM_REWARDS: tuple[str, ...] = typing.get_args(TeamReward)
-TEAM_ESTIMATORS = ("magrpo", "mareinforce", "marloo", "maremax")
 
 
 @dataclass
 class AdvantageConfig:
     """Which advantage estimator to use and how samples are grouped for its baseline."""
 
-    estimator: Estimator = "grpo"
-    """advantage estimator (reinforce_pp alone is batch-wide); see kernel/advantages.py"""
+    estimator: str = "grpo"
+    """advantage estimator, a registered name (kernel info lists them; reinforce_pp alone is
+    batch-wide); see kernel/advantages.py"""
     group_by: GroupBy = "prompt_agent"
     """samples sharing a baseline: prompt, prompt_agent (default, per role) or prompt_agent_turn"""
     std_normalize: bool = True
@@ -127,8 +121,8 @@ class AdvantageConfig:
     of the rewards of its agents that have one (None: does not apply, left out)"""
 
     def validate(self) -> AdvantageConfig:
+        get_estimator(self.estimator)  # a name not registered is refused, naming those that are
         for name, value, allowed in (
-            ("estimator", self.estimator, ESTIMATORS),
             ("group_by", self.group_by, GROUP_BY),
             ("team_reward", self.team_reward, TEAM_REWARDS),
         ):
@@ -146,9 +140,10 @@ class AdvantageConfig:
         if not 0 <= self.lam <= 1:
             raise ValueError(f"AdvantageConfig.lam must be in [0, 1], got {self.lam!r}")
         if self.discount is not None:
-            if self.estimator not in TEAM_ESTIMATORS:
+            if not get_estimator(self.estimator).team:
+                team = tuple(n for n, e in _REGISTRY.items() if e.team)
                 raise ValueError(
-                    f"AdvantageConfig.discount applies to {TEAM_ESTIMATORS}, not "
+                    f"AdvantageConfig.discount applies to {team}, not "
                     f"{self.estimator!r} (gigpo and gae discount with gamma)"
                 )
             if not 0 <= self.discount <= 1:
@@ -158,6 +153,89 @@ class AdvantageConfig:
         if not (math.isfinite(self.step_weight) and self.step_weight >= 0):
             raise ValueError(f"AdvantageConfig.step_weight must be >= 0, got {self.step_weight!r}")
         return self
+
+
+# ---------------------------------------------------------------------------------------------
+# The registry: an estimator is a function registered by name.
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AdvantageBatch:
+    """What an estimator computes from: the samples that get an advantage (a reward that
+    applies and a trainable status; the others are left out before), in the order given."""
+
+    samples: tuple[Sample, ...]
+    rewards: Tensor
+    """(N,) float64, each sample's reward"""
+    index: Tensor
+    """(N,) long, each sample's group (``group_by`` and ``metadata["advantage_group"]``
+    applied): contiguous ints 0..G-1 in order of first appearance"""
+
+
+EstimatorFn = Callable[[AdvantageBatch, AdvantageConfig], Tensor | None]
+_F = TypeVar("_F", bound=EstimatorFn)
+
+
+@dataclass(frozen=True)
+class Estimator:
+    """A registered estimator: its name, its function and how ``compute_advantages`` and the
+    config checks treat it."""
+
+    name: str
+    fn: EstimatorFn
+    """``fn(batch, cfg)``: the advantages ``(N,)``, or None when none are set here (``gae``)"""
+    batch_wide: bool = False
+    """its statistics span the whole batch (``group_by`` does not apply): the metrics count the
+    batch as one group"""
+    team: bool = False
+    """every agent of an episode gets the team reward: ``discount`` and ``team_reward`` apply,
+    and ``reward.joint_mode cross`` (already a joint return) is refused"""
+
+
+_REGISTRY: dict[str, Estimator] = {}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*")
+
+
+def estimator(name: str, *, batch_wide: bool = False, team: bool = False) -> Callable[[_F], _F]:
+    """Register the decorated function as the advantage estimator ``name``
+    (``advantage.estimator: NAME``); the function itself is returned unchanged.
+
+    It is called as ``fn(batch: AdvantageBatch, cfg: AdvantageConfig)`` with at least one
+    sample and returns their advantages ``(N,)`` (or None: none set here, as ``gae``, whose
+    critic sets them per token). ``batch_wide`` and ``team``: see ``Estimator``. A name
+    registered twice is refused, naming the function that has it."""
+    if not isinstance(name, str) or not _NAME.fullmatch(name):
+        raise ValueError(f"an estimator's name is a word (letters, digits, _ . -), got {name!r}")
+
+    def register(fn: _F) -> _F:
+        if name in _REGISTRY:
+            held = _REGISTRY[name].fn
+            raise ValueError(
+                f"advantage estimator {name!r} is already registered, by "
+                f"{held.__module__}.{held.__qualname__}"
+            )
+        _REGISTRY[name] = Estimator(name, fn, batch_wide, team)
+        return fn
+
+    return register
+
+
+def estimators() -> dict[str, Estimator]:
+    """Every registered estimator by name, in the order they were registered (the built-in
+    ones, ``ESTIMATORS``, first)."""
+    return dict(_REGISTRY)
+
+
+def get_estimator(name: str) -> Estimator:
+    """The estimator registered as ``name``; a ValueError naming every registered one if none
+    is."""
+    if not isinstance(name, str) or name not in _REGISTRY:
+        raise ValueError(
+            f"AdvantageConfig.estimator must be one of the registered estimators "
+            f"({', '.join(_REGISTRY)}), got {name!r}"
+        )
+    return _REGISTRY[name]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -270,6 +348,123 @@ def team_rewards(
 
 
 # ---------------------------------------------------------------------------------------------
+# The estimators, registered by name (kernel info lists them in this order).
+# ---------------------------------------------------------------------------------------------
+
+
+@estimator("grpo")
+def grpo(batch: AdvantageBatch, cfg: AdvantageConfig) -> Tensor:
+    """GRPO over the batch's groups; ``cfg.std_normalize`` and ``cfg.eps`` apply."""
+    return grpo_advantages(batch.rewards, batch.index, cfg.std_normalize, cfg.eps)
+
+
+@estimator("dr_grpo")
+def dr_grpo(batch: AdvantageBatch, cfg: AdvantageConfig) -> Tensor:
+    """Dr. GRPO: the group mean subtracted, never divided by the std."""
+    return dr_grpo_advantages(batch.rewards, batch.index)
+
+
+@estimator("rloo")
+def rloo(batch: AdvantageBatch, cfg: AdvantageConfig) -> Tensor:
+    """RLOO: the mean of the group's other samples subtracted."""
+    return rloo_advantages(batch.rewards, batch.index)
+
+
+@estimator("reinforce_pp", batch_wide=True)
+def reinforce_pp(batch: AdvantageBatch, cfg: AdvantageConfig) -> Tensor:
+    """REINFORCE++: the rewards whitened over the whole batch (no groups)."""
+    return reinforce_pp_advantages(batch.rewards, cfg.eps)
+
+
+@estimator("reinforce_pp_baseline")
+def reinforce_pp_baseline(batch: AdvantageBatch, cfg: AdvantageConfig) -> Tensor:
+    """REINFORCE++ with baseline: the group mean subtracted, then whitened over the batch."""
+    return reinforce_pp_baseline_advantages(batch.rewards, batch.index, cfg.eps)
+
+
+def _team(batch: AdvantageBatch, cfg: AdvantageConfig, baseline: Callable) -> Tensor:
+    """CoMLRL's family: each sample's team value (the episode's team reward, or with
+    ``cfg.discount`` its turn's discounted team return) minus ``baseline`` over the values of
+    the group's episodes (or turns), each counted once per group."""
+    valid, rewards, index = batch.samples, batch.rewards, batch.index
+    agent = _indices([s.agent for s in valid])  # (N,)
+    if cfg.discount is None:  # one team reward per episode
+        unit = _indices([(s.group_id, s.index) for s in valid])  # (N,)
+        value = team_rewards(rewards, unit, agent, cfg.team_reward)  # (U,)
+    else:  # one per (episode, turn): the discounted team return from that turn on
+        unit = _indices([(s.group_id, s.index, s.turn) for s in valid])  # (N,)
+        team = team_rewards(rewards, unit, agent, cfg.team_reward)  # (U,)
+        episode = _indices([(s.group_id, s.index) for s in valid])  # (N,)
+        turn = torch.tensor([s.turn for s in valid])  # (N,)
+        unit_episode = episode.new_empty(len(team)).scatter_(0, unit, episode)  # (U,)
+        unit_turn = turn.new_empty(len(team)).scatter_(0, unit, turn)  # (U,)
+        value = discounted_returns(team, unit_episode, unit_turn, cfg.discount)  # (U,)
+    # One row per (group, unit): each episode (or turn) counts once in each group it is in.
+    pair = _indices(list(zip(index.tolist(), unit.tolist(), strict=True)))  # (N,)
+    n_pairs = int(pair.max()) + 1
+    pair_group = index.new_empty(n_pairs).scatter_(0, pair, index)  # (P,)
+    pair_team = value.new_empty(n_pairs).scatter_(0, pair, value[unit])  # (P,)
+    return baseline(pair_team, pair_group)[pair]  # (N,)
+
+
+@estimator("magrpo", team=True)
+def magrpo(batch: AdvantageBatch, cfg: AdvantageConfig) -> Tensor:
+    """MAGRPO: the team reward minus the group mean (CoMLRL's mean baseline)."""
+    return _team(batch, cfg, dr_grpo_advantages)
+
+
+@estimator("mareinforce", team=True)
+def mareinforce(batch: AdvantageBatch, cfg: AdvantageConfig) -> Tensor:
+    """MAREINFORCE: the team reward itself, no baseline."""
+    return _team(batch, cfg, lambda returns, _: returns)
+
+
+@estimator("marloo", team=True)
+def marloo(batch: AdvantageBatch, cfg: AdvantageConfig) -> Tensor:
+    """MARLOO: the team reward minus the mean of the group's other episodes."""
+    return _team(batch, cfg, rloo_advantages)
+
+
+@estimator("maremax", team=True)
+def maremax(batch: AdvantageBatch, cfg: AdvantageConfig) -> Tensor:
+    """MAReMax: the team reward minus the group's best."""
+    return _team(batch, cfg, max_baseline_advantages)
+
+
+@estimator("gigpo")
+def gigpo(batch: AdvantageBatch, cfg: AdvantageConfig) -> Tensor:
+    """GiGPO's two levels (see the module docstring); ``index`` groups the steps' episodes."""
+    valid, rewards, index = batch.samples, batch.rewards, batch.index
+    episode = _indices([(s.group_id, s.index, s.agent) for s in valid])  # (N,)
+    returns = rewards.new_zeros(int(episode.max()) + 1).index_add(0, episode, rewards)  # (E,)
+    # one row per episode, in the group of its steps (every step of an episode shares one)
+    episode_group = index.new_empty(len(returns)).scatter_(0, episode, index)  # (E,)
+    episode_adv = grpo_advantages(returns, episode_group, cfg.std_normalize, cfg.eps)  # (E,)
+    step = torch.tensor([s.turn for s in valid])  # (N,)
+    step_returns = discounted_returns(rewards, episode, step, cfg.gamma)  # (N,)
+    # steps without an anchor each get a group of their own: no step-level signal
+    anchors = _indices(
+        [
+            (int(g), s.metadata["anchor"]) if s.metadata.get("anchor") is not None else (None, i)
+            for i, (g, s) in enumerate(zip(index.tolist(), valid, strict=True))
+        ]
+    )  # (N,)
+    step_adv = grpo_advantages(step_returns, anchors, cfg.std_normalize, cfg.eps)  # (N,)
+    return episode_adv[episode] + cfg.step_weight * step_adv
+
+
+@estimator("gae")
+def gae(batch: AdvantageBatch, cfg: AdvantageConfig) -> None:
+    """PPO with a critic: each trainer's critic sets per-token advantages
+    (``kernel/train/critic.py``), so none are set here."""
+    return None
+
+
+ESTIMATORS: tuple[str, ...] = tuple(_REGISTRY)
+"""The built-in estimators' names (``estimators()`` also has any registered since)."""
+
+
+# ---------------------------------------------------------------------------------------------
 # The entry point over samples.
 # ---------------------------------------------------------------------------------------------
 
@@ -295,10 +490,11 @@ def compute_advantages(samples: list[Sample], cfg: AdvantageConfig) -> dict[str,
 
     Metrics: ``adv/mean`` and ``adv/std`` (population) over the samples that got one (NaN when
     none did), ``adv/n_samples``, ``adv/n_excluded``, ``adv/n_groups`` and
-    ``adv/n_degenerate_groups`` (groups whose advantages are all 0.0; for ``reinforce_pp`` the
-    batch is the one group).
+    ``adv/n_degenerate_groups`` (groups whose advantages are all 0.0; for a batch-wide
+    estimator, ``reinforce_pp``, the batch is the one group).
     """
     cfg.validate()
+    spec = get_estimator(cfg.estimator)
     valid: list[Sample] = []
     for s in samples:
         s.advantage = None
@@ -316,51 +512,22 @@ def compute_advantages(samples: list[Sample], cfg: AdvantageConfig) -> dict[str,
         "adv/n_groups": 0.0,
         "adv/n_degenerate_groups": 0.0,
     }
-    if not valid or cfg.estimator == "gae":  # gae: each trainer's critic sets them per token
+    if not valid:
         return metrics
 
     rewards = torch.tensor([s.reward for s in valid], dtype=torch.float64)  # (N,)
     index = _indices([_group_key(s, cfg.group_by) for s in valid])  # (N,)
-    stats_index = index  # the groups the metrics count
-
-    if cfg.estimator == "grpo":
-        adv = grpo_advantages(rewards, index, cfg.std_normalize, cfg.eps)
-    elif cfg.estimator == "dr_grpo":
-        adv = dr_grpo_advantages(rewards, index)
-    elif cfg.estimator == "rloo":
-        adv = rloo_advantages(rewards, index)
-    elif cfg.estimator == "reinforce_pp":
-        adv = reinforce_pp_advantages(rewards, cfg.eps)
-        stats_index = torch.zeros_like(index)  # batch-wide: the batch is the one group
-    elif cfg.estimator == "reinforce_pp_baseline":
-        adv = reinforce_pp_baseline_advantages(rewards, index, cfg.eps)
-    elif cfg.estimator == "gigpo":
-        adv = _gigpo(valid, rewards, index, cfg)
-    else:  # the team estimators (magrpo and the rest of CoMLRL's family)
-        agent = _indices([s.agent for s in valid])  # (N,)
-        if cfg.discount is None:  # one team reward per episode
-            unit = _indices([(s.group_id, s.index) for s in valid])  # (N,)
-            value = team_rewards(rewards, unit, agent, cfg.team_reward)  # (U,)
-        else:  # one per (episode, turn): the discounted team return from that turn on
-            unit = _indices([(s.group_id, s.index, s.turn) for s in valid])  # (N,)
-            team = team_rewards(rewards, unit, agent, cfg.team_reward)  # (U,)
-            episode = _indices([(s.group_id, s.index) for s in valid])  # (N,)
-            turn = torch.tensor([s.turn for s in valid])  # (N,)
-            unit_episode = episode.new_empty(len(team)).scatter_(0, unit, episode)  # (U,)
-            unit_turn = turn.new_empty(len(team)).scatter_(0, unit, turn)  # (U,)
-            value = discounted_returns(team, unit_episode, unit_turn, cfg.discount)  # (U,)
-        # One row per (group, unit): each episode (or turn) counts once in each group it is in.
-        pair = _indices(list(zip(index.tolist(), unit.tolist(), strict=True)))  # (N,)
-        n_pairs = int(pair.max()) + 1
-        pair_group = index.new_empty(n_pairs).scatter_(0, pair, index)  # (P,)
-        pair_team = value.new_empty(n_pairs).scatter_(0, pair, value[unit])  # (P,)
-        baseline = {
-            "magrpo": dr_grpo_advantages,
-            "marloo": rloo_advantages,
-            "maremax": max_baseline_advantages,
-            "mareinforce": lambda returns, _: returns,
-        }[cfg.estimator]
-        adv = baseline(pair_team, pair_group)[pair]  # (N,)
+    adv = spec.fn(AdvantageBatch(tuple(valid), rewards, index), cfg)  # (N,)
+    if adv is None:  # gae: each trainer's critic sets them per token
+        return metrics
+    if not isinstance(adv, Tensor) or adv.shape != rewards.shape:
+        got = tuple(adv.shape) if isinstance(adv, Tensor) else type(adv).__name__
+        raise ValueError(
+            f"advantage estimator {spec.name!r} must return a tensor of shape "
+            f"{tuple(rewards.shape)} (one advantage per sample), got {got}"
+        )
+    # the groups the metrics count: a batch-wide estimator's batch is the one group
+    stats_index = torch.zeros_like(index) if spec.batch_wide else index
 
     for s, a in zip(valid, adv.tolist(), strict=True):
         s.advantage = a
@@ -378,23 +545,3 @@ def compute_advantages(samples: list[Sample], cfg: AdvantageConfig) -> dict[str,
         }
     )
     return metrics
-
-
-def _gigpo(valid: list[Sample], rewards: Tensor, index: Tensor, cfg: AdvantageConfig) -> Tensor:
-    """GiGPO's two levels (see the module docstring); ``index`` groups the steps' episodes."""
-    episode = _indices([(s.group_id, s.index, s.agent) for s in valid])  # (N,)
-    returns = rewards.new_zeros(int(episode.max()) + 1).index_add(0, episode, rewards)  # (E,)
-    # one row per episode, in the group of its steps (every step of an episode shares one)
-    episode_group = index.new_empty(len(returns)).scatter_(0, episode, index)  # (E,)
-    episode_adv = grpo_advantages(returns, episode_group, cfg.std_normalize, cfg.eps)  # (E,)
-    step = torch.tensor([s.turn for s in valid])  # (N,)
-    step_returns = discounted_returns(rewards, episode, step, cfg.gamma)  # (N,)
-    # steps without an anchor each get a group of their own: no step-level signal
-    anchors = _indices(
-        [
-            (int(g), s.metadata["anchor"]) if s.metadata.get("anchor") is not None else (None, i)
-            for i, (g, s) in enumerate(zip(index.tolist(), valid, strict=True))
-        ]
-    )  # (N,)
-    step_adv = grpo_advantages(step_returns, anchors, cfg.std_normalize, cfg.eps)  # (N,)
-    return episode_adv[episode] + cfg.step_weight * step_adv

@@ -17,7 +17,8 @@ Commands:
          merged into its base, or the adapter alone)
 
 Every command validates its flags before it starts work and exits with status 2 and a message
-naming the flag on bad input.
+naming the flag on bad input. The commands are one table, ``COMMANDS`` (name -> parser, handler,
+help): ``build_parser`` makes the subcommands from it and ``main`` dispatches through it.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ import os
 import platform
 import signal
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, Namespace
 
-from kernel.advantages import ESTIMATORS
+from kernel.advantages import estimators
 from kernel.auth import refuse_key_flag
 from kernel.cluster.plan import ClusterConfig, make_plan
 from kernel.cluster.run import run_plan
@@ -95,7 +98,7 @@ def cmd_info() -> None:
         "recipes",
         ", ".join(f"{n}{'' if ready else ' (not yet runnable)'}" for n, ready in recipes().items()),
     )
-    table.add_row("advantage estimators", ", ".join(ESTIMATORS))
+    table.add_row("advantage estimators", ", ".join(estimators()))
     table.add_row("loss aggregations", ", ".join(AGG_MODES))
     Console().print(table)
 
@@ -313,34 +316,50 @@ def expand_preset(argv: list[str]) -> list[str]:
     return [cmd, f"--config={preset_path(name, recipe)}", *flags]
 
 
-def build_parser() -> ArgumentParser:
+def _run_parser(
+    description: str,
+    preset: str | None = "Preset name.",
+    checkpoint: bool = False,
+    section: tuple[type, str] | None = None,
+) -> ArgumentParser:
+    """A parser of a command that takes a training config (train, eval, collect, sft, dpo,
+    config, launch): ``--config``, TrainConfig's flags, then ``--preset`` (its help text;
+    None: no flag), ``--checkpoint`` and the flags of a section of the command's own."""
+    parser = _dataclass_parser(TrainConfig, description)
+    # the field is a str checked against the registry at validation: show what it takes
+    for action in parser._actions:
+        if action.dest == "advantage.estimator":
+            action.metavar = "{" + ",".join(estimators()) + "}"
+    if preset:
+        parser.add_argument("--preset", type=str | None, default=None, help=preset)
+    if checkpoint:
+        parser.add_argument(
+            "--checkpoint", type=str | None, default=None, help="A run's checkpoints/step_N folder."
+        )
+    if section:
+        parser.add_class_arguments(*section)
+    return parser
 
-    parser = ArgumentParser(
-        prog="python -m kernel",
-        description="Tandem: train several LLM agents together with reinforcement learning.",
-    )
-    sub = parser.add_subcommands(dest="command")
-    sub.add_subcommand("info", ArgumentParser(), help="Versions, devices, recipes, estimators.")
-    train = _dataclass_parser(
-        TrainConfig,
+
+def _train_parser() -> ArgumentParser:
+    return _run_parser(
         "Run a training job. --preset NAME loads recipes/<recipe>/presets/NAME.yaml (or "
         "kernel/presets/NAME.yaml, e.g. toy); later flags override it.",
+        preset="Preset name (see above).",
     )
-    train.add_argument("--preset", type=str | None, default=None, help="Preset name (see above).")
-    sub.add_subcommand("train", train, help="Run a training job (e.g. --preset toy).")
-    evaluation = _dataclass_parser(
-        TrainConfig,
+
+
+def _eval_parser() -> ArgumentParser:
+    return _run_parser(
         "Evaluate models on eval.path without training: avg@n (eval.n_samples episodes per "
         "prompt) and unbiased pass@k (eval.pass_k) per agent. --checkpoint serves a run's "
         "checkpoints/step_N instead of the models. The same flags and presets as train.",
+        checkpoint=True,
     )
-    evaluation.add_argument("--preset", type=str | None, default=None, help="Preset name.")
-    evaluation.add_argument(
-        "--checkpoint", type=str | None, default=None, help="A run's checkpoints/step_N folder."
-    )
-    sub.add_subcommand("eval", evaluation, help="Evaluate models or a checkpoint (avg@n, pass@k).")
-    gather = _dataclass_parser(
-        TrainConfig,
+
+
+def _collect_parser() -> ArgumentParser:
+    return _run_parser(
         "Roll a recipe's workflow out with fixed models over a data set (collect.path, default "
         "data.path) and write every kept sample to <output_dir>/trajectories.jsonl (exact ids, "
         "loss masks, rewards, agent, turn, weight versions, decoded text), or preference pairs "
@@ -350,15 +369,13 @@ def build_parser() -> ArgumentParser:
         "observation, as chat rows kernel sft reads, to transitions.jsonl), "
         "collect.agents. Run the same command again to resume: finished rows are skipped. "
         "--checkpoint serves a run's checkpoints/step_N. The same flags and presets as train.",
+        checkpoint=True,
+        section=(CollectConfig, "collect"),
     )
-    gather.add_argument("--preset", type=str | None, default=None, help="Preset name.")
-    gather.add_argument(
-        "--checkpoint", type=str | None, default=None, help="A run's checkpoints/step_N folder."
-    )
-    gather.add_class_arguments(CollectConfig, "collect")
-    sub.add_subcommand("collect", gather, help="Write a recipe's rollouts as JSONL (SFT, DPO).")
-    tune = _dataclass_parser(
-        TrainConfig,
+
+
+def _sft_parser() -> ArgumentParser:
+    return _run_parser(
         "Supervised fine-tuning of one agent's model (sft.agent, default the first) on "
         "sft.path: rows of chat 'messages' (every assistant message trained on), 'prompt' and "
         "'response', or kernel collect's trajectories (their exact ids and loss masks). The "
@@ -368,12 +385,12 @@ def build_parser() -> ArgumentParser:
         "lora.rank > 0 the agent's LoRA adapter alone, <output_dir>/adapters/<agent> (start RL "
         "from it with lora.path). The same "
         "flags and presets as train (model, agents, optim, trainer).",
+        section=(SFTConfig, "sft"),
     )
-    tune.add_argument("--preset", type=str | None, default=None, help="Preset name.")
-    tune.add_class_arguments(SFTConfig, "sft")
-    sub.add_subcommand("sft", tune, help="Supervised fine-tuning of an agent's model.")
-    prefer = _dataclass_parser(
-        TrainConfig,
+
+
+def _dpo_parser() -> ArgumentParser:
+    return _run_parser(
         "Preference optimisation of one agent's model (dpo.agent, default the first) on pairs "
         "in dpo.path: kernel collect's pairs.jsonl (exact ids and loss masks) or rows of "
         "'prompt', 'chosen' and 'rejected' text. dpo.loss=dpo: -log sigmoid(beta * margin); "
@@ -383,17 +400,17 @@ def build_parser() -> ArgumentParser:
         "dpo.eval_path before and after; saves <output_dir>/model (with LoRA, "
         "<output_dir>/adapters/<agent>). The same flags and presets "
         "as train.",
+        section=(DPOConfig, "dpo"),
     )
-    prefer.add_argument("--preset", type=str | None, default=None, help="Preset name.")
-    prefer.add_class_arguments(DPOConfig, "dpo")
-    sub.add_subcommand("dpo", prefer, help="DPO or IPO on preference pairs.")
-    sub.add_subcommand(
-        "config",
-        _dataclass_parser(
-            TrainConfig, "Validate a training config (YAML and flags) and print it resolved."
-        ),
-        help="Validate a training config and print it as YAML.",
+
+
+def _config_parser() -> ArgumentParser:
+    return _run_parser(
+        "Validate a training config (YAML and flags) and print it resolved.", preset=None
     )
+
+
+def _plot_parser() -> ArgumentParser:
     plot = ArgumentParser(
         description="Render learning curves of a metrics.jsonl to PNG; with --compare, overlay "
         "other runs' metrics.jsonl on it (a panel per --keys metric, a line per run)."
@@ -408,25 +425,7 @@ def build_parser() -> ArgumentParser:
         default=[],
         help="Other runs' metrics.jsonl to overlay (needs --keys and --out).",
     )
-    sub.add_subcommand("plot", plot, help="Learning curves of a run to PNG.")
-    sub.add_subcommand("launch", _launch_parser(), help="Place a run on a Ray cluster and run it.")
-    sub.add_subcommand("export", _export_parser(), help="An agent's model out of a checkpoint.")
-    env = ArgumentParser(description="Environments as a service (kernel.env).")
-    sub.add_subcommand("env", env, help="Environments as a service: env serve --environments ...")
-    env_sub = env.add_subcommands(dest="action")
-    env_sub.add_subcommand(
-        "serve",
-        _dataclass_parser(
-            EnvServerConfig,
-            "Host environments over HTTP, one session per episode (kernel.env.server): a run "
-            "plays them remotely with environments.NAME.url = http://HOST:PORT. Bounded "
-            "sessions and concurrency, resets and steps in worker processes killed at "
-            "--step_timeout_s, Bearer-key auth (the key from TANDEM_API_KEY or --api_key_file, "
-            "never on the command line).",
-        ),
-        help="Host environments (math, code, NAME=dotted.path) over HTTP.",
-    )
-    return parser
+    return plot
 
 
 def _export_parser() -> ArgumentParser:
@@ -448,8 +447,7 @@ def _export_parser() -> ArgumentParser:
 def _launch_parser() -> ArgumentParser:
     from jsonargparse import ActionYesNo
 
-    launch = _dataclass_parser(
-        TrainConfig,
+    launch = _run_parser(
         "Place a training job on a cluster: which GPU of which node trains or serves which agent, "
         "engine and router ports, parallel sizes. Per model, placement comes from the agent "
         "spec's resources (kernel.cluster.plan.ResourceConfig). --dry-run prints and validates "
@@ -459,13 +457,24 @@ def _launch_parser() -> ArgumentParser:
         "sglang-router, and a trainer of Ray actors (one torch.distributed rank per planned GPU) "
         "trains; colocated models release and resume their engines' memory around each step. "
         "Everything it started is stopped at the end, on error or Ctrl-C.",
+        preset="Preset name (as train).",
+        section=(ClusterConfig, "cluster"),
     )
-    launch.add_argument("--preset", type=str | None, default=None, help="Preset name (as train).")
-    launch.add_class_arguments(ClusterConfig, "cluster")
     flag = ActionYesNo(no_prefix="--no-")
     launch.add_argument("--dry-run", action=flag, default=False, help="Print the plan and stop.")
     launch.add_argument("--json", action=flag, default=False, help="Print the plan as JSON.")
     return launch
+
+
+def _env_serve_parser() -> ArgumentParser:
+    return _dataclass_parser(
+        EnvServerConfig,
+        "Host environments over HTTP, one session per episode (kernel.env.server): a run "
+        "plays them remotely with environments.NAME.url = http://HOST:PORT. Bounded "
+        "sessions and concurrency, resets and steps in worker processes killed at "
+        "--step_timeout_s, Bearer-key auth (the key from TANDEM_API_KEY or --api_key_file, "
+        "never on the command line).",
+    )
 
 
 def cmd_launch(cfg, cluster, dry_run: bool, as_json: bool) -> None:
@@ -496,6 +505,130 @@ def cmd_launch(cfg, cluster, dry_run: bool, as_json: bool) -> None:
     print(f"{len(rows)} steps done; metrics: {Path(cfg.output_dir) / 'metrics.jsonl'}")
 
 
+# ---- the handlers: a command's parsed arguments -> its cmd_* function ------------------------
+
+
+def _train_config(args: Namespace) -> TrainConfig:
+    return _build(TrainConfig, args).validate()
+
+
+def _collect(args: Namespace, argv: list[str]) -> None:
+    ccfg = CollectConfig(**vars(args["collect"]))
+    cmd_collect(_train_config(args), ccfg.validate(), args["checkpoint"])
+
+
+def _sft(args: Namespace, argv: list[str]) -> None:
+    scfg = SFTConfig(**vars(args["sft"]))
+    cmd_sft(_train_config(args), scfg.validate())
+
+
+def _dpo(args: Namespace, argv: list[str]) -> None:
+    dcfg = DPOConfig(**vars(args["dpo"]))
+    cmd_dpo(_train_config(args), dcfg.validate())
+
+
+def _plot(args: Namespace, argv: list[str]) -> None:
+    if not args["compare"]:
+        print(plot_metrics(args["metrics"], args["out"], args["keys"]))
+        return
+    if not args["out"]:
+        raise ValueError("plot --compare: give the PNG path with --out")
+    paths = [args["metrics"], *args["compare"]]
+    print(compare_runs(paths, args["keys"] or [], args["out"]))
+
+
+def _export(args: Namespace, argv: list[str]) -> None:
+    what = "merged" if args["merge"] else "as it is"
+    out = export(Path(args["checkpoint"]), args["agent"], Path(args["out"]), args["merge"])
+    print(f"{args['agent']} of {args['checkpoint']} ({what}): {out}")
+
+
+def _env_serve(args: Namespace, argv: list[str]) -> None:
+    refuse_key_flag(argv)  # a key on the command line is readable by every local user
+    serve(_build(EnvServerConfig, args))
+
+
+def _launch(args: Namespace, argv: list[str]) -> None:
+    cluster = ClusterConfig(**vars(args["cluster"]))
+    train_cfg = _build(TrainConfig, args)
+    # a launched run trains on Ray: validate it as one (each model its own processes)
+    train_cfg.ray = dataclasses.replace(train_cfg.ray, enabled=True)
+    train_cfg.validate()
+    cmd_launch(train_cfg, cluster, args["dry_run"], args["json"])
+
+
+@dataclass(frozen=True)
+class Command:
+    """A subcommand: ``parser()`` builds its flags; ``run(args, argv)`` does its work from the
+    parsed, instantiated arguments (``argv``: the command line as given); ``help`` is its line
+    in the parent's ``--help``. A ValueError it raises exits with status 2, naming the command.
+    A command with ``subcommands`` (``env serve``) runs the one named after it instead."""
+
+    parser: Callable[[], ArgumentParser]
+    run: Callable[[Namespace, list[str]], None] | None
+    help: str
+    subcommands: dict[str, Command] = field(default_factory=dict)
+
+
+COMMANDS: dict[str, Command] = {
+    "info": Command(
+        ArgumentParser, lambda args, argv: cmd_info(), "Versions, devices, recipes, estimators."
+    ),
+    "train": Command(
+        _train_parser,
+        lambda args, argv: cmd_train(_train_config(args)),
+        "Run a training job (e.g. --preset toy).",
+    ),
+    "eval": Command(
+        _eval_parser,
+        lambda args, argv: cmd_eval(_train_config(args), args["checkpoint"]),
+        "Evaluate models or a checkpoint (avg@n, pass@k).",
+    ),
+    "collect": Command(_collect_parser, _collect, "Write a recipe's rollouts as JSONL (SFT, DPO)."),
+    "sft": Command(_sft_parser, _sft, "Supervised fine-tuning of an agent's model."),
+    "dpo": Command(_dpo_parser, _dpo, "DPO or IPO on preference pairs."),
+    "config": Command(
+        _config_parser,
+        lambda args, argv: cmd_config(_train_config(args)),
+        "Validate a training config and print it as YAML.",
+    ),
+    "plot": Command(_plot_parser, _plot, "Learning curves of a run to PNG."),
+    "launch": Command(_launch_parser, _launch, "Place a run on a Ray cluster and run it."),
+    "export": Command(_export_parser, _export, "An agent's model out of a checkpoint."),
+    "env": Command(
+        lambda: ArgumentParser(description="Environments as a service (kernel.env)."),
+        None,
+        "Environments as a service: env serve --environments ...",
+        {
+            "serve": Command(
+                _env_serve_parser,
+                _env_serve,
+                "Host environments (math, code, NAME=dotted.path) over HTTP.",
+            )
+        },
+    ),
+}
+
+
+def build_parser() -> ArgumentParser:
+    """The ``python -m kernel`` parser: a subcommand per row of ``COMMANDS``."""
+    parser = ArgumentParser(
+        prog="python -m kernel",
+        description="Tandem: train several LLM agents together with reinforcement learning.",
+    )
+    _add_subcommands(parser, COMMANDS, "command")
+    return parser
+
+
+def _add_subcommands(parser: ArgumentParser, commands: dict[str, Command], dest: str) -> None:
+    # jsonargparse takes a level's subcommands only once their parent is attached: parents first
+    sub = parser.add_subcommands(dest=dest)
+    for name, command in commands.items():
+        sub.add_subcommand(name, child := command.parser(), help=command.help)
+        if command.subcommands:
+            _add_subcommands(child, command.subcommands, "action")
+
+
 def main(argv: list[str] | None = None) -> None:
     # `kill -USR1 PID` prints every thread's stack to stderr: where a run that hangs is stuck
     faulthandler.register(signal.SIGUSR1, all_threads=True)
@@ -510,44 +643,9 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(str(e))
     ns = parser.parse_args(argv)
     try:
-        args = parser.instantiate(ns)[ns.command]
-        if ns.command == "info":
-            cmd_info()
-        elif ns.command == "train":
-            cmd_train(_build(TrainConfig, args).validate())
-        elif ns.command == "eval":
-            cmd_eval(_build(TrainConfig, args).validate(), args["checkpoint"])
-        elif ns.command == "collect":
-            ccfg = CollectConfig(**vars(args["collect"]))
-            cmd_collect(_build(TrainConfig, args).validate(), ccfg.validate(), args["checkpoint"])
-        elif ns.command == "sft":
-            scfg = SFTConfig(**vars(args["sft"]))
-            cmd_sft(_build(TrainConfig, args).validate(), scfg.validate())
-        elif ns.command == "dpo":
-            dcfg = DPOConfig(**vars(args["dpo"]))
-            cmd_dpo(_build(TrainConfig, args).validate(), dcfg.validate())
-        elif ns.command == "config":
-            cmd_config(_build(TrainConfig, args).validate())
-        elif ns.command == "plot" and args["compare"]:
-            if not args["out"]:
-                raise ValueError("plot --compare: give the PNG path with --out")
-            paths = [args["metrics"], *args["compare"]]
-            print(compare_runs(paths, args["keys"] or [], args["out"]))
-        elif ns.command == "plot":
-            print(plot_metrics(args["metrics"], args["out"], args["keys"]))
-        elif ns.command == "export":
-            what = "merged" if args["merge"] else "as it is"
-            out = export(Path(args["checkpoint"]), args["agent"], Path(args["out"]), args["merge"])
-            print(f"{args['agent']} of {args['checkpoint']} ({what}): {out}")
-        elif ns.command == "env":
-            refuse_key_flag(argv)  # a key on the command line is readable by every local user
-            serve(_build(EnvServerConfig, args["serve"]))
-        elif ns.command == "launch":
-            cluster = ClusterConfig(**vars(args["cluster"]))
-            train_cfg = _build(TrainConfig, args)
-            # a launched run trains on Ray: validate it as one (each model its own processes)
-            train_cfg.ray = dataclasses.replace(train_cfg.ray, enabled=True)
-            train_cfg.validate()
-            cmd_launch(train_cfg, cluster, args["dry_run"], args["json"])
+        command, args = COMMANDS[ns.command], parser.instantiate(ns)[ns.command]
+        while command.subcommands:  # env serve: the subcommand's own arguments and handler
+            command, args = command.subcommands[args["action"]], args[args["action"]]
+        command.run(args, argv)
     except ValueError as e:
         parser.error(f"{ns.command}: {e}")

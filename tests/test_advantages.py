@@ -11,12 +11,17 @@ import math
 
 import pytest
 import torch
+import yaml
 from torch.testing import assert_close
 
+from kernel import advantages
 from kernel.advantages import (
     ESTIMATORS,
+    AdvantageBatch,
     AdvantageConfig,
     compute_advantages,
+    estimator,
+    estimators,
     grpo_advantages,
     reinforce_pp_advantages,
     rloo_advantages,
@@ -537,3 +542,77 @@ def test_discount_is_for_the_team_estimators_only():
         AdvantageConfig(estimator="grpo", discount=0.9).validate()
     with pytest.raises(ValueError, match="discount must be in"):
         AdvantageConfig(estimator="marloo", discount=1.5).validate()
+
+
+# --- the registry ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def registry(monkeypatch):
+    """The estimator registry as it is now, given back after the test (its toys leave)."""
+    monkeypatch.setattr(advantages, "_REGISTRY", dict(advantages._REGISTRY))
+
+
+def test_a_registered_estimator_is_chosen_by_name(registry, capfd):
+    """A new estimator is one decorated function: validation, compute_advantages, the CLI's
+    flag, the training config and kernel info take it by name."""
+
+    @estimator("median_baseline")
+    def median_baseline(batch: AdvantageBatch, cfg: AdvantageConfig) -> torch.Tensor:
+        """r - the median reward of the sample's group (the lower one of an even group)."""
+        groups = range(int(batch.index.max()) + 1)
+        medians = torch.stack([batch.rewards[batch.index == g].median() for g in groups])
+        return batch.rewards - medians[batch.index]  # (N,)
+
+    s = [*episodes([3, 1, 0]), sample(None, index=3), *episodes([5, 5], group=1)]
+    metrics = run(s, estimator="median_baseline")
+    assert advs(s) == [2.0, 0.0, -1.0, None, 0.0, 0.0]  # medians 1 and 5; None left out
+    assert metrics["adv/n_groups"] == 2 and metrics["adv/n_degenerate_groups"] == 1
+    # group_by applies to it as to the built-ins: two agents' samples of one prompt
+    duo = [*episodes([3, 1, 0], agent="a"), *episodes([5, 5], agent="b")]
+    run(duo, estimator="median_baseline")  # prompt_agent: medians 1 and 5
+    assert advs(duo) == [2.0, 0.0, -1.0, 0.0, 0.0]
+    run(duo, estimator="median_baseline", group_by="prompt")  # one group, median 3
+    assert advs(duo) == [0.0, -2.0, -3.0, 2.0, 2.0]
+    assert estimators()["median_baseline"].fn is median_baseline
+    assert "median_baseline" not in ESTIMATORS  # the built-ins only
+
+    # the command line: the flag shows it, a training config takes it, kernel info lists it
+    from kernel.cli import COMMANDS, main
+
+    assert ",gae,median_baseline}" in COMMANDS["train"].parser().format_usage()
+    main(["config", "--preset", "toy", "--advantage.estimator", "median_baseline"])
+    assert yaml.safe_load(capfd.readouterr().out)["advantage"]["estimator"] == "median_baseline"
+    main(["info"])
+    assert "median_baseline" in capfd.readouterr().out
+
+    # a team estimator: the team settings apply to it, as to magrpo
+    estimator("team_sum", team=True)(lambda batch, cfg: batch.rewards)
+    AdvantageConfig(estimator="team_sum", discount=0.5).validate()
+    with pytest.raises(ValueError, match=r"discount applies to \('magrpo', .*'team_sum'\)"):
+        AdvantageConfig(estimator="median_baseline", discount=0.5).validate()
+
+
+def test_an_unknown_estimator_is_refused_naming_the_registered_ones(registry):
+    known = "grpo, dr_grpo, rloo, reinforce_pp, reinforce_pp_baseline, magrpo, mareinforce, "
+    known += "marloo, maremax, gigpo, gae"
+    refused = f"AdvantageConfig.estimator must be one of the registered estimators \\({known}\\)"
+    with pytest.raises(ValueError, match=f"{refused}, got 'grpoo'"):
+        AdvantageConfig(estimator="grpoo").validate()
+    with pytest.raises(ValueError, match=f"{refused}, got 'grpoo'"):
+        run(episodes([1, 0]), estimator="grpoo")
+    with pytest.raises(ValueError, match=f"{refused}, got \\['grpo'\\]"):  # a YAML list
+        AdvantageConfig(estimator=["grpo"]).validate()
+    estimator("mine")(lambda batch, cfg: batch.rewards)
+    with pytest.raises(ValueError, match=r"\(grpo, .*, gae, mine\), got 'yours'"):
+        AdvantageConfig(estimator="yours").validate()
+    # a name taken, or no word, is refused; so is an answer that is not one per sample
+    with pytest.raises(
+        ValueError, match=r"'grpo' is already registered, by kernel\.advantages\.grpo"
+    ):
+        estimator("grpo")(lambda batch, cfg: batch.rewards)
+    with pytest.raises(ValueError, match="a word"):
+        estimator("two words")
+    estimator("short")(lambda batch, cfg: batch.rewards[:1])
+    with pytest.raises(ValueError, match=r"'short' must return a tensor of shape \(2,\).*\(1,\)"):
+        run(episodes([1, 0]), estimator="short")

@@ -97,6 +97,48 @@ def test_cli_help_info_and_config_errors():
     assert "recipe_args.verifier_reward must be one of" in bad_recipe_arg.stderr
 
 
+def test_the_command_table_is_the_parser_and_the_dispatch(monkeypatch, capfd):
+    """kernel.cli.COMMANDS is the one list of subcommands: build_parser makes one per row, in
+    its order and with its help line, and main runs the row's handler (env serve: the
+    subcommand's row, with its own arguments)."""
+    from jsonargparse import ArgumentParser
+
+    from kernel import cli
+
+    text = " ".join(cli.build_parser().format_help().split())
+    assert "{" + ",".join(cli.COMMANDS) + "}" in text
+    assert list(cli.COMMANDS)[:3] == ["info", "train", "eval"]
+    for command in cli.COMMANDS.values():
+        assert command.help in text
+    calls = []
+
+    def hello_parser() -> ArgumentParser:
+        parser = ArgumentParser()
+        parser.add_argument("--name", type=str, default="world")
+        return parser
+
+    def hello(args, argv):
+        calls.append((args["name"], argv))
+
+    def refuse(args, argv):
+        raise ValueError("not today")
+
+    rows = {
+        "hello": cli.Command(hello_parser, hello, "Say hello."),
+        "outer": cli.Command(
+            ArgumentParser, None, "Holds inner.", {"inner": cli.Command(hello_parser, hello, "")}
+        ),
+        "refuse": cli.Command(ArgumentParser, refuse, "Refuses."),
+    }
+    monkeypatch.setattr(cli, "COMMANDS", {**cli.COMMANDS, **rows})
+    cli.main(["hello", "--name", "there"])
+    cli.main(["outer", "inner"])
+    assert calls == [("there", ["hello", "--name", "there"]), ("world", ["outer", "inner"])]
+    with pytest.raises(SystemExit) as e:  # a ValueError exits 2, naming the command
+        cli.main(["refuse"])
+    assert e.value.code == 2 and "refuse: not today" in capfd.readouterr().err
+
+
 def test_ray_trainer_ranks_must_split_over_the_trainers_parallel_sizes(tmp_path):
     """Training on Ray without a plan: the ranks (ray.ranks) must divide by TP x PP of the
     agent's trainer section, refused before any actor starts."""

@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 from pydantic import TypeAdapter, ValidationError
 
-from kernel.advantages import TEAM_ESTIMATORS, AdvantageConfig
+from kernel.advantages import AdvantageConfig, get_estimator
 from kernel.buffer import DataConfig
 from kernel.engine.pool import EngineConfig
 from kernel.env.spec import env_specs
@@ -262,7 +262,7 @@ class TrainConfig:
                     "or kernel launch): each model's ranks are processes of their own there"
                 )
             models.append(m)
-        if self.reward.joint_mode == "cross" and self.advantage.estimator in TEAM_ESTIMATORS:
+        if self.reward.joint_mode == "cross" and get_estimator(self.advantage.estimator).team:
             raise ValueError(
                 f"reward.joint_mode cross already gives each sample its joint return; "
                 f"advantage.estimator {self.advantage.estimator} would average it again over "

@@ -1,6 +1,7 @@
 """Cases for takes_two: the row format, a converter for DoctorAgent-RL's MTMedDialog, the
 synonym table the diagnosis is scored against, what makes two cases the same, and the seeded
-synthetic case set shipped in data/.
+synthetic case set shipped in data/. The synthetic conditions (their facts, synonyms, shared
+complaints and which are held out) are data, ``data/conditions.yaml``, read once at import.
 
 A row (one JSON object per line; the kernel's DataBuffer reads ``prompt`` and ``label``, and
 copies ``facts`` and ``self_report`` into every sample's metadata via
@@ -48,7 +49,10 @@ import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NamedTuple
+
+import yaml
 
 from kernel.buffer import DataError, RowError
 
@@ -381,475 +385,63 @@ class Condition(NamedTuple):
     name ("anemia", "conjunctivitis", "back pain") is left out on purpose."""
 
 
-# Ages, sexes, durations and which facts a case gets vary with the seed. The six
-# HELD_OUT_CONDITIONS (one per shared-complaint group) are spread through the table, so that
-# taking the conditions in turn gives any prefix of a held-out file a mix of both kinds.
-CONDITIONS: tuple[Condition, ...] = (
-    Condition(
-        "migraine",
-        "Rest in a dark quiet room, take a pain reliever early in an attack, keep a diary.",
-        "I keep getting bad headaches.",
-        (
-            "The headache is on one side of my head.",
-            "Bright light makes it worse.",
-            "I feel sick to my stomach during attacks.",
-            "I see flashing zigzag lines before it starts.",
-            "The attacks started {d} ago.",
-            "Loud noises bother me during an attack.",
-            "The attacks come back a few times a month.",
-        ),
-        ("migraine", "migraines", "migraine headache", "migraine headaches", "migraine with aura"),
-    ),
-    Condition(
-        "influenza",
-        "Rest, drink plenty of fluids, take paracetamol for the fever, stay home until it is gone.",
-        "I feel terrible and feverish.",
-        (
-            "My temperature was 39 degrees.",
-            "My whole body aches.",
-            "I have a dry cough.",
-            "It came on suddenly {d} ago.",
-            "Several people at work were sick.",
-            "I feel completely exhausted and stay in bed.",
-            "I have a headache behind my eyes.",
-        ),
-        ("influenza", "flu", "seasonal influenza", "seasonal flu", "influenza a", "influenza b"),
-    ),
-    Condition(
-        "strep throat",
-        "A throat swab test, and penicillin antibiotics if it is positive.",
-        "My throat really hurts.",
-        (
-            "It hurts a lot to swallow.",
-            "I have a fever.",
-            "There are white patches on my tonsils.",
-            "The glands in my neck are swollen.",
-            "I have no cough.",
-            "The back of my throat looks bright red.",
-            "I have no runny nose.",
-        ),
-        (
-            "strep throat",
-            "strep",
-            "streptococcal pharyngitis",
-            "streptococcal tonsillitis",
-            "streptococcal sore throat",
-            "group a strep",
-            "group a streptococcal pharyngitis",
-        ),
-    ),
-    Condition(
-        "obstructive sleep apnea",
-        "A sleep study, losing weight if overweight, no alcohol at night, and a CPAP machine if "
-        "it is confirmed.",
-        "I am sleepy all day.",
-        (
-            "My partner says I snore loudly.",
-            "My partner has seen me stop breathing in my sleep.",
-            "I wake up with a headache.",
-            "I wake up gasping at night.",
-            "My mouth is dry when I wake up.",
-            "I nearly fell asleep while driving.",
-            "I fall asleep in front of the TV every evening.",
-        ),
-        (
-            "obstructive sleep apnea",
-            "obstructive sleep apnoea",
-            "sleep apnea",
-            "sleep apnoea",
-            "osa",
-            "obstructive sleep apnea syndrome",
-        ),
-    ),
-    Condition(
-        "urinary tract infection",
-        "A urine test, a short course of antibiotics, and plenty of water.",
-        "It burns when I pee.",
-        (
-            "I need to pee very often.",
-            "My pee is cloudy and smells strong.",
-            "I have a dull ache low in my belly.",
-            "I have no fever.",
-            "It started {d} ago.",
-            "Only a little comes out each time I go.",
-            "I feel I still need to go right after I pee.",
-        ),
-        (
-            "urinary tract infection",
-            "uti",
-            "lower urinary tract infection",
-            "bladder infection",
-            "cystitis",
-            "acute cystitis",
-        ),
-    ),
-    Condition(
-        "acute appendicitis",
-        "Go to the emergency department now for blood tests, a scan and likely surgery.",
-        "I have a sharp pain in my belly.",
-        (
-            "The pain started around my belly button and moved to the lower right side.",
-            "It hurts more when I walk or cough.",
-            "I have lost my appetite.",
-            "I vomited once.",
-            "I have a mild fever.",
-            "Pressing on the lower right side hurts a lot.",
-            "It has got steadily worse since this morning.",
-        ),
-        ("acute appendicitis", "appendicitis"),
-    ),
-    Condition(
-        "gastroesophageal reflux disease",
-        "Eat smaller meals, nothing before bed, raise the head of the bed, try an acid reducer.",
-        "I get a burning feeling in my chest.",
-        (
-            "It is worse after big meals.",
-            "It gets worse when I lie down at night.",
-            "I get a sour taste in my mouth.",
-            "Antacids help a little.",
-            "It has been going on for {d}.",
-            "Spicy food and coffee make it worse.",
-            "My voice is hoarse in the morning.",
-        ),
-        (
-            "gastroesophageal reflux disease",
-            "gastro oesophageal reflux disease",
-            "gastroesophageal reflux",
-            "gerd",
-            "gord",
-            "acid reflux",
-            "reflux disease",
-        ),
-    ),
-    Condition(
-        "acute pyelonephritis",
-        "A urine test and culture, antibiotics straight away, and hospital care if you cannot "
-        "keep fluids down.",
-        "I have a high fever and pain in my back.",
-        (
-            "The pain is on one side of my back, just below the ribs.",
-            "Peeing burns.",
-            "I shiver and then sweat.",
-            "I feel sick and have thrown up.",
-            "I had a bladder infection a week before this started.",
-            "My pee smells bad.",
-            "It started {d} ago.",
-        ),
-        (
-            "acute pyelonephritis",
-            "pyelonephritis",
-            "kidney infection",
-            "acute kidney infection",
-            "upper urinary tract infection",
-        ),
-    ),
-    Condition(
-        "asthma",
-        "Lung function tests and inhalers: a reliever plus a daily inhaled steroid.",
-        "I get short of breath.",
-        (
-            "I wheeze when I breathe out.",
-            "It is worse at night and early in the morning.",
-            "Exercise and cold air set it off.",
-            "My chest feels tight.",
-            "I had eczema as a child.",
-            "I cough at night.",
-            "Being near cats makes it worse.",
-        ),
-        ("asthma", "bronchial asthma"),
-    ),
-    Condition(
-        "iron deficiency anemia",
-        "A blood count and iron tests, iron tablets, and finding the cause of the blood loss.",
-        "I have been very tired lately.",
-        (
-            "I get out of breath climbing stairs.",
-            "People say I look pale.",
-            "I bruise easily.",
-            "I feel dizzy when I stand up.",
-            "My nails break easily.",
-            "I have an urge to chew ice.",
-            "My heart pounds when I walk fast.",
-        ),
-        (
-            "iron deficiency anemia",
-            "iron deficiency anaemia",
-            "iron deficiency",
-            "anemia due to iron deficiency",
-            "anaemia due to iron deficiency",
-        ),
-    ),
-    Condition(
-        "hypothyroidism",
-        "A thyroid blood test and thyroid hormone tablets (levothyroxine).",
-        "I feel tired and cold all the time.",
-        (
-            "I have gained weight without eating more.",
-            "My skin is very dry.",
-            "I am constipated.",
-            "My hair is thinning.",
-            "It has been like this for {d}.",
-            "My face looks puffy in the morning.",
-            "My thinking feels slow.",
-        ),
-        (
-            "hypothyroidism",
-            "hypothyroid",
-            "primary hypothyroidism",
-            "underactive thyroid",
-            "underactive thyroid gland",
-        ),
-    ),
-    Condition(
-        "gallstones",
-        "An ultrasound scan of the belly, pain relief, low-fat meals, and a surgeon's advice on "
-        "removing the gallbladder.",
-        "I get bad pain in my upper belly after eating.",
-        (
-            "The pain is under my ribs on the right side.",
-            "It comes after fatty meals.",
-            "The pain spreads to my right shoulder blade.",
-            "An attack lasts a few hours and then eases.",
-            "I feel sick and bloated during an attack.",
-            "The first attack was {d} ago.",
-            "The pain is steady, not cramping.",
-        ),
-        (
-            "gallstones",
-            "gallstone",
-            "gallstone disease",
-            "symptomatic gallstones",
-            "cholelithiasis",
-            "biliary colic",
-        ),
-    ),
-    Condition(
-        "allergic rhinitis",
-        "Avoid the triggers, take a non-drowsy antihistamine, use a steroid nasal spray.",
-        "My nose is always runny.",
-        (
-            "I sneeze a lot in the morning.",
-            "My eyes itch and water.",
-            "It is worse in spring.",
-            "I have no fever.",
-            "It has gone on for {d}.",
-            "My nose is often blocked.",
-            "Cutting the grass makes it worse.",
-        ),
-        (
-            "allergic rhinitis",
-            "seasonal allergic rhinitis",
-            "hay fever",
-            "hayfever",
-            "pollen allergy",
-        ),
-    ),
-    Condition(
-        "kidney stone",
-        "Pain relief, plenty of fluids, a urine test and a CT scan.",
-        "I have terrible pain in my side.",
-        (
-            "The pain comes in waves.",
-            "It spreads down to my groin.",
-            "My pee looked pink.",
-            "I cannot sit still.",
-            "It started {d} ago.",
-            "The pain started in my back below my ribs.",
-            "I felt sick and threw up from the pain.",
-        ),
-        (
-            "kidney stone",
-            "kidney stones",
-            "renal colic",
-            "renal calculus",
-            "nephrolithiasis",
-            "urolithiasis",
-            "ureteric stone",
-            "ureteral stone",
-        ),
-    ),
-    Condition(
-        "angina",
-        "See a doctor soon for an ECG and heart tests, take a nitrate spray for attacks, and call "
-        "an ambulance if the pain comes at rest.",
-        "I get chest pain when I walk uphill.",
-        (
-            "The pain goes away within minutes when I rest.",
-            "The pain spreads to my left arm.",
-            "It feels like a heavy weight on my chest.",
-            "I get sweaty with the pain.",
-            "I smoked for thirty years.",
-            "My father had a heart attack at 55.",
-            "It first happened {d} ago.",
-        ),
-        (
-            "angina",
-            "angina pectoris",
-            "stable angina",
-            "exertional angina",
-            "chronic stable angina",
-        ),
-    ),
-    Condition(
-        "pneumonia",
-        "A chest x-ray and antibiotics; go to hospital if breathing gets harder.",
-        "I have a bad cough and a fever.",
-        (
-            "I cough up green phlegm.",
-            "It hurts in my chest when I breathe in deeply.",
-            "I feel short of breath.",
-            "I have shaking chills.",
-            "It started {d} ago.",
-            "I breathe faster than usual.",
-            "I feel very weak and have no appetite.",
-        ),
-        (
-            "pneumonia",
-            "community acquired pneumonia",
-            "bacterial pneumonia",
-            "lobar pneumonia",
-        ),
-    ),
-    Condition(
-        "gout",
-        "Anti-inflammatory painkillers, rest and ice, and later a uric acid blood test.",
-        "My big toe is swollen and very painful.",
-        (
-            "It started suddenly during the night.",
-            "The toe is red and hot.",
-            "Even the bedsheet touching it hurts.",
-            "I drank a lot of beer at a party.",
-            "I had a similar attack last year.",
-            "I cannot put a shoe on.",
-            "I take water pills for my blood pressure.",
-        ),
-        (
-            "gout",
-            "gout attack",
-            "acute gout",
-            "gouty arthritis",
-            "acute gouty arthritis",
-            "podagra",
-        ),
-    ),
-    Condition(
-        "bacterial conjunctivitis",
-        "Clean the eye, use antibiotic eye drops, and do not share towels.",
-        "My eye is red and sticky.",
-        (
-            "I woke up with my eyelids stuck together.",
-            "There is yellow discharge.",
-            "My vision is normal.",
-            "My child had the same thing last week.",
-            "It feels gritty.",
-            "It started in one eye and spread to the other.",
-            "The white of my eye is bright pink.",
-        ),
-        (
-            "bacterial conjunctivitis",
-            "acute bacterial conjunctivitis",
-            "bacterial eye infection",
-        ),
-    ),
-    Condition(
-        "stye",
-        "Warm compresses several times a day, keep the eyelid clean, and do not squeeze it.",
-        "I have a painful lump on my eyelid.",
-        (
-            "The lump is at the edge of my eyelid.",
-            "It is red and tender to touch.",
-            "There is a small yellow spot on top of it.",
-            "Only one eye is affected.",
-            "I can see fine.",
-            "I had one like it last year.",
-            "It appeared {d} ago.",
-        ),
-        ("stye", "sty", "hordeolum", "external hordeolum", "eyelid stye"),
-    ),
-    Condition(
-        "type 2 diabetes",
-        "A fasting blood glucose or HbA1c test, diet and exercise changes, and metformin.",
-        "I am thirsty all the time.",
-        (
-            "I pee a lot, also at night.",
-            "I have lost weight without trying.",
-            "Cuts heal slowly.",
-            "My vision is sometimes blurry.",
-            "It has been going on for {d}.",
-            "My feet tingle and feel numb.",
-            "I am hungrier than usual.",
-        ),
-        (
-            "type 2 diabetes",
-            "type 2 diabetes mellitus",
-            "type ii diabetes",
-            "type ii diabetes mellitus",
-            "diabetes type 2",
-            "diabetes mellitus type 2",
-            "t2dm",
-            "adult onset diabetes",
-        ),
-    ),
-    Condition(
-        "lumbar muscle strain",
-        "Keep moving gently, use heat and pain relief, see a doctor if it lasts over six weeks.",
-        "My lower back hurts.",
-        (
-            "It started after I lifted a heavy box.",
-            "The pain does not go down my legs.",
-            "Bending forward makes it worse.",
-            "I have no numbness.",
-            "It has lasted {d}.",
-            "The muscles beside my spine feel tight.",
-            "Lying still eases it.",
-        ),
-        (
-            "lumbar muscle strain",
-            "lumbar strain",
-            "lumbar sprain",
-            "low back strain",
-            "lower back strain",
-            "back strain",
-            "back muscle strain",
-            "lower back muscle strain",
-            "pulled back muscle",
-            "mechanical low back pain",
-        ),
-    ),
-    Condition(
-        "carpal tunnel syndrome",
-        "A wrist splint at night, a break from repetitive hand work, and nerve tests if it does "
-        "not settle.",
-        "My hand keeps going numb.",
-        (
-            "My thumb and first two fingers tingle.",
-            "It wakes me up at night.",
-            "Shaking my hand makes it better.",
-            "I type on a computer all day.",
-            "I drop things more often.",
-            "My little finger feels normal.",
-            "It has been going on for {d}.",
-        ),
-        (
-            "carpal tunnel syndrome",
-            "carpal tunnel",
-            "median nerve compression",
-            "median nerve entrapment",
-        ),
-    ),
-)
-DURATIONS = ("two days", "three days", "a week", "two weeks", "a month")
+CONDITIONS_FILE = Path(__file__).with_name("data") / "conditions.yaml"
+"""The synthetic case table (conditions, durations, held-out conditions, shared complaints),
+read once at import; its comments say what each part is for."""
 
-HELD_OUT_CONDITIONS: tuple[str, ...] = (
-    "obstructive sleep apnea",
-    "acute pyelonephritis",
-    "gallstones",
-    "angina",
-    "stye",
-    "carpal tunnel syndrome",
-)
-"""Conditions no training file has (``--conditions train``): a held-out file's cases on them
-carry ``unseen_condition: true``."""
+
+class ConditionTable(NamedTuple):
+    """``CONDITIONS_FILE`` as read: the values of the four constants below."""
+
+    conditions: tuple[Condition, ...]
+    durations: tuple[str, ...]
+    held_out_conditions: tuple[str, ...]
+    shared_complaints: dict[str, tuple[str, ...]]
+
+
+def load_conditions(path: str | os.PathLike = CONDITIONS_FILE) -> ConditionTable:
+    """Read a condition table file (YAML, as ``data/conditions.yaml``); a ValueError names the
+    file and the entry that is not as this module expects."""
+
+    def strings(value: Any, where: str) -> tuple[str, ...]:
+        if not isinstance(value, list) or not all(isinstance(x, str) and x for x in value):
+            raise ValueError(f"{path}: {where} must be a list of non-empty strings")
+        return tuple(value)
+
+    table = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    parts = ("conditions", "durations", "held_out_conditions", "shared_complaints")
+    if not isinstance(table, dict) or set(table) != set(parts):
+        raise ValueError(f"{path}: the table must have exactly the keys {parts}")
+    conditions = []
+    for i, entry in enumerate(table["conditions"] or ()):
+        if not isinstance(entry, dict) or set(entry) != set(Condition._fields):
+            raise ValueError(f"{path}: conditions[{i}] must have the keys {Condition._fields}")
+        for key in Condition._fields[:3]:
+            if not isinstance(entry[key], str) or not entry[key]:
+                raise ValueError(f"{path}: conditions[{i}].{key} must be a non-empty string")
+        facts = strings(entry["facts"], f"conditions[{i}].facts")
+        synonyms = strings(entry["synonyms"], f"conditions[{i}].synonyms")
+        conditions.append(Condition(*(entry[k] for k in Condition._fields[:3]), facts, synonyms))
+    groups = table["shared_complaints"]
+    if not isinstance(groups, dict) or not all(isinstance(k, str) for k in groups):
+        raise ValueError(f"{path}: shared_complaints must map complaints to conditions")
+    names = {c.diagnosis for c in conditions}
+    held_out = strings(table["held_out_conditions"], "held_out_conditions")
+    shared = {k: strings(v, f"shared_complaints[{k!r}]") for k, v in groups.items()}
+    unknown = sorted({*held_out, *(d for g in shared.values() for d in g)} - names)
+    if not conditions or unknown:
+        raise ValueError(f"{path}: conditions must list every condition named; missing {unknown}")
+    durations = strings(table["durations"], "durations")
+    return ConditionTable(tuple(conditions), durations, held_out, shared)
+
+
+CONDITIONS, DURATIONS, HELD_OUT_CONDITIONS, SHARED_COMPLAINTS = load_conditions()
+"""``CONDITIONS``: the synthetic conditions, in table order. ``DURATIONS``: what a fact's
+"{d}" becomes. ``HELD_OUT_CONDITIONS``: conditions no training file has (``--conditions
+train``): a held-out file's cases on them carry ``unseen_condition: true``.
+``SHARED_COMPLAINTS`` (``complaints="shared"``): complaint -> the conditions that open with it,
+so only the patient's facts tell them apart."""
+
 TRAIN_CONDITIONS: tuple[str, ...] = tuple(
     c.diagnosis for c in CONDITIONS if c.diagnosis not in HELD_OUT_CONDITIONS
 )
@@ -860,42 +452,6 @@ DIAGNOSIS_SYNONYMS: dict[str, tuple[str, ...]] = {
 """Normalised label -> the names that count as it (``diagnosis_matches``); the scorer refuses a
 label that is neither here nor gives its own ``label.synonyms``."""
 
-# ``complaints="shared"``: conditions in one group open with the same complaint, so only the
-# patient's facts tell them apart: a doctor has to ask, and a patient that answers with its
-# facts helps it diagnose (the co-training ablation needs this; with ``"specific"`` complaints
-# the opening alone names the condition). Each group holds one held-out condition.
-SHARED_COMPLAINTS: dict[str, tuple[str, ...]] = {
-    "I have been very tired lately.": (
-        "iron deficiency anemia",
-        "hypothyroidism",
-        "type 2 diabetes",
-        "obstructive sleep apnea",
-    ),
-    "I have a fever and feel awful.": (
-        "influenza",
-        "strep throat",
-        "pneumonia",
-        "acute pyelonephritis",
-    ),
-    "I have bad pain in my belly.": (
-        "acute appendicitis",
-        "urinary tract infection",
-        "kidney stone",
-        "gallstones",
-    ),
-    "I have an uncomfortable feeling in my chest.": (
-        "asthma",
-        "gastroesophageal reflux disease",
-        "angina",
-    ),
-    "My eyes bother me.": ("allergic rhinitis", "bacterial conjunctivitis", "stye"),
-    "I am in a lot of pain.": (
-        "migraine",
-        "gout",
-        "lumbar muscle strain",
-        "carpal tunnel syndrome",
-    ),
-}
 COMPLAINTS = ("specific", "shared")
 
 

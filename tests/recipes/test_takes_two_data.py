@@ -11,6 +11,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+import yaml
 
 from kernel.buffer import DataBuffer, DataConfig, DataError
 from kernel.sample import Sample
@@ -241,13 +242,52 @@ def _read(name: str) -> list[dict]:
 
 
 @pytest.mark.parametrize("complaints", data.COMPLAINTS)
-def test_shipped_cases_regenerate_from_their_commands(complaints):
-    """The README's commands (prepare_data, seeds 0 and 1) give the shipped files."""
+def test_shipped_cases_regenerate_from_their_commands(complaints, tmp_path):
+    """The README's commands (prepare_data, seeds 0 and 1) give the shipped files, byte for
+    byte, from the condition table in data/conditions.yaml."""
     suffix = "_shared" if complaints == "shared" else ""
     train, test = _read(f"train{suffix}.jsonl"), _read(f"test{suffix}.jsonl")
     conditions = data.TRAIN_CONDITIONS
     assert train == data.generate_synthetic(60, 0, conditions=conditions, complaints=complaints)
     assert test == data.generate_synthetic(128, 1, exclude=train, complaints=complaints)
+    flags = ["--source", "synthetic", "--complaints", complaints]
+    made_train, made_test = tmp_path / "train.jsonl", tmp_path / "test.jsonl"
+    train_flags = [*flags, "--conditions", "train", "--n", "60", "--seed", "0"]
+    test_flags = [*flags, "--n", "128", "--seed", "1", "--exclude", str(made_train)]
+    assert main([*train_flags, "--out", str(made_train)]) == 0
+    assert main([*test_flags, "--out", str(made_test)]) == 0
+    assert made_train.read_bytes() == (DATA / f"train{suffix}.jsonl").read_bytes()
+    assert made_test.read_bytes() == (DATA / f"test{suffix}.jsonl").read_bytes()
+
+
+def test_the_condition_table_is_read_from_its_file_and_checked(tmp_path):
+    """data.py reads the synthetic conditions from data/conditions.yaml once; a table file
+    that is not as it expects fails naming the file and the entry."""
+    assert data.CONDITIONS_FILE == DATA / "conditions.yaml"
+    table = data.load_conditions()
+    assert table == (
+        data.CONDITIONS,
+        data.DURATIONS,
+        data.HELD_OUT_CONDITIONS,
+        data.SHARED_COMPLAINTS,
+    )
+    assert len(data.CONDITIONS) == 22 and data.DURATIONS[0] == "two days"
+    assert all(isinstance(c.facts, tuple) and isinstance(c.synonyms, tuple) for c in table[0])
+    raw = yaml.safe_load(data.CONDITIONS_FILE.read_text(encoding="utf-8"))
+    path = tmp_path / "conditions.yaml"
+
+    def refused(edit, message):
+        broken = json.loads(json.dumps(raw))
+        edit(broken)
+        path.write_text(yaml.safe_dump(broken), encoding="utf-8")
+        with pytest.raises(ValueError, match=message):
+            data.load_conditions(path)
+
+    refused(lambda t: t["conditions"][1].pop("synonyms"), r"conditions\[1\] must have the keys")
+    refused(lambda t: t["conditions"][0].update(facts="one"), r"conditions\[0\]\.facts must be")
+    refused(lambda t: t["conditions"][2].update(complaint=True), r"conditions\[2\]\.complaint")
+    refused(lambda t: t["held_out_conditions"].append("scurvy"), r"missing \['scurvy'\]")
+    refused(lambda t: t.pop("durations"), "conditions.yaml: the table must have exactly the keys")
 
 
 @pytest.mark.parametrize("suffix", ["", "_shared"])
