@@ -1,13 +1,15 @@
-"""Bearer-key auth shared by Tandem's three HTTP services -- the embedded engine (``python -m
-kernel.engine``), the retriever (``python -m retriever serve``) and the environment server
-(``python -m kernel env serve``) -- so they check a key the same way and refuse it with the same
-answer: HTTP 401 ``{"error": {"message": "missing or wrong Authorization: Bearer key"}}``.
+"""The edge of Tandem's three HTTP services -- the embedded engine (``python -m kernel.engine``),
+the retriever (``python -m retriever serve``) and the environment server (``python -m kernel env
+serve``) -- so they check a key the same way and refuse it with the same answer: HTTP 401
+``{"error": {"message": "missing or wrong Authorization: Bearer key"}}``.
 
 - ``bearer_ok`` compares the raw header bytes with ``Bearer <key>`` in constant time; it never
   raises, whatever bytes a client sends (``hmac.compare_digest`` on two ``str`` raises on any
   non-ASCII character, which made a non-ASCII header a 500).
 - ``BearerAuth`` is the ASGI middleware that applies it to every route but the open ones
   (``/health``), before any route or body parsing runs.
+- ``BodyGuard`` is the ASGI middleware that refuses a POST that is not JSON (415) and a body
+  over its limit (413), whether it declares its length or streams, before a route parses it.
 - ``server_key`` is where a server's key comes from: the ``TANDEM_API_KEY`` environment
   variable, or ``--api_key_file PATH``, a file only the server's user may read. Never the
   command line: any local user -- and untrusted code the server runs -- can read a process's
@@ -85,6 +87,56 @@ class BearerAuth:
                 headers = [(b"www-authenticate", b"Bearer")]
                 return await send_error(send, 401, UNAUTHORIZED, headers)
         return await self.app(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class BodyGuard:
+    """ASGI middleware: a POST, PUT or PATCH must say ``Content-Type: application/json`` (415:
+    a browser sends that only after a CORS preflight, which no Tandem server grants, so no web
+    page can drive one: no CSRF), and a body over ``limit`` bytes gets 413 (``too_large``, the
+    message naming the server's flag), whether it declares its Content-Length or streams
+    (counted as it arrives, before a route parses it)."""
+
+    def __init__(self, app, limit: int, too_large: str) -> None:
+        self.app, self.limit, self.too_large = app, limit, too_large
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if scope["method"] in ("POST", "PUT", "PATCH"):
+            kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+            if kind != b"application/json":
+                message = f"Content-Type must be application/json, got {kind[:80]!r}"
+                return await send_error(send, 415, message)
+        declared = headers.get(b"content-length", b"0")
+        if not declared.isdigit():
+            return await send_error(send, 400, f"Content-Length {declared[:40]!r} is no number")
+        if int(declared) > self.limit:
+            return await send_error(send, 413, self.too_large)
+        seen, started = 0, False
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge
+            return message
+
+        async def watched(message):
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, counted, watched)
+        except _TooLarge:
+            if not started:
+                await send_error(send, 413, self.too_large)
 
 
 def refuse_key_flag(argv: Iterable[str]) -> None:

@@ -71,7 +71,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from pydantic.dataclasses import dataclass
 
-from kernel.auth import BearerAuth
+from kernel.auth import BearerAuth, BodyGuard
 from kernel.engine import protocol as P
 from kernel.engine import weights as W
 from kernel.engine.process_group import (
@@ -478,66 +478,6 @@ async def _await_all(request: Request, reqs: list[EngineRequest]) -> list[dict]:
         if await request.is_disconnected():
             for r in reqs:
                 r.abort_message = "the client disconnected"
-
-
-class _TooLarge(Exception):
-    pass
-
-
-class Guard:
-    """ASGI middleware at the server's edge, before any route runs (inside
-    ``kernel.auth.BearerAuth``: with ``api_key`` set, every route but /health needs
-    ``Authorization: Bearer <key>``, else 401, as the retriever and environment server answer):
-
-    - a POST or PUT must say ``Content-Type: application/json`` (415): a browser sends that only
-      after a CORS preflight, which this server never grants, so no web page can pause, release
-      or reload an engine (no CSRF);
-    - a body over ``limit_mb`` MiB gets 413 naming the flag, whether it declares its
-      Content-Length or streams (counted as it arrives, before it is parsed).
-    """
-
-    def __init__(self, app, limit_mb: float) -> None:
-        self.app, self.limit_mb, self.limit = app, limit_mb, int(limit_mb * 2**20)
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope["headers"])
-        if scope["method"] in ("POST", "PUT"):
-            kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-            if kind != b"application/json":
-                message = f"Content-Type must be application/json, got {kind.decode()!r}"
-                return await _error(415, message)(scope, receive, send)
-        declared = headers.get(b"content-length", b"0")
-        if not declared.isdigit():
-            message = f"Content-Length {declared!r} is not a number"
-            return await _error(400, message)(scope, receive, send)
-        if int(declared) > self.limit:
-            return await self._refuse(scope, receive, send)
-        seen, started = 0, False
-
-        async def counted():
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise _TooLarge
-            return message
-
-        async def watched(message):
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted, watched)
-        except _TooLarge:
-            if not started:
-                await self._refuse(scope, receive, send)
-
-    async def _refuse(self, scope, receive, send) -> None:
-        message = f"the request body exceeds max_request_mb = {self.limit_mb} MiB"
-        await _error(413, message)(scope, receive, send)
 
 
 def _state(request: Request) -> ServerState:
@@ -1054,6 +994,7 @@ def create_app(settings: ServerConfig) -> FastAPI:
 
     for router in (generation_routes, status_routes, control_routes, weight_routes, lora_routes):
         app.include_router(router)
-    app.add_middleware(Guard, limit_mb=settings.max_request_mb)
+    too_large = f"the request body exceeds max_request_mb = {settings.max_request_mb} MiB"
+    app.add_middleware(BodyGuard, limit=int(settings.max_request_mb * 2**20), too_large=too_large)
     app.add_middleware(BearerAuth, api_key=settings.api_key)  # outermost: the key first
     return app

@@ -57,7 +57,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kernel.auth import API_KEY_ENV, BearerAuth, error_body, send_error, server_key
+from kernel.auth import API_KEY_ENV, BearerAuth, BodyGuard, error_body, server_key
 from kernel.env import BadAction, Observation
 from kernel.env.spec import EnvSpec, env_specs
 from kernel.env.workers import WorkerFailed, WorkerLost, WorkerPool, WorkerTimeout
@@ -213,55 +213,6 @@ class _Session:
         self.used = time.monotonic()
 
 
-class _BodyCap:
-    """ASGI middleware: a POST must be JSON (415; so no web page can open sessions without a
-    CORS preflight this server never grants), and a body over ``limit`` bytes is refused (413)
-    whether it declares its length or streams."""
-
-    def __init__(self, app, limit: int) -> None:
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = dict(scope["headers"])
-        if scope["method"] in ("POST", "PUT", "PATCH"):
-            kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
-            if kind != b"application/json":
-                message = f"Content-Type must be application/json, got {kind[:80]!r}"
-                return await send_error(send, 415, message)
-        declared = headers.get(b"content-length", b"0")
-        if not declared.isdigit():
-            return await send_error(send, 400, f"Content-Length {declared[:40]!r} is no number")
-        too_large = f"the request body exceeds max_body_mb ({self.limit} bytes)"
-        if int(declared) > self.limit:
-            return await send_error(send, 413, too_large)
-        seen, started = 0, False
-
-        async def counted():
-            nonlocal seen
-            message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.limit:
-                raise _TooLarge
-            return message
-
-        async def watched(message):
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, counted, watched)
-        except _TooLarge:
-            if not started:
-                await send_error(send, 413, too_large)
-
-
-class _TooLarge(Exception):
-    pass
-
-
 def _no_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
@@ -365,7 +316,7 @@ def create_app(cfg: EnvServerConfig):
         return Response(error_body(message), 500, media_type="application/json")
 
     async def body(request: Request, model: type[BaseModel]):
-        raw = await request.body()  # at most max_body_mb: _BodyCap counts it
+        raw = await request.body()  # at most max_body_mb: BodyGuard counts it
         return await asyncio.to_thread(_parse, raw, model)  # linear, but off the loop
 
     async def call(fn, *args) -> tuple:
@@ -450,7 +401,9 @@ def create_app(cfg: EnvServerConfig):
         close(sid)
         return {"closed": sid}
 
-    app.add_middleware(_BodyCap, limit=int(cfg.max_body_mb * 2**20))
+    limit = int(cfg.max_body_mb * 2**20)
+    too_large = f"the request body exceeds max_body_mb ({limit} bytes)"
+    app.add_middleware(BodyGuard, limit=limit, too_large=too_large)
     app.add_middleware(BearerAuth, api_key=cfg.api_key)  # outermost: before anything is read
     return app
 
