@@ -5,7 +5,6 @@ recomputed from their own files."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -13,17 +12,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def module(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-controls = module("controls")
+sys.path.insert(0, str(ROOT))
+from scripts import controls  # noqa: E402
 
 
 def _math(prompt: str, label: str, task: str = "basic_arithmetic") -> dict:

@@ -3,7 +3,6 @@ value kept beside (``passed_as_run``), episodes matched across agents' lines by 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 from types import SimpleNamespace
@@ -12,17 +11,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from scripts import rescore  # noqa: E402
 
-
-def module(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-rescore = module("rescore")
 END = "<|im_end|>\n"
 
 
