@@ -43,6 +43,7 @@ from kernel.cluster.run import run_plan
 from kernel.env.server import EnvServerConfig, serve
 from kernel.hooks import recipes_root
 from kernel.loss import AGG_MODES
+from kernel.models import MODEL_FORMS
 from kernel.plot import compare_runs, plot_metrics
 from kernel.run.checkpoint import checkpoints, export
 from kernel.run.collect import CollectConfig, collect
@@ -98,6 +99,7 @@ def cmd_info() -> None:
         "recipes",
         ", ".join(f"{n}{'' if ready else ' (not yet runnable)'}" for n, ready in recipes().items()),
     )
+    table.add_row("models", MODEL_FORMS)
     table.add_row("advantage estimators", ", ".join(estimators()))
     table.add_row("loss aggregations", ", ".join(AGG_MODES))
     Console().print(table)

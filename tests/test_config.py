@@ -244,3 +244,11 @@ def test_lora_settings_that_cannot_train_fail_naming_the_agent(tmp_path, agents,
     with pytest.raises(ValueError) as e:
         load_train_config(flags, yaml_path=ROOT / "kernel" / "presets" / "toy.yaml").plan()
     assert needle in str(e.value)
+
+
+def test_info_lists_the_model_names_a_preset_may_use(capfd):
+    from kernel.cli import main
+
+    main(["info"])
+    out = " ".join(capfd.readouterr().out.split())
+    assert "smollm2" in out and "tiny-<char|smollm2>[-<qwen2|qwen3|llama>]" in out
