@@ -86,6 +86,28 @@ def test_learn_preset_one_step_through_bench_learning(preset, tmp_path):
 
 
 @pytest.mark.slow
+def test_vote_evaluates_each_seeds_last_checkpoint_k_times(tmp_path):
+    """--vote K: the seed's last checkpoint answers every held-out item K times (sampled), the
+    file is kept beside the evaluations, and the report scores the plurality answer; a second
+    call keeps the seed and its vote."""
+    cmd = [sys.executable, str(ROOT / "scripts" / "bench_learning.py")]
+    cmd += ["--recipe", "deep_research", "--preset", "learn_solo", "--out", str(tmp_path)]
+    cmd += ["--resamples", "200", "--steps", "1", "--save-every", "1", "--vote", "2", "--"]
+    cmd += ["--eval.max_prompts", "2", "--rollout.max_response_len", "12"]
+    cmd += ["--data.n_samples_per_prompt", "2", "--data.prompts_per_step", "1"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    vote = tmp_path / "seed0" / "eval" / "vote_k2.jsonl"
+    lines = [json.loads(x) for x in vote.open()]
+    assert {x["row"] for x in lines} == {0, 1} and all(len(x["texts"]) == 2 for x in lines)
+    report = json.loads((tmp_path / "learning.json").read_text())
+    assert report["vote"]["k"] == 2 and report["vote"]["n_eval"] == 2
+    assert 0.0 <= report["vote"]["after"] <= 1.0
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert again.returncode == 0 and "vote of 2 evaluated before, kept" in again.stdout
+
+
+@pytest.mark.slow
 def test_a_seed_cut_short_goes_on_from_its_checkpoint(tmp_path):
     """A session lost mid-seed (SIGKILL to bench_learning and its run) costs only the steps
     since the last checkpoint: the same command goes on from it, each step is trained once, and
