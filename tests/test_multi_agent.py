@@ -71,7 +71,7 @@ def test_full_specs_get_their_own_models_unless_they_share():
         ),
         (
             [AgentSpec("a"), AgentSpec("b", share_model_with="a", optim={"lr": 1e-3})],
-            "so optim must be set on 'a'",
+            "agents['b'].optim.lr: agents['b'] shares the model of 'a', so it must be set on 'a'",
         ),
         ([AgentSpec("a", update_every=0)], "agents['a'].update_every must be >= 1"),
         ([AgentSpec("a", backend="jax")], "agents['a'].backend must be one of"),

@@ -34,6 +34,27 @@ def parse_version(version: str | None) -> int | None:
 
 
 OVERRIDABLE = ("rollout", "optim", "loss", "trainer", "engine", "resources", "lora")
+"""The sections an agent's spec overrides (a dict each: field -> value). Every field of them is
+per agent (``rollout``, ``lora``) or per model (the rest, set on the agent that owns the model):
+the run plan resolves it with the agent's or model's other settings and the run reads it from
+there (tests/test_agent_overrides.py reads each back), except the fields below."""
+PER_AGENT = ("rollout", "lora")
+"""The sections an agent sharing a model sets for itself; the others are its model's, set on
+the agent that owns the model."""
+RUN_WIDE: dict[str, dict[str, str]] = {
+    "rollout": {
+        "concurrency": "it bounds the episodes in flight, and one episode plays every agent",
+        "timeout_s": "it bounds one episode, every agent's turns in it together",
+    },
+}
+"""Per section, the fields only the run's own section sets (field -> why): an agent's spec
+that sets one is refused at validation, naming ``agents[NAME].SECTION.FIELD``."""
+REMOTE: dict[str, tuple[str, ...] | None] = {
+    "rollout": None,  # every field not run-wide: the agent's sampling, done from this job
+    "engine": ("request_timeout_s", "api_key", "batch_window_ms"),  # this job's client of them
+}
+"""What a remote agent's spec may set per section (None: every field); the job that plays it
+trains, serves and places its model, so the rest belongs in that job's settings."""
 
 
 @dataclass
@@ -64,27 +85,37 @@ class AgentSpec:
     backend: str = "torch"
     """Training backend of this agent's model: torch or megatron."""
     rollout: dict[str, Any] = field(default_factory=dict)
-    """Overrides of the run's rollout section for this agent (temperature, top_p,
-    max_response_len, max_context_len)."""
+    """Overrides of the run's rollout section for this agent, also on a shared model: its
+    sampling (temperature, top_p) and lengths (max_response_len, max_context_len).
+    concurrency and timeout_s are run-wide (one episode plays every agent): refused here."""
     optim: dict[str, Any] = field(default_factory=dict)
-    """Overrides of the run's optim section for this agent's model (lr, weight_decay, ...)."""
+    """Overrides of the run's optim section for this agent's model, every field (lr,
+    weight_decay, betas, warm-up and decay, grad_clip, dtype): its trainer's."""
     loss: dict[str, Any] = field(default_factory=dict)
-    """Overrides of the run's loss section for this agent's model (clip, kl_coef, ...)."""
+    """Overrides of the run's loss section for this agent's model, every field (clips, agg,
+    kl_coef, TIS caps, ...): its trainer's."""
     trainer: dict[str, Any] = field(default_factory=dict)
-    """Overrides of the run's trainer section (max_tokens_per_microbatch, device, ...)."""
+    """Overrides of the run's trainer section for this agent's model, every field of its
+    backend's settings (torch: max_tokens_per_microbatch, ppo_epochs, device, ...; megatron:
+    tensor_parallel, pipeline_parallel, ...). The run's one critic (critic.scope run) follows
+    the first trained model's."""
     engine: dict[str, Any] = field(default_factory=dict)
-    """Overrides of the run's engine section for this agent's model (urls, router_url,
-    num_engines, device, ...): every model has its own engines."""
+    """Overrides of the run's engine section for this agent's model, every field (urls,
+    router_url, num_engines, device, ...): every model has its own engines. The LoRA fields
+    add to what the model's adapters need (max_lora_rank at least their largest rank)."""
     resources: dict[str, Any] = field(default_factory=dict)
     """Placement of this agent's model on a cluster (GPUs for training and inference,
-    colocation, parallel sizes); see kernel.cluster.plan.ResourceConfig and `kernel launch`."""
+    colocation, parallel sizes), every field per model; see kernel.cluster.plan.ResourceConfig
+    and `kernel launch`."""
     remote: bool = False
     """Played by another Tandem job (kernel.run.jobs; queue.url): this job runs no model for it,
     sends its turns to that job's engines and commits its samples for that job to train on."""
     lora: dict[str, Any] = field(default_factory=dict)
-    """Overrides of the run's lora section (rank, alpha, dropout, target_modules). On the agent
-    that owns a model, rank > 0 makes every trainable agent of that model train a LoRA adapter
-    of its own over the frozen base; on an agent sharing a model, its own adapter's settings."""
+    """Overrides of the run's lora section (rank, alpha, dropout, target_modules, path), every
+    field per agent. On the agent that owns a model, rank > 0 makes every trainable agent of
+    that model train a LoRA adapter of its own over the frozen base; on an agent sharing a
+    model, its own adapter's settings. With path, rank, alpha, dropout and target_modules are
+    the folder's: a different value given beside it is refused."""
 
     def validate(self) -> AgentSpec:
         where = f"agents[{self.name!r}]"
@@ -94,23 +125,57 @@ class AgentSpec:
             raise ValueError(f"{where}.update_every must be >= 1, got {self.update_every}")
         if self.backend not in BACKENDS:
             raise ValueError(f"{where}.backend must be one of {BACKENDS}, got {self.backend!r}")
-        if self.remote and (self.share_model_with or self.lora or not self.trainable):
+        if self.remote and (self.share_model_with or not self.trainable):
             raise ValueError(
                 f"{where}.remote: the agent is trained (or frozen, with or without LoRA) by its "
-                "own job; share_model_with, lora and trainable belong in that job's settings"
+                "own job; share_model_with and trainable belong in that job's settings"
             )
+        self._check_overrides(where)
+        return self
+
+    def _check_overrides(self, where: str) -> None:
+        """Refuse an override the run would not read for this agent: a run-wide field
+        (``RUN_WIDE``), one of the model a remote agent's job runs (``REMOTE``), or one of the
+        model an agent sharing it does not own (all but ``PER_AGENT``)."""
+        for section, why in RUN_WIDE.items():
+            for key in getattr(self, section):
+                if key in why:
+                    raise ValueError(
+                        f"{where}.{section}.{key}: {section}.{key} is run-wide ({why[key]}): "
+                        f"set the run's {section}.{key} instead"
+                    )
+        if self.remote:
+            theirs = [k for k in ("update_every", "backend") if getattr(self, k) != _DEFAULTS[k]]
+            for section in OVERRIDABLE:
+                allowed = REMOTE.get(section, ())
+                theirs += [
+                    f"{section}.{k}"
+                    for k in getattr(self, section)
+                    if allowed is not None and k not in allowed
+                ]
+            if theirs:
+                raise ValueError(
+                    f"{', '.join(f'{where}.{k}' for k in theirs)}: the agent is remote (the job "
+                    "that plays it trains, serves and places its model): set "
+                    f"{'it' if len(theirs) == 1 else 'them'} in that job's settings"
+                )
         if self.share_model_with is not None:
-            own = [k for k in ("model", "tokenizer", *OVERRIDABLE) if getattr(self, k)]
+            # sampling and adapter settings are per agent even on a shared model (PER_AGENT); the
+            # rest belong to the model
+            own = [k for k in ("model", "tokenizer") if getattr(self, k)]
             own += [k for k in ("update_every", "backend") if getattr(self, k) != _DEFAULTS[k]]
-            # Sampling and adapter settings are per agent even on a shared model; the rest belong
-            # to the model.
-            own = [k for k in own if k not in ("rollout", "lora")]
+            own += [
+                f"{section}.{k}"
+                for section in OVERRIDABLE
+                if section not in PER_AGENT
+                for k in getattr(self, section)
+            ]
             if own:
                 raise ValueError(
-                    f"{where} shares the model of {self.share_model_with!r}, so {', '.join(own)} "
-                    f"must be set on {self.share_model_with!r}"
+                    f"{', '.join(f'{where}.{k}' for k in own)}: {where} shares the model of "
+                    f"{self.share_model_with!r}, so {'it' if len(own) == 1 else 'they'} must be "
+                    f"set on {self.share_model_with!r}"
                 )
-        return self
 
 
 _DEFAULTS = {"update_every": 1, "backend": "torch"}

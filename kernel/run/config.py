@@ -54,9 +54,10 @@ class RolloutConfig:
     max_context_len: int = 2048
     """Maximum tokens of a whole episode (prompt and every turn)."""
     concurrency: int = 32
-    """Episodes in flight at once."""
+    """Episodes in flight at once (run-wide: an agent's spec cannot set it)."""
     timeout_s: float = 600.0
-    """Per-episode timeout; a timed-out episode is marked failed and masked out."""
+    """Per-episode timeout; a timed-out episode is marked failed and masked out (run-wide: an
+    agent's spec cannot set it)."""
 
     def validate(self) -> None:
         if self.temperature < 0:
@@ -239,17 +240,7 @@ class TrainConfig:
             frozen = [s.name for s in members if not s.trainable]
             settings = self.model_settings(members[0], adapters, frozen)
             m = ModelPlan(owner, tuple(members), settings, rollouts, adapters)
-            temperatures = {rollouts[s.name].temperature for s in members if s.trainable}
-            if len(temperatures) > 1:
-                raise ValueError(
-                    f"agents sharing the model of {owner!r} train at one temperature, "
-                    f"but their rollout.temperature overrides differ: {sorted(temperatures)}"
-                )
-            if m.trained and min(temperatures, default=1.0) <= 0:
-                raise ValueError(
-                    f"agents[{owner!r}]: rollout.temperature must be > 0 for training "
-                    "(greedy has no policy); freeze the agent (trainable: false) to sample greedily"
-                )
+            _check_temperature(m)
             backend = m.settings.backend
             if self.advantage.estimator == "gae" and backend == "megatron" and m.trained:
                 raise ValueError(f"agents[{owner!r}]: {CRITIC_BACKEND_ERROR}")
@@ -338,7 +329,18 @@ class TrainConfig:
         adapters = {}
         for s in members:
             where = f"agents[{s.name!r}].lora"
-            lora = (_override(base, s.lora, where) if s.lora else base).resolved(where)
+            given = _override(base, s.lora, where) if s.lora else base
+            lora = given.resolved(where)
+            for key in ("rank", "alpha", "dropout", "target_modules"):  # the folder's, with path
+                mine, folder = getattr(given, key), getattr(lora, key)
+                if key == "target_modules":
+                    mine = sorted(mine)
+                if given.path and key in s.lora and mine != folder:
+                    raise ValueError(
+                        f"{where}.{key}: {mine!r} differs from the adapter folder's {folder!r} "
+                        f"(lora.path {given.path}: its rank, alpha, dropout and target_modules "
+                        "are the folder's): leave it out, or give the folder's"
+                    )
             if full and s.lora:
                 raise ValueError(
                     f"{where}: the model of {owner.name!r} trains in full (lora.rank 0): set "
@@ -396,13 +398,24 @@ class TrainConfig:
         where = f"agents[{owner.name!r}]"
         engine = _override(self.engine, owner.engine, f"{where}.engine")
         if adapters:  # trained ones are pushed at start; frozen ones load from their folders
-            targets = sorted({t for a in adapters.values() for t in a.target_modules})
+            # what the adapters need, added to what the engine section gives (never dropped)
+            rank = max(a.rank for a in adapters.values())
+            if engine.max_lora_rank and engine.max_lora_rank < rank:
+                given = f"{where}." if "max_lora_rank" in owner.engine else ""
+                raise ValueError(
+                    f"{given}engine.max_lora_rank: {engine.max_lora_rank} is below the rank of "
+                    f"the LoRA adapters of the model of {owner.name!r} ({rank})"
+                )
+            targets = {t for a in adapters.values() for t in a.target_modules}
             engine = replace(
                 engine,
                 enable_lora=True,
-                max_lora_rank=max(a.rank for a in adapters.values()),
-                lora_target_modules=targets,
-                lora_paths=[f"{n}={a.path}" for n, a in adapters.items() if n in frozen],
+                max_lora_rank=max(rank, engine.max_lora_rank),
+                lora_target_modules=sorted(targets | set(engine.lora_target_modules)),
+                lora_paths=[
+                    *engine.lora_paths,
+                    *(f"{n}={a.path}" for n, a in adapters.items() if n in frozen),
+                ],
             )
         return ModelSettings(
             model=owner.model or self.model,
@@ -477,6 +490,15 @@ class RunPlan:
         """An agent's rollout settings, its overrides applied."""
         return self.model_of(agent).rollouts[agent]
 
+    @property
+    def critic_trainer(self) -> Any:
+        """MAAC (advantage.estimator gae, critic.scope run): the trainer settings the run's one
+        critic trains with -- device, micro-batch budget, packing and epochs -- those of the
+        first trained model, its owner's overrides applied; None for any other run."""
+        if self.cfg.advantage.estimator != "gae" or self.cfg.critic.scope != "run":
+            return None
+        return next((m.settings.trainer for m in self.models if m.trained), None)
+
     def check_ray_ranks(self, placed: Collection[str] = ()) -> None:
         """Training on Ray without a plan (kernel launch places its own models, ``placed``, and
         checks them there): each trained model's ranks (resources.train_gpus or ray.ranks) must
@@ -496,6 +518,25 @@ class RunPlan:
                     f"ray.ranks) are not divisible by trainer.tensor_parallel x "
                     f"trainer.pipeline_parallel = {tp} x {pp}"
                 )
+
+
+def _check_temperature(m: ModelPlan) -> None:
+    """A trained model trains at one sampling temperature, > 0: its trainable agents' must agree
+    (a frozen agent samples at its own); a ValueError names the agent's field."""
+    trained = [s.name for s in m.agents if s.trainable]
+    for s in trained[1:]:
+        mine, first = m.rollouts[s].temperature, m.rollouts[trained[0]].temperature
+        if mine != first:
+            raise ValueError(
+                f"agents[{s!r}].rollout.temperature: agents sharing the model of {m.owner!r} "
+                f"train at one temperature, but {s!r}'s ({mine}) differs from {trained[0]!r}'s "
+                f"({first}); freeze it (trainable: false) to sample at its own"
+            )
+    if trained and m.rollouts[trained[0]].temperature <= 0:
+        raise ValueError(
+            f"agents[{m.owner!r}]: rollout.temperature must be > 0 for training "
+            "(greedy has no policy); freeze the agent (trainable: false) to sample greedily"
+        )
 
 
 def _override(section, overrides: dict[str, Any], where: str):

@@ -193,7 +193,7 @@ class Runtime:
             if cfg.eval.path:
                 DataBuffer(eval_data(cfg))
             models = plan_models(plan, out, placement)
-            critic = run_critic(cfg, models)  # MAAC's tokenizer check before engines start
+            critic = run_critic(plan, models)  # MAAC's tokenizer check before engines start
             for m in models:
                 stack.push(m.pool)  # stopped on the way out (entering it would wait for them)
                 m.pool.launch()
@@ -377,10 +377,11 @@ class Runtime:
         """MAAC (``critic.scope: run``): the run's one critic values the samples of every
         trained agent, sets their per-token GAE advantages (whitened together) for the
         trainers, and trains on all their returns: ``trainer.ppo_epochs`` passes over the
-        step's samples, one update each. Off the event loop (an async rollout goes on)."""
+        step's samples, one update each, of the trainer settings it was built with
+        (``RunPlan.critic_trainer``). Off the event loop (an async rollout goes on)."""
         trained = {a for m in self.models for a in m.trained}
         mine = [s for s in samples if s.agent in trained]
-        epochs = self.cfg.trainer.ppo_epochs
+        epochs = self.critic.settings.ppo_epochs
 
         def run() -> dict[str, float]:
             step, metrics = self.critic.advantages(mine)
@@ -532,15 +533,14 @@ def place_trainer(cfg: TrainConfig, model: RunningModel, where) -> Trainer | Non
     return RayTrainer(model.owner, *args, **options)
 
 
-def run_critic(cfg: TrainConfig, models: list[RunningModel]) -> Critic | None:
+def run_critic(plan: RunPlan, models: list[RunningModel]) -> Critic | None:
     """MAAC (``critic.scope: run``, advantage.estimator gae): the run's one value model, in
-    this process, on the first trained model's trainer device and micro-batch settings; it
-    reads every trained model's token ids, so each must have its tokenizer (ValueError naming
-    the one that does not). None for any other run."""
-    if cfg.advantage.estimator != "gae" or cfg.critic.scope != "run":
-        return None
+    this process, with the first trained model's trainer settings (``RunPlan.critic_trainer``:
+    device, micro-batches, epochs); it reads every trained model's token ids, so each must have
+    its tokenizer (ValueError naming the one that does not). None for any other run."""
+    cfg, settings = plan.cfg, plan.critic_trainer
     trained = [m for m in models if m.trained]
-    if not trained:
+    if settings is None or not trained:
         return None
     path = cfg.critic.model or trained[0].path
     vocab = load_tokenizer(path).get_vocab()
@@ -551,7 +551,6 @@ def run_critic(cfg: TrainConfig, models: list[RunningModel]) -> Critic | None:
                 f"tokenizer of {m.owner!r}'s model differs from {path!r}'s; give each model its "
                 "own critic (critic.scope model)"
             )
-    settings = trained[0].settings.trainer
     device = resolve_device(getattr(settings, "device", "cpu"))
     return Critic(replace(cfg.critic, model=path), cfg.advantage, path, device, settings)
 

@@ -261,9 +261,11 @@ class Critic:
         actor: nn.Module | None = None,
     ):
         """``advantage``: gamma, lam, eps and std_normalize of the GAE; ``trainer``: the
-        policy trainer's settings (its micro-batch token budget and packing apply here too);
-        ``actor``: the trained model, whose body a ``shared`` critic's head reads."""
+        policy trainer's settings (its micro-batch token budget and packing apply here too, and
+        the run's one critic takes its epochs from them); ``actor``: the trained model, whose
+        body a ``shared`` critic's head reads."""
         self.cfg = cfg.validate()
+        self.settings = trainer
         self.adv = advantage.validate()
         self.device = device
         self.max_tokens, self.pack = trainer.max_tokens_per_microbatch, trainer.pack_sequences
