@@ -106,8 +106,9 @@ def cmd_info() -> None:
 
 
 def cmd_train(cfg) -> None:
+    """``kernel train``: the run under a progress display, then its summary (where it stopped
+    early, the mean reward of the first and last steps, the metrics file and its curves)."""
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
     console = Console()
     console.print(
@@ -116,6 +117,28 @@ def cmd_train(cfg) -> None:
         f"{cfg.num_steps} steps -> {cfg.output_dir}",
         soft_wrap=True,
     )
+    rows = _train_with_progress(cfg, console)
+    if rows and rows[-1]["step"] + 1 < cfg.num_steps:
+        console.print(
+            f"stopped after step {rows[-1]['step'] + 1} of {cfg.num_steps}: "
+            f"--max_minutes {cfg.max_minutes} reached (checkpointed; --resume true goes on)"
+        )
+    metrics = Path(cfg.output_dir) / "metrics.jsonl"
+    png = plot_metrics(metrics)
+    rewards = [r["reward"] for r in rows if "reward" in r]
+    if rewards:
+        n = min(5, len(rewards))
+        first, last = sum(rewards[:n]) / n, sum(rewards[-n:]) / n
+        console.print(f"mean reward: first {n} steps {first:.3f} -> last {n} steps {last:.3f}")
+    console.print(f"metrics: {metrics}   curves: {png}")
+
+
+def _train_with_progress(cfg, console) -> list[dict]:
+    """Train ``cfg`` under a live progress bar (a line a step when the console is not a
+    terminal) and return its metric rows; an interrupt or a run that stops exits the process."""
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
     # Written to a log file (a background run), a live bar shows only its last frame: print a
     # line a step there instead, and say what the wait before the first step is.
     plain = not console.is_terminal
@@ -137,14 +160,7 @@ def cmd_train(cfg) -> None:
         task = progress.add_task("train", total=cfg.num_steps, status="starting engines")
 
         def on_step(row: dict) -> None:
-            rewards = "  ".join(
-                f"{k.split('/')[0]} {v:.3f}" for k, v in row.items() if k.endswith("/reward")
-            )
-            status = (
-                f"reward {rewards}  {row['tokens_per_s']:.0f} tok/s  rollout "
-                f"{row['time/rollout_s']:.1f}s train {row['time/train_s']:.1f}s sync "
-                f"{row['time/sync_s']:.2f}s"
-            )
+            status = _step_status(row)
             progress.update(task, completed=row["step"] + 1, status=status)
             if plain:
                 scores = "  ".join(
@@ -159,7 +175,7 @@ def cmd_train(cfg) -> None:
                 )
 
         try:
-            rows = train(cfg, on_step=on_step)
+            return train(cfg, on_step=on_step)
         except KeyboardInterrupt:
             progress.stop()
             Console(stderr=True).print(
@@ -172,19 +188,19 @@ def cmd_train(cfg) -> None:
             progress.stop()
             Console(stderr=True).print(f"[red]run stopped[/]: {e}")
             sys.exit(1)
-    if rows and rows[-1]["step"] + 1 < cfg.num_steps:
-        console.print(
-            f"stopped after step {rows[-1]['step'] + 1} of {cfg.num_steps}: "
-            f"--max_minutes {cfg.max_minutes} reached (checkpointed; --resume true goes on)"
-        )
-    metrics = Path(cfg.output_dir) / "metrics.jsonl"
-    png = plot_metrics(metrics)
-    rewards = [r["reward"] for r in rows if "reward" in r]
-    if rewards:
-        n = min(5, len(rewards))
-        first, last = sum(rewards[:n]) / n, sum(rewards[-n:]) / n
-        console.print(f"mean reward: first {n} steps {first:.3f} -> last {n} steps {last:.3f}")
-    console.print(f"metrics: {metrics}   curves: {png}")
+
+
+def _step_status(row: dict) -> str:
+    """One step's metric row as the progress bar's status: each agent's reward, throughput and
+    the time of its rollout, training and weight sync."""
+    rewards = "  ".join(
+        f"{k.split('/')[0]} {v:.3f}" for k, v in row.items() if k.endswith("/reward")
+    )
+    return (
+        f"reward {rewards}  {row['tokens_per_s']:.0f} tok/s  rollout "
+        f"{row['time/rollout_s']:.1f}s train {row['time/train_s']:.1f}s sync "
+        f"{row['time/sync_s']:.2f}s"
+    )
 
 
 def cmd_eval(cfg, checkpoint: str | None) -> None:

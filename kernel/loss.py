@@ -179,6 +179,70 @@ def _check_shapes(logprobs: Tensor, advantages: Tensor, others: dict[str, Tensor
         )
 
 
+def _check_inputs(
+    logprobs: Tensor, advantages: Tensor, others: dict[str, Tensor | None], cfg: LossConfig
+) -> None:
+    """Raise ValueError for a tensor of the wrong shape, or for one ``cfg`` needs but lacks."""
+    _check_shapes(logprobs, advantages, others)
+    if cfg.kl_coef > 0 and others["ref_logprobs"] is None:
+        raise ValueError("ref_logprobs is required when kl_coef > 0")
+    if cfg.entropy_coef > 0 and others["entropy"] is None:
+        raise ValueError("entropy is required when entropy_coef > 0")
+    if cfg.tis_cap is not None and others["rollout_logprobs"] is None:
+        raise ValueError("rollout_logprobs is required when tis_cap is set")
+
+
+def _masked(t: Tensor, on: Tensor) -> Tensor:
+    """``t`` with zeros where ``on`` is False, both (B, T)."""
+    # Zeroing the inputs (not just the outputs) keeps inf/NaN padding out of the backward.
+    return torch.where(on, t, torch.zeros_like(t))
+
+
+@dataclass
+class _PolicyTerm:
+    """The policy term per token and what the metrics read of it; every tensor (B, T)."""
+
+    log_ratio: Tensor  # logprobs - old_logprobs, masked
+    ratio: Tensor  # exp(log_ratio)
+    pg: Tensor  # the clipped surrogate (dual-clipped, TIS-weighted when on)
+    clipped: Tensor  # bool: the PPO clip set the loss
+    dual_clipped: Tensor | None  # bool: the dual clip did; None when off
+    tis_w: Tensor | None  # the TIS weight, capped; None when off
+    tis_raw: Tensor | None  # the TIS weight before the cap; None when off
+
+
+def _policy_term(
+    logprobs: Tensor,
+    old_logprobs: Tensor,
+    adv: Tensor,
+    on: Tensor,
+    cfg: LossConfig,
+    rollout_logprobs: Tensor | None,
+) -> _PolicyTerm:
+    """PPO's clipped surrogate per token (asymmetric clip, then the dual clip for A < 0), times
+    the truncated importance weight when ``cfg.tis_cap`` is set. ``adv``: (B, T), masked."""
+    log_ratio = _masked(logprobs - old_logprobs.detach(), on)  # (B, T)
+    ratio = torch.exp(log_ratio)  # (B, T)
+    surr = -adv * ratio  # (B, T)
+    surr_clipped = -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)  # (B, T)
+    pg = torch.maximum(surr, surr_clipped)  # (B, T)
+    clipped = on & (surr_clipped > surr)  # (B, T)
+    dual_clipped = None
+    if cfg.dual_clip is not None:
+        bound = -cfg.dual_clip * adv  # (B, T)
+        dual_clipped = on & (adv < 0) & (pg > bound)  # (B, T)
+        pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)  # (B, T)
+
+    tis_w = tis_raw = None
+    if cfg.tis_cap is not None:
+        assert rollout_logprobs is not None
+        log_w = _masked(old_logprobs.detach() - rollout_logprobs.detach(), on)  # (B, T)
+        tis_raw = torch.exp(log_w)  # (B, T)
+        tis_w = tis_raw.clamp(max=cfg.tis_cap)  # (B, T)
+        pg = pg * tis_w
+    return _PolicyTerm(log_ratio, ratio, pg, clipped, dual_clipped, tis_w, tis_raw)
+
+
 def policy_loss(
     logprobs: Tensor,
     old_logprobs: Tensor,
@@ -206,89 +270,70 @@ def policy_loss(
     token means.
     """
     cfg.validate()
-    _check_shapes(
-        logprobs,
-        advantages,
-        {
-            "old_logprobs": old_logprobs,
-            "loss_mask": loss_mask,
-            "ref_logprobs": ref_logprobs,
-            "entropy": entropy,
-            "rollout_logprobs": rollout_logprobs,
-        },
-    )
-    if cfg.kl_coef > 0 and ref_logprobs is None:
-        raise ValueError("ref_logprobs is required when kl_coef > 0")
-    if cfg.entropy_coef > 0 and entropy is None:
-        raise ValueError("entropy is required when entropy_coef > 0")
-    if cfg.tis_cap is not None and rollout_logprobs is None:
-        raise ValueError("rollout_logprobs is required when tis_cap is set")
+    others = {
+        "old_logprobs": old_logprobs,
+        "loss_mask": loss_mask,
+        "ref_logprobs": ref_logprobs,
+        "entropy": entropy,
+        "rollout_logprobs": rollout_logprobs,
+    }
+    _check_inputs(logprobs, advantages, others, cfg)
 
     on = loss_mask != 0  # (B, T)
     mask = loss_mask.to(logprobs.dtype)  # (B, T)
-
-    def masked(t: Tensor) -> Tensor:
-        # Zeroing the inputs (not just the outputs) keeps inf/NaN padding out of the backward.
-        return torch.where(on, t, torch.zeros_like(t))
-
     adv = advantages.detach().to(logprobs.dtype)
     if adv.dim() == 1:
         adv = adv.unsqueeze(-1).expand_as(logprobs)  # (B,) -> (B, T)
-    adv = masked(adv)  # (B, T)
+    adv = _masked(adv, on)  # (B, T)
+    term = _policy_term(logprobs, old_logprobs, adv, on, cfg, rollout_logprobs)
 
-    log_ratio = masked(logprobs - old_logprobs.detach())  # (B, T)
-    ratio = torch.exp(log_ratio)  # (B, T)
-    surr = -adv * ratio  # (B, T)
-    surr_clipped = -adv * ratio.clamp(1.0 - cfg.clip_low, 1.0 + cfg.clip_high)  # (B, T)
-    pg = torch.maximum(surr, surr_clipped)  # (B, T)
-    clipped = on & (surr_clipped > surr)  # (B, T)
-    dual_clipped = None
-    if cfg.dual_clip is not None:
-        bound = -cfg.dual_clip * adv  # (B, T)
-        dual_clipped = on & (adv < 0) & (pg > bound)  # (B, T)
-        pg = torch.where(adv < 0, torch.minimum(pg, bound), pg)  # (B, T)
-
-    tis_w = tis_raw = None
-    if cfg.tis_cap is not None:
-        assert rollout_logprobs is not None
-        tis_raw = torch.exp(masked(old_logprobs.detach() - rollout_logprobs.detach()))  # (B, T)
-        tis_w = tis_raw.clamp(max=cfg.tis_cap)  # (B, T)
-        pg = pg * tis_w
-
-    per_token = pg  # (B, T)
+    per_token = term.pg  # (B, T)
     kl = None
     if ref_logprobs is not None:
-        kl = kl_penalty(masked(logprobs), masked(ref_logprobs.detach()), cfg.kl_estimator)
+        kl = kl_penalty(_masked(logprobs, on), _masked(ref_logprobs.detach(), on), cfg.kl_estimator)
         if cfg.kl_coef > 0:
             per_token = per_token + cfg.kl_coef * kl
     if entropy is not None and cfg.entropy_coef > 0:
         per_token = per_token - cfg.entropy_coef * entropy
 
     loss = aggregate(per_token, mask, cfg.agg, cfg.max_len)
-
     with torch.no_grad():
-        n = mask.sum().clamp(min=1.0)
-
-        def mean(t: Tensor) -> float:
-            return float((masked(t) * mask).sum() / n)
-
-        metrics = {
-            "pg_loss": float(aggregate(pg, mask, cfg.agg, cfg.max_len)),
-            "ratio_mean": mean(ratio),
-            "ratio_max": float(torch.where(on, ratio, torch.zeros_like(ratio)).max())
-            if bool(on.any())
-            else 0.0,
-            "clipfrac": mean(clipped.to(mask.dtype)),
-            # KL(old || new) from tokens sampled by old: rho = new/old, k3 = rho - 1 - log rho.
-            "approx_kl": mean(ratio - 1.0 - log_ratio),
-        }
-        if dual_clipped is not None:
-            metrics["dual_clipfrac"] = mean(dual_clipped.to(mask.dtype))
-        if kl is not None:
-            metrics["kl"] = mean(kl)
-        if entropy is not None:
-            metrics["entropy"] = mean(entropy)
-        if tis_w is not None and tis_raw is not None:
-            metrics["tis_weight_mean"] = mean(tis_w)
-            metrics["tis_clipfrac"] = mean((tis_raw > cfg.tis_cap).to(mask.dtype))
+        metrics = _loss_metrics(term, kl, entropy, on, mask, cfg)
     return loss, metrics
+
+
+def _loss_metrics(
+    term: _PolicyTerm,
+    kl: Tensor | None,
+    entropy: Tensor | None,
+    on: Tensor,
+    mask: Tensor,
+    cfg: LossConfig,
+) -> dict[str, float]:
+    """policy_loss's metrics (its docstring names them); ``on`` and ``mask``: (B, T)."""
+    n = mask.sum().clamp(min=1.0)
+
+    def mean(t: Tensor) -> float:
+        return float((_masked(t, on) * mask).sum() / n)
+
+    ratio = term.ratio
+    metrics = {
+        "pg_loss": float(aggregate(term.pg, mask, cfg.agg, cfg.max_len)),
+        "ratio_mean": mean(ratio),
+        "ratio_max": float(torch.where(on, ratio, torch.zeros_like(ratio)).max())
+        if bool(on.any())
+        else 0.0,
+        "clipfrac": mean(term.clipped.to(mask.dtype)),
+        # KL(old || new) from tokens sampled by old: rho = new/old, k3 = rho - 1 - log rho.
+        "approx_kl": mean(ratio - 1.0 - term.log_ratio),
+    }
+    if term.dual_clipped is not None:
+        metrics["dual_clipfrac"] = mean(term.dual_clipped.to(mask.dtype))
+    if kl is not None:
+        metrics["kl"] = mean(kl)
+    if entropy is not None:
+        metrics["entropy"] = mean(entropy)
+    if term.tis_w is not None and term.tis_raw is not None:
+        metrics["tis_weight_mean"] = mean(term.tis_w)
+        metrics["tis_clipfrac"] = mean((term.tis_raw > cfg.tis_cap).to(mask.dtype))
+    return metrics

@@ -1054,7 +1054,16 @@ def _try_confined(machine: _Machine) -> tuple[str, str] | None:
             os.waitpid(init, 0)
         if cgroups:
             machine.cgroups.remove_now(cgroups)
-    if proc.returncode != 0:
+    return _probe_verdict(machine, plan, proc.returncode, stdout, stderr)
+
+
+def _probe_verdict(
+    machine: _Machine, plan: _Plan, returncode: int, stdout: str, stderr: str
+) -> tuple[str, str] | None:
+    """What the confined probe said of itself, checked against this process: None if every
+    promise held, else (the promise that failed, why)."""
+    iso = machine.isolation
+    if returncode != 0:
         tail = stderr.strip()[-300:]
         if plan.mountns:
             return "mountns", f"the interpreter failed in the run's view: {tail}"

@@ -357,24 +357,7 @@ def make_plan(config, cluster: ClusterConfig) -> Plan:
     be placed: too few GPUs, parallel sizes that do not divide, memory fraction, port clashes.
     """
     cluster.validate()
-    specs = agent_specs(config) if isinstance(config, list) else config.agent_specs()
-    default_model = None if isinstance(config, list) else config.model
-    groups = []
-    for owner, members in model_groups([s for s in specs if not s.remote]).items():
-        head = members[0]  # a remote agent's model is placed by the job that plays it
-        groups.append(
-            _Group(
-                owner=owner,
-                agents=[s.name for s in members],
-                model=head.model or default_model,
-                backend=head.backend,
-                trainable=any(s.trainable for s in members),
-                res=resources_of(head),
-                tp=_trainer_size(head, "tensor_parallel"),
-                pp=_trainer_size(head, "pipeline_parallel"),
-                where=f"agents[{owner!r}].resources",
-            )
-        )
+    groups = _groups(config)
     pools = _pools(groups)
     _size([g for g in groups if g.res.pool is None or pools[g.res.pool][0] is g], cluster)
     for members in pools.values():
@@ -387,30 +370,9 @@ def make_plan(config, cluster: ClusterConfig) -> Plan:
     for i, g in enumerate(groups):
         r = g.res
         _check_heads(g)
-        tp, pp = g.tp, g.pp
-        trainer = []
-        if r.pool is None:
-            blocks = _take(free, g, g.train // tp, tp, "the trainer")
-        elif r.pool not in pool_blocks:
-            blocks = pool_blocks[r.pool] = _take(free, g, g.train // tp, tp, "the pool")
-        else:
-            blocks = pool_blocks[r.pool]
-        for b, (node, gpus) in enumerate(blocks):
-            for t, gpu in enumerate(gpus):
-                rank = b * tp + t
-                dp = (rank // tp) % (g.train // (tp * pp))
-                trainer.append(
-                    TrainerRank(rank, node, gpu, tp=t, dp=dp, pp=rank // (g.train // pp))
-                )
-        etp = r.engine_tensor_parallel
-        if r.colocate:
-            blocks = _colocated_blocks(g, trainer, etp)
-        else:
-            blocks = _take(free, g, g.infer // etp, etp, "the engines")
-        engines = []
-        for k, (node, gpus) in enumerate(blocks):
-            engines.append(EnginePlacement(k, node, gpus, engine_ports[node]))
-            engine_ports[node] += 1
+        tp, pp, etp = g.tp, g.pp, r.engine_tensor_parallel
+        trainer = _place_trainer(g, free, pool_blocks)
+        engines = _place_engines(g, trainer, free, engine_ports)
         plans.append(
             ModelPlan(
                 owner=g.owner,
@@ -437,6 +399,72 @@ def make_plan(config, cluster: ClusterConfig) -> Plan:
     for name in pools:
         _check_pool_memory(name, [p for p in plans if p.pool == name], cluster)
     return plan
+
+
+def _groups(config) -> list[_Group]:
+    """The models to place, one group per model in the order of the agents: its owner (the
+    agent whose spec defines it), its agents, resources and trainer parallel sizes. A remote
+    agent's model is placed by the job that plays it."""
+    specs = agent_specs(config) if isinstance(config, list) else config.agent_specs()
+    default_model = None if isinstance(config, list) else config.model
+    groups = []
+    for owner, members in model_groups([s for s in specs if not s.remote]).items():
+        head = members[0]
+        groups.append(
+            _Group(
+                owner=owner,
+                agents=[s.name for s in members],
+                model=head.model or default_model,
+                backend=head.backend,
+                trainable=any(s.trainable for s in members),
+                res=resources_of(head),
+                tp=_trainer_size(head, "tensor_parallel"),
+                pp=_trainer_size(head, "pipeline_parallel"),
+                where=f"agents[{owner!r}].resources",
+            )
+        )
+    return groups
+
+
+def _place_trainer(
+    g: _Group, free: dict[int, list[int]], pool_blocks: dict[str, list]
+) -> list[TrainerRank]:
+    """The trainer's ranks of ``g``: blocks of TP GPUs taken from ``free`` (a pool's blocks are
+    taken by its first model and shared by the others), numbered TP fastest, then DP, then PP."""
+    tp, pp = g.tp, g.pp
+    trainer = []
+    if g.res.pool is None:
+        blocks = _take(free, g, g.train // tp, tp, "the trainer")
+    elif g.res.pool not in pool_blocks:
+        blocks = pool_blocks[g.res.pool] = _take(free, g, g.train // tp, tp, "the pool")
+    else:
+        blocks = pool_blocks[g.res.pool]
+    for b, (node, gpus) in enumerate(blocks):
+        for t, gpu in enumerate(gpus):
+            rank = b * tp + t
+            dp = (rank // tp) % (g.train // (tp * pp))
+            trainer.append(TrainerRank(rank, node, gpu, tp=t, dp=dp, pp=rank // (g.train // pp)))
+    return trainer
+
+
+def _place_engines(
+    g: _Group,
+    trainer: list[TrainerRank],
+    free: dict[int, list[int]],
+    engine_ports: dict[int, int],
+) -> list[EnginePlacement]:
+    """The engines of ``g``: on its trainer's GPUs when colocated, else blocks of engine TP GPUs
+    taken from ``free``; each on the next free engine port of its node."""
+    etp = g.res.engine_tensor_parallel
+    if g.res.colocate:
+        blocks = _colocated_blocks(g, trainer, etp)
+    else:
+        blocks = _take(free, g, g.infer // etp, etp, "the engines")
+    engines = []
+    for k, (node, gpus) in enumerate(blocks):
+        engines.append(EnginePlacement(k, node, gpus, engine_ports[node]))
+        engine_ports[node] += 1
+    return engines
 
 
 def _pools(groups: list[_Group]) -> dict[str, list[_Group]]:
@@ -526,25 +554,7 @@ def _check_pool_memory(name: str, members: list[ModelPlan], cluster) -> None:
 
 def _size(groups: list[_Group], cluster: ClusterConfig) -> None:
     """Fill in each group's train/infer GPU counts and check they fit and divide."""
-    explicit = {}
-    for g in groups:
-        r = g.res
-        if not g.trainable:
-            if r.train_gpus:
-                raise ValueError(
-                    f"{g.where}.train_gpus={r.train_gpus} but no agent of this model "
-                    "is trainable: set it to 0 or leave it unset"
-                )
-            if r.colocate:
-                raise ValueError(
-                    f"{g.where}.colocate needs a trainable agent (this model is frozen)"
-                )
-            if r.infer_gpus is not None:
-                explicit[g.owner] = r.infer_gpus
-        elif r.colocate and r.train_gpus is not None:
-            explicit[g.owner] = r.train_gpus
-        elif not r.colocate and r.train_gpus is not None and r.infer_gpus is not None:
-            explicit[g.owner] = r.train_gpus + r.infer_gpus
+    explicit = _explicit_sizes(groups)
     auto = [g for g in groups if g.owner not in explicit]
     spare = cluster.total_gpus - sum(explicit.values())
     share = spare // len(auto) if auto else 0
@@ -570,45 +580,77 @@ def _size(groups: list[_Group], cluster: ClusterConfig) -> None:
             f"{cluster.total_gpus}"
         )
     for g in groups:
+        _check_size(g, cluster)
+
+
+def _explicit_sizes(groups: list[_Group]) -> dict[str, int]:
+    """The GPUs of each model whose resources fix them (by owner); the others share the rest.
+    ValueError for GPUs or colocation asked of a frozen model."""
+    explicit = {}
+    for g in groups:
         r = g.res
-        if g.trainable and g.train < 1:
-            raise ValueError(
-                f"{g.where}.train_gpus: a trainable model needs >= 1 training GPU; "
-                f"its share of the cluster leaves {g.train}"
-            )
-        if g.infer < 1:
-            raise ValueError(
-                f"{g.where}.infer_gpus: every model needs >= 1 engine GPU; its share "
-                f"of the cluster leaves {g.infer}"
-            )
-        trainer_where = f"agents[{g.owner!r}].trainer"
-        if g.backend == "torch" and (g.tp > 1 or g.pp > 1):
-            raise ValueError(
-                f"{trainer_where}.tensor_parallel/pipeline_parallel: the torch backend is data "
-                f"parallel only (got TP {g.tp}, PP {g.pp}); use backend megatron"
-            )
-        sizes = {f"{trainer_where}.tensor_parallel": g.tp}
-        sizes[f"{g.where}.engine_tensor_parallel"] = r.engine_tensor_parallel
-        for name, size in sizes.items():
-            if size > cluster.gpus_per_node:
+        if not g.trainable:
+            if r.train_gpus:
                 raise ValueError(
-                    f"{name} = {size} exceeds cluster.gpus_per_node = {cluster.gpus_per_node}: "
-                    "it must fit in one node"
+                    f"{g.where}.train_gpus={r.train_gpus} but no agent of this model "
+                    "is trainable: set it to 0 or leave it unset"
                 )
-        if g.train % (g.tp * g.pp):
+            if r.colocate:
+                raise ValueError(
+                    f"{g.where}.colocate needs a trainable agent (this model is frozen)"
+                )
+            if r.infer_gpus is not None:
+                explicit[g.owner] = r.infer_gpus
+        elif r.colocate and r.train_gpus is not None:
+            explicit[g.owner] = r.train_gpus
+        elif not r.colocate and r.train_gpus is not None and r.infer_gpus is not None:
+            explicit[g.owner] = r.train_gpus + r.infer_gpus
+    return explicit
+
+
+def _check_size(g: _Group, cluster: ClusterConfig) -> None:
+    """ValueError naming the field when ``g``'s sized trainer or engines cannot run: no GPU
+    for either, a parallel size that does not fit a node or divide its GPUs, a node that the
+    cluster does not have."""
+    r = g.res
+    if g.trainable and g.train < 1:
+        raise ValueError(
+            f"{g.where}.train_gpus: a trainable model needs >= 1 training GPU; "
+            f"its share of the cluster leaves {g.train}"
+        )
+    if g.infer < 1:
+        raise ValueError(
+            f"{g.where}.infer_gpus: every model needs >= 1 engine GPU; its share "
+            f"of the cluster leaves {g.infer}"
+        )
+    trainer_where = f"agents[{g.owner!r}].trainer"
+    if g.backend == "torch" and (g.tp > 1 or g.pp > 1):
+        raise ValueError(
+            f"{trainer_where}.tensor_parallel/pipeline_parallel: the torch backend is data "
+            f"parallel only (got TP {g.tp}, PP {g.pp}); use backend megatron"
+        )
+    sizes = {f"{trainer_where}.tensor_parallel": g.tp}
+    sizes[f"{g.where}.engine_tensor_parallel"] = r.engine_tensor_parallel
+    for name, size in sizes.items():
+        if size > cluster.gpus_per_node:
             raise ValueError(
-                f"{trainer_where}: tensor_parallel x pipeline_parallel = {g.tp} x {g.pp} = "
-                f"{g.tp * g.pp} must divide {g.where}.train_gpus = {g.train}"
+                f"{name} = {size} exceeds cluster.gpus_per_node = {cluster.gpus_per_node}: "
+                "it must fit in one node"
             )
-        if g.infer % r.engine_tensor_parallel:
-            what = "train_gpus (colocated)" if r.colocate else "infer_gpus"
-            raise ValueError(
-                f"{g.where}.engine_tensor_parallel = {r.engine_tensor_parallel} must divide "
-                f"{what} = {g.infer}"
-            )
-        bad = [n for n in r.nodes or [] if n >= cluster.nodes]
-        if bad:
-            raise ValueError(f"{g.where}.nodes: {bad} not in 0..{cluster.nodes - 1}")
+    if g.train % (g.tp * g.pp):
+        raise ValueError(
+            f"{trainer_where}: tensor_parallel x pipeline_parallel = {g.tp} x {g.pp} = "
+            f"{g.tp * g.pp} must divide {g.where}.train_gpus = {g.train}"
+        )
+    if g.infer % r.engine_tensor_parallel:
+        what = "train_gpus (colocated)" if r.colocate else "infer_gpus"
+        raise ValueError(
+            f"{g.where}.engine_tensor_parallel = {r.engine_tensor_parallel} must divide "
+            f"{what} = {g.infer}"
+        )
+    bad = [n for n in r.nodes or [] if n >= cluster.nodes]
+    if bad:
+        raise ValueError(f"{g.where}.nodes: {bad} not in 0..{cluster.nodes - 1}")
 
 
 def _take(free: dict[int, list[int]], g: _Group, n: int, size: int, what: str):

@@ -253,54 +253,152 @@ def _json(payload: bytes) -> Response:
     return Response(payload, media_type="application/json")
 
 
-def create_app(cfg: EnvServerConfig):
-    """The FastAPI app of ``cfg`` (its specs checked here, before it serves)."""
-    specs = cfg.specs()
-    sessions: dict[str, _Session] = {}
-    opening = 0  # resets in flight: they count against max_sessions
-    running = asyncio.Semaphore(cfg.max_concurrent)
-    closing: set[asyncio.Task] = set()
-    # the fork server imports the environments' modules once: every worker starts warm
-    preload = ("kernel.env.server", *sorted({s.factory().__module__ for s in specs.values()}))
-    pool = WorkerPool(cfg.workers, preload, cfg.worker_memory_mb)
-    close_timeout = min(cfg.step_timeout_s, 30.0)
+async def _body(request: Request, model: type[BaseModel]):
+    """The request's body parsed as ``model`` (``_parse``'s errors)."""
+    raw = await request.body()  # at most max_body_mb: BodyGuard counts it
+    return await asyncio.to_thread(_parse, raw, model)  # linear, but off the loop
 
-    async def finish(state: bytes) -> None:
+
+class _Host:
+    """The hosted episodes: the open sessions, the worker pool every reset, step and close runs
+    in, and ``cfg``'s bounds on both. ``create_app`` serves its public coroutines as routes."""
+
+    def __init__(self, cfg: EnvServerConfig, specs: dict[str, EnvSpec]) -> None:
+        self.cfg, self.specs = cfg, specs
+        self.sessions: dict[str, _Session] = {}
+        self.opening = 0  # resets in flight: they count against max_sessions
+        self.running = asyncio.Semaphore(cfg.max_concurrent)
+        self.closing: set[asyncio.Task] = set()
+        # the fork server imports the environments' modules once: every worker starts warm
+        preload = ("kernel.env.server", *sorted({s.factory().__module__ for s in specs.values()}))
+        self.pool = WorkerPool(cfg.workers, preload, cfg.worker_memory_mb)
+        self.close_timeout = min(cfg.step_timeout_s, 30.0)
+
+    # ---- sessions and workers
+
+    async def _finish(self, state: bytes) -> None:
         with contextlib.suppress(Exception):
-            await pool.run(close_timeout, _close, state)
+            await self.pool.run(self.close_timeout, _close, state)
 
-    def close(sid: str) -> None:
+    def close(self, sid: str) -> None:
         """Forget session ``sid`` now; its environment is closed in a worker meanwhile."""
-        if (s := sessions.pop(sid, None)) is not None:
-            task = asyncio.create_task(finish(s.state))
-            closing.add(task)
-            task.add_done_callback(closing.discard)
+        if (s := self.sessions.pop(sid, None)) is not None:
+            task = asyncio.create_task(self._finish(s.state))
+            self.closing.add(task)
+            task.add_done_callback(self.closing.discard)
 
-    async def reap() -> None:
+    async def _reap(self) -> None:
+        """Close each session idle longer than session_ttl_s (none taking a step), for ever."""
         while True:
-            await asyncio.sleep(min(cfg.session_ttl_s / 4, 30.0))
+            await asyncio.sleep(min(self.cfg.session_ttl_s / 4, 30.0))
             now = time.monotonic()
-            for sid, s in list(sessions.items()):
-                if now - s.used > cfg.session_ttl_s and not s.lock.locked():
-                    close(sid)
+            for sid, s in list(self.sessions.items()):
+                if now - s.used > self.cfg.session_ttl_s and not s.lock.locked():
+                    self.close(sid)
 
     @contextlib.asynccontextmanager
-    async def lifespan(_app):
-        await pool.warm(2)  # the fork server and two workers, before the port answers
-        task = asyncio.create_task(reap())
+    async def lifespan(self, _app):
+        """The app's lifespan: warm workers and the reaper while it serves; on the way out
+        every session closed and the pool stopped."""
+        await self.pool.warm(2)  # the fork server and two workers, before the port answers
+        task = asyncio.create_task(self._reap())
         try:
             yield
         finally:
             task.cancel()
-            for sid in list(sessions):
-                close(sid)
-            if closing:
-                await asyncio.wait(set(closing), timeout=5.0)
-            await asyncio.to_thread(pool.close)
+            for sid in list(self.sessions):
+                self.close(sid)
+            if self.closing:
+                await asyncio.wait(set(self.closing), timeout=5.0)
+            await asyncio.to_thread(self.pool.close)
 
-    app = FastAPI(title="Tandem environments", lifespan=lifespan)
-    app.state.environments = sorted(specs)
-    app.state.pool = pool
+    async def _call(self, fn, *args) -> tuple:
+        """``fn(*args)`` in a worker, under max_concurrent and step_timeout_s."""
+        async with self.running:
+            return await self.pool.run(self.cfg.step_timeout_s, fn, *args)
+
+    def _failed(self, name: str, what: str, e: Exception) -> HTTPException:
+        """The answer to a worker call that failed: 504 when it timed out, else 500."""
+        if isinstance(e, WorkerTimeout):
+            message = f"{name}: {what} took longer than step_timeout_s={self.cfg.step_timeout_s}"
+            return HTTPException(504, message)
+        reason = "its worker died" if isinstance(e, WorkerLost) else str(e)
+        return HTTPException(500, f"{name}: {what} failed: {reason}")
+
+    # ---- routes
+
+    async def health(self):
+        return {
+            "status": "ok",
+            "environments": sorted(self.specs),
+            "sessions": len(self.sessions),
+            "workers": self.pool.started,
+        }
+
+    async def open_session(self, request: Request):
+        cfg, specs = self.cfg, self.specs
+        req: Open = await _body(request, Open)
+        if req.env not in specs:
+            name = req.env[:100]
+            raise HTTPException(404, f"no environment {name!r} here (hosted: {sorted(specs)})")
+        if len(self.sessions) + self.opening >= cfg.max_sessions:
+            raise HTTPException(429, f"max_sessions={cfg.max_sessions} episodes are open")
+        self.opening += 1
+        try:
+            result = await self._call(_open, specs[req.env], req.item)
+        except (WorkerFailed, WorkerLost, WorkerTimeout) as e:
+            raise self._failed(req.env, "reset", e) from None
+        finally:
+            self.opening -= 1
+        if result[0] == "bad":
+            raise HTTPException(400, f"{req.env}: {result[1]}")
+        _, state, observation, done = result
+        sid = secrets.token_hex(8)
+        self.sessions[sid] = _Session(req.env, state)
+        self.sessions[sid].done = done
+        return _json(b'{"session":"%s","observation":%s}' % (sid.encode(), observation))
+
+    async def step(self, sid: str, request: Request):
+        req: Act = await _body(request, Act)
+        s = self.sessions.get(sid)
+        if s is None:
+            raise HTTPException(404, f"no session {sid[:40]!r} (closed, timed out or never opened)")
+        if s.lock.locked():
+            raise HTTPException(409, f"session {sid!r} is already taking a step")
+        if s.done:
+            raise HTTPException(400, f"{s.name}: the episode of session {sid!r} is over")
+        if len(req.action) > self.cfg.max_action_chars:
+            message = f"an action of {len(req.action)} characters: max_action_chars is "
+            raise HTTPException(413, message + str(self.cfg.max_action_chars))
+        async with s.lock:
+            try:
+                result = await self._call(_step, s.state, req.action)
+            except (WorkerFailed, WorkerLost, WorkerTimeout) as e:
+                self.close(sid)
+                raise self._failed(s.name, "step", e) from None
+            except asyncio.CancelledError:  # the client left mid-step: its outcome is unknown
+                self.close(sid)
+                raise
+        if self.sessions.get(sid) is not s:  # closed meanwhile (DELETE, the reaper)
+            raise HTTPException(404, f"session {sid!r} was closed during its step")
+        if result[0] == "bad":
+            s.state, s.used = result[2], time.monotonic()
+            raise HTTPException(400, f"{s.name}: {result[1]}")
+        _, s.state, observation, s.done = result
+        s.used = time.monotonic()
+        return _json(b'{"observation":%s}' % observation)
+
+    async def delete(self, sid: str):
+        if sid not in self.sessions:
+            raise HTTPException(404, f"no session {sid[:40]!r}")
+        self.close(sid)
+        return {"closed": sid}
+
+
+def _answer_errors(app: FastAPI) -> None:
+    """Every error as a JSON ``{"error": {"message": ...}}``: HTTP errors with their detail, a
+    request of the wrong shape 422 naming its fields, the server's own bug a 500 naming only
+    its type (never a traceback)."""
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException):
@@ -315,91 +413,18 @@ def create_app(cfg: EnvServerConfig):
         message = f"internal error ({type(exc).__name__})"
         return Response(error_body(message), 500, media_type="application/json")
 
-    async def body(request: Request, model: type[BaseModel]):
-        raw = await request.body()  # at most max_body_mb: BodyGuard counts it
-        return await asyncio.to_thread(_parse, raw, model)  # linear, but off the loop
 
-    async def call(fn, *args) -> tuple:
-        async with running:
-            return await pool.run(cfg.step_timeout_s, fn, *args)
-
-    def failed(name: str, what: str, e: Exception) -> HTTPException:
-        if isinstance(e, WorkerTimeout):
-            message = f"{name}: {what} took longer than step_timeout_s={cfg.step_timeout_s}"
-            return HTTPException(504, message)
-        reason = "its worker died" if isinstance(e, WorkerLost) else str(e)
-        return HTTPException(500, f"{name}: {what} failed: {reason}")
-
-    @app.get("/health")
-    async def health():
-        return {
-            "status": "ok",
-            "environments": sorted(specs),
-            "sessions": len(sessions),
-            "workers": pool.started,
-        }
-
-    @app.post("/sessions")
-    async def open_session(request: Request):
-        nonlocal opening
-        req: Open = await body(request, Open)
-        if req.env not in specs:
-            name = req.env[:100]
-            raise HTTPException(404, f"no environment {name!r} here (hosted: {sorted(specs)})")
-        if len(sessions) + opening >= cfg.max_sessions:
-            raise HTTPException(429, f"max_sessions={cfg.max_sessions} episodes are open")
-        opening += 1
-        try:
-            result = await call(_open, specs[req.env], req.item)
-        except (WorkerFailed, WorkerLost, WorkerTimeout) as e:
-            raise failed(req.env, "reset", e) from None
-        finally:
-            opening -= 1
-        if result[0] == "bad":
-            raise HTTPException(400, f"{req.env}: {result[1]}")
-        _, state, observation, done = result
-        sid = secrets.token_hex(8)
-        sessions[sid] = _Session(req.env, state)
-        sessions[sid].done = done
-        return _json(b'{"session":"%s","observation":%s}' % (sid.encode(), observation))
-
-    @app.post("/sessions/{sid}/step")
-    async def step(sid: str, request: Request):
-        req: Act = await body(request, Act)
-        s = sessions.get(sid)
-        if s is None:
-            raise HTTPException(404, f"no session {sid[:40]!r} (closed, timed out or never opened)")
-        if s.lock.locked():
-            raise HTTPException(409, f"session {sid!r} is already taking a step")
-        if s.done:
-            raise HTTPException(400, f"{s.name}: the episode of session {sid!r} is over")
-        if len(req.action) > cfg.max_action_chars:
-            message = f"an action of {len(req.action)} characters: max_action_chars is "
-            raise HTTPException(413, message + str(cfg.max_action_chars))
-        async with s.lock:
-            try:
-                result = await call(_step, s.state, req.action)
-            except (WorkerFailed, WorkerLost, WorkerTimeout) as e:
-                close(sid)
-                raise failed(s.name, "step", e) from None
-            except asyncio.CancelledError:  # the client left mid-step: its outcome is unknown
-                close(sid)
-                raise
-        if sessions.get(sid) is not s:  # closed meanwhile (DELETE, the reaper)
-            raise HTTPException(404, f"session {sid!r} was closed during its step")
-        if result[0] == "bad":
-            s.state, s.used = result[2], time.monotonic()
-            raise HTTPException(400, f"{s.name}: {result[1]}")
-        _, s.state, observation, s.done = result
-        s.used = time.monotonic()
-        return _json(b'{"observation":%s}' % observation)
-
-    @app.delete("/sessions/{sid}")
-    async def delete(sid: str):
-        if sid not in sessions:
-            raise HTTPException(404, f"no session {sid[:40]!r}")
-        close(sid)
-        return {"closed": sid}
+def create_app(cfg: EnvServerConfig):
+    """The FastAPI app of ``cfg`` (its specs checked here, before it serves)."""
+    host = _Host(cfg, cfg.specs())
+    app = FastAPI(title="Tandem environments", lifespan=host.lifespan)
+    app.state.environments = sorted(host.specs)
+    app.state.pool = host.pool
+    _answer_errors(app)
+    app.get("/health")(host.health)
+    app.post("/sessions")(host.open_session)
+    app.post("/sessions/{sid}/step")(host.step)
+    app.delete("/sessions/{sid}")(host.delete)
 
     limit = int(cfg.max_body_mb * 2**20)
     too_large = f"the request body exceeds max_body_mb ({limit} bytes)"

@@ -15,7 +15,7 @@ from typing import Any
 from kernel.buffer import DataBuffer
 from kernel.hooks import RolloutContext
 from kernel.metrics import mean, pass_at_k
-from kernel.rollout import RolloutManager
+from kernel.rollout import GroupResult, RolloutManager
 from kernel.run.config import TrainConfig
 from kernel.run.results import eval_data
 
@@ -45,44 +45,64 @@ async def evaluate(
     kept, _, _ = await manager.run(ctx, buffer.next_groups(len(buffer)))
     row: dict[str, float] = {}
     items = []
-    k = cfg.eval.n_samples
     for agent in sorted({s.agent for r in kept for s in r.samples}):
-        tokenizer = ctx.agents[agent].tokenizer
-        per_prompt = []  # (environment, mean reward, passed per episode)
-        for r in kept:
-            mine = [s for s in r.samples if s.agent == agent and s.raw_reward is not None]
-            if mine:
-                passed = [
-                    bool(s.metadata.get("correct", s.raw_reward >= cfg.eval.pass_threshold))
-                    for s in mine
-                ]
-                env = r.group[0].metadata.get("env")
-                per_prompt.append((env, mean(s.raw_reward for s in mine), passed))
-                items.append(
-                    {
-                        "row": r.group[0].metadata["row"],
-                        **({"env": env} if env else {}),
-                        "agent": agent,
-                        "rewards": [s.raw_reward for s in mine],
-                        "passed": passed,
-                        "texts": [tokenizer.decode(s.response_ids) for s in mine],
-                        "metrics": [_numbers(s.metadata.get("metrics")) for s in mine],
-                    }
-                )
-        envs = sorted({e for e, _, _ in per_prompt if e})
-        for prefix, env in [(f"eval/{agent}", None), *((f"eval/{agent}/{e}", e) for e in envs)]:
-            scored = [(a, p) for e, a, p in per_prompt if env is None or e == env]
-            if not scored:
-                continue
-            row[f"{prefix}/avg@{k}"] = mean(a for a, _ in scored)
-            for j in cfg.eval.pass_k or [k]:
-                row[f"{prefix}/pass@{j}"] = mean(
-                    pass_at_k(len(p), sum(p), min(j, len(p))) for _, p in scored
-                )
+        per_prompt, scored_items = _score(cfg, agent, kept, ctx.agents[agent].tokenizer)
+        items += scored_items
+        row |= _reduce(cfg, agent, per_prompt)
     path = Path(cfg.output_dir) / "eval" / f"step_{updates}.jsonl"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(item) + "\n" for item in items))
     row["time/eval_s"] = time.perf_counter() - t0
+    return row
+
+
+def _score(
+    cfg: TrainConfig, agent: str, kept: list[GroupResult], tokenizer: Any
+) -> tuple[list[tuple[str | None, float, list[bool]]], list[dict]]:
+    """``agent``'s scored episodes of each prompt: per prompt (its environment, the mean reward,
+    whether each episode passed), and the prompt's item for the eval file."""
+    per_prompt = []  # (environment, mean reward, passed per episode)
+    items = []
+    for r in kept:
+        mine = [s for s in r.samples if s.agent == agent and s.raw_reward is not None]
+        if mine:
+            passed = [
+                bool(s.metadata.get("correct", s.raw_reward >= cfg.eval.pass_threshold))
+                for s in mine
+            ]
+            env = r.group[0].metadata.get("env")
+            per_prompt.append((env, mean(s.raw_reward for s in mine), passed))
+            items.append(
+                {
+                    "row": r.group[0].metadata["row"],
+                    **({"env": env} if env else {}),
+                    "agent": agent,
+                    "rewards": [s.raw_reward for s in mine],
+                    "passed": passed,
+                    "texts": [tokenizer.decode(s.response_ids) for s in mine],
+                    "metrics": [_numbers(s.metadata.get("metrics")) for s in mine],
+                }
+            )
+    return per_prompt, items
+
+
+def _reduce(
+    cfg: TrainConfig, agent: str, per_prompt: list[tuple[str | None, float, list[bool]]]
+) -> dict[str, float]:
+    """avg@n and pass@k of ``agent`` over its prompts, ``eval/<agent>/...``, and over each
+    environment's, ``eval/<agent>/<env>/...``."""
+    row: dict[str, float] = {}
+    k = cfg.eval.n_samples
+    envs = sorted({e for e, _, _ in per_prompt if e})
+    for prefix, env in [(f"eval/{agent}", None), *((f"eval/{agent}/{e}", e) for e in envs)]:
+        scored = [(a, p) for e, a, p in per_prompt if env is None or e == env]
+        if not scored:
+            continue
+        row[f"{prefix}/avg@{k}"] = mean(a for a, _ in scored)
+        for j in cfg.eval.pass_k or [k]:
+            row[f"{prefix}/pass@{j}"] = mean(
+                pass_at_k(len(p), sum(p), min(j, len(p))) for _, p in scored
+            )
     return row
 
 

@@ -171,14 +171,7 @@ class Runtime:
         generate = load_generate(cfg.generate_fn or f"recipes.{cfg.recipe}.generate.generate")
         reward = load_reward(cfg.reward_fn or f"recipes.{cfg.recipe}.reward.reward")
         plan = cfg.plan()  # recipe_args too: plan.recipe is what the hooks see as ctx.config
-        out = Path(cfg.output_dir)
-        found = checkpoints(out)
-        if found and not cfg.resume:
-            raise ValueError(
-                f"{out} already holds checkpoints ({found[-1].name}): pass --resume true to "
-                "continue that run, or choose another --output_dir"
-            )
-        out.mkdir(parents=True, exist_ok=True)
+        out, found = output_dir(cfg)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
 
@@ -194,44 +187,14 @@ class Runtime:
                 DataBuffer(eval_data(cfg))
             models = plan_models(plan, out, placement)
             critic = run_critic(plan, models)  # MAAC's tokenizer check before engines start
-            for m in models:
-                stack.push(m.pool)  # stopped on the way out (entering it would wait for them)
-                m.pool.launch()
-            for m in models:
-                m.tokenizer = load_tokenizer(m.agents[0].tokenizer or m.path)
-                stack.callback(m.thread.close)
-                m.trainer = m.thread.call(place_trainer, cfg, m, placement.get(m.owner))
-            start, ckpt = 0, None
-            if found:
-                ckpt, state = resume_from(found, models, critic)
-                for m in models:
-                    m.version = state["weight_versions"][m.owner]
-                buffer.load_state_dict(state["buffer"])
-                start = state["step"]
-                random.setstate(rng_state(state["python_rng"]))
+            launch_models(cfg, models, placement, stack)
+            start, ckpt = restore(found, models, critic, buffer) if found else (0, None)
             (out / "config.json").write_text(json.dumps(redact(jsonable(cfg)), indent=1))
             logger = MetricsLogger(out, cfg.log, redact(jsonable(cfg)), start)
 
-            for m in models:
-                m.pool.wait_healthy()
-                m.generators, m.clients = m.pool.clients()
-                m.sync = WeightSync(
-                    m.sync_config,
-                    m.clients,
-                    out / "sync" / m.owner,
-                    m.plan.temperature,
-                    m.thread.run,
-                    m.engine_ranks,
-                    adapters=list(m.plan.trained_adapters),
-                )
+            connect_engines(models, out)
             queue = JobQueue(cfg.queue) if cfg.queue.url else None
-            remote = {  # agents other jobs play: only their tokenizers here
-                r.owner: load_tokenizer(
-                    r.agents[0].tokenizer
-                    or materialize_model(check_model(r.settings.model), out / "models")
-                )
-                for r in plan.remote
-            }
+            remote = remote_tokenizers(plan, out)  # agents other jobs play
             handles = agent_handles(plan, models, queue, remote)
             ctx = RolloutContext(
                 agents=handles,
@@ -506,6 +469,80 @@ def plan_models(plan: RunPlan, out: Path, placement: dict[str, Any]) -> list[Run
             model.sync_config = replace(cfg.sync, transport=where.sync_transport)
         models.append(model)
     return models
+
+
+def output_dir(cfg: TrainConfig) -> tuple[Path, list[Path]]:
+    """The run's output folder, made, and the checkpoints it holds; ValueError when it holds
+    some and the run does not resume."""
+    out = Path(cfg.output_dir)
+    found = checkpoints(out)
+    if found and not cfg.resume:
+        raise ValueError(
+            f"{out} already holds checkpoints ({found[-1].name}): pass --resume true to "
+            "continue that run, or choose another --output_dir"
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    return out, found
+
+
+def launch_models(
+    cfg: TrainConfig,
+    models: list[RunningModel],
+    placement: dict[str, Any],
+    stack: contextlib.ExitStack,
+) -> None:
+    """Launch every model's engines, then, while they load, read each model's tokenizer and
+    build its trainer; ``stack`` stops the engines and the trainer threads on the way out."""
+    for m in models:
+        stack.push(m.pool)  # stopped on the way out (entering it would wait for them)
+        m.pool.launch()
+    for m in models:
+        m.tokenizer = load_tokenizer(m.agents[0].tokenizer or m.path)
+        stack.callback(m.thread.close)
+        m.trainer = m.thread.call(place_trainer, cfg, m, placement.get(m.owner))
+
+
+def restore(
+    found: list[Path], models: list[RunningModel], critic: Critic | None, buffer: DataBuffer
+) -> tuple[int, Path]:
+    """Load the last of the checkpoints ``found`` into the models (weights and versions), the
+    critic, the data buffer and Python's RNG; returns the step to start from and the
+    checkpoint."""
+    ckpt, state = resume_from(found, models, critic)
+    for m in models:
+        m.version = state["weight_versions"][m.owner]
+    buffer.load_state_dict(state["buffer"])
+    start = state["step"]
+    random.setstate(rng_state(state["python_rng"]))
+    return start, ckpt
+
+
+def connect_engines(models: list[RunningModel], out: Path) -> None:
+    """Once each model's engines answer: its clients, and its weight sync to them."""
+    for m in models:
+        m.pool.wait_healthy()
+        m.generators, m.clients = m.pool.clients()
+        m.sync = WeightSync(
+            m.sync_config,
+            m.clients,
+            out / "sync" / m.owner,
+            m.plan.temperature,
+            m.thread.run,
+            m.engine_ranks,
+            adapters=list(m.plan.trained_adapters),
+        )
+
+
+def remote_tokenizers(plan: RunPlan, out: Path) -> dict[str, Any]:
+    """The tokenizer of each agent another job plays (kernel.run.jobs), by its name (it owns
+    its model): only the model's files here, neither engines nor a trainer."""
+    return {
+        r.owner: load_tokenizer(
+            r.agents[0].tokenizer
+            or materialize_model(check_model(r.settings.model), out / "models")
+        )
+        for r in plan.remote
+    }
 
 
 def place_trainer(cfg: TrainConfig, model: RunningModel, where) -> Trainer | None:

@@ -165,16 +165,7 @@ class TorchTrainer:
         self.last_updates: list[dict[str, float]] = []  # the last train_step's, per update
 
         self.model = self._load(model_path)
-        self.lora: Adapters | None = None
-        if adapters:
-            if self.world_size > 1 or critic is not None:
-                raise ValueError(
-                    "lora: LoRA adapters train on one rank without a critic; this trainer has "
-                    f"{self.world_size} data-parallel ranks"
-                    + (" and a critic (advantage.estimator gae)" if critic else "")
-                )
-            self.lora = Adapters(self.model, adapters, optim, total_steps)
-            self.model = self.lora.model
+        self.lora = self._build_adapters(adapters, critic, optim, total_steps) if adapters else None
         self.share_prompts = (  # FSDP gathers weights per forward: ranks must run the same ones
             cfg.share_prompts
             and self.world_size == 1
@@ -202,18 +193,41 @@ class TorchTrainer:
         else:  # the parameters as the optimizer holds them (FSDP's shards, once sharded)
             self.params = list(self.model.parameters())
             self.optimizer, self.scheduler = build_optimizer(self.params, optim, total_steps)
-        self.critic = None
-        if critic is not None:
-            if self.world_size > 1:
-                raise ValueError(
-                    "critic (advantage.estimator gae): the critic trains on one rank; this "
-                    f"trainer has {self.world_size} data-parallel ranks"
-                )
-            self.critic = Critic(
-                critic, advantage or AdvantageConfig(), model_path, self.device, cfg, self.model
-            )
+        self.critic = None if critic is None else self._build_critic(critic, advantage, model_path)
 
     # ---------------------------------------------------------------- set-up
+
+    def _build_adapters(
+        self,
+        adapters: dict[str, LoraConfig],
+        critic: CriticConfig | None,
+        optim: OptimConfig,
+        total_steps: int,
+    ) -> Adapters:
+        """LoRA adapters over ``self.model`` (which becomes the model with them in), one per
+        agent named; they train on one rank, without a critic (ValueError otherwise)."""
+        if self.world_size > 1 or critic is not None:
+            raise ValueError(
+                "lora: LoRA adapters train on one rank without a critic; this trainer has "
+                f"{self.world_size} data-parallel ranks"
+                + (" and a critic (advantage.estimator gae)" if critic else "")
+            )
+        lora = Adapters(self.model, adapters, optim, total_steps)
+        self.model = lora.model
+        return lora
+
+    def _build_critic(
+        self, critic: CriticConfig, advantage: AdvantageConfig | None, model_path: str
+    ) -> Critic:
+        """The value model trained beside the policy, on one rank (ValueError otherwise)."""
+        if self.world_size > 1:
+            raise ValueError(
+                "critic (advantage.estimator gae): the critic trains on one rank; this "
+                f"trainer has {self.world_size} data-parallel ranks"
+            )
+        return Critic(
+            critic, advantage or AdvantageConfig(), model_path, self.device, self.cfg, self.model
+        )
 
     def _load(self, path: str):
         model = load_causal_lm(path, dtype="float32", device=str(self.device))
