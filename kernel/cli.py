@@ -12,13 +12,14 @@ Commands:
          (collect's pairs.jsonl, or prompt/chosen/rejected rows), frozen reference
   config validate a training config (YAML file and flags) and print it resolved
   plot   learning curves of a run's metrics.jsonl to PNG
-  launch place a training job on a Ray cluster and run it there (--dry-run: only print the plan)
+  launch place a training job on a Ray cluster and run it there (--dry-run: print where it goes)
   export one agent's model out of a checkpoint as a folder any engine loads (a LoRA adapter
          merged into its base, or the adapter alone)
 
 Every command validates its flags before it starts work and exits with status 2 and a message
 naming the flag on bad input. The commands are one table, ``COMMANDS`` (name -> parser, handler,
 help): ``build_parser`` makes the subcommands from it and ``main`` dispatches through it.
+``train_config(argv)`` is the TrainConfig ``train`` would run with, for in-process callers.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ from jsonargparse import ArgumentParser, Namespace
 
 from kernel.advantages import estimators
 from kernel.auth import refuse_key_flag
-from kernel.cluster.plan import ClusterConfig, make_plan
-from kernel.cluster.run import run_plan
+from kernel.cluster.plan import ClusterConfig, make_placement
+from kernel.cluster.run import run_placement
 from kernel.env.server import EnvServerConfig, serve
 from kernel.hooks import recipes_root
 from kernel.loss import AGG_MODES
@@ -469,7 +470,8 @@ def _launch_parser() -> ArgumentParser:
         "Place a training job on a cluster: which GPU of which node trains or serves which agent, "
         "engine and router ports, parallel sizes. Per model, placement comes from the agent "
         "spec's resources (kernel.cluster.plan.ResourceConfig). --dry-run prints and validates "
-        "the plan without Ray or a GPU. Without it the plan runs on Ray (cluster.address, or a "
+        "the placement without Ray or a GPU. Without it the run starts on Ray as placed "
+        "(cluster.address, or a "
         "local Ray): per model, engines start on the planned node, GPUs and ports "
         "(cluster.engine_server: real SGLang, or the embedded server on CPU) behind the model's "
         "sglang-router, and a trainer of Ray actors (one torch.distributed rank per planned GPU) "
@@ -479,8 +481,10 @@ def _launch_parser() -> ArgumentParser:
         section=(ClusterConfig, "cluster"),
     )
     flag = ActionYesNo(no_prefix="--no-")
-    launch.add_argument("--dry-run", action=flag, default=False, help="Print the plan and stop.")
-    launch.add_argument("--json", action=flag, default=False, help="Print the plan as JSON.")
+    launch.add_argument(
+        "--dry-run", action=flag, default=False, help="Print the placement and stop."
+    )
+    launch.add_argument("--json", action=flag, default=False, help="Print the placement as JSON.")
     return launch
 
 
@@ -498,19 +502,19 @@ def _env_serve_parser() -> ArgumentParser:
 def cmd_launch(cfg, cluster, dry_run: bool, as_json: bool) -> None:
     from rich.console import Console
 
-    plan = make_plan(cfg, cluster)
+    placement = make_placement(cfg, cluster)
     if as_json:
-        print(plan.to_json())
+        print(placement.to_json())
     else:
         console = Console(width=160)
-        for table in plan.tables():
+        for table in placement.tables():
             console.print(table)
     if dry_run:
-        print("# valid: the plan fits the cluster", file=sys.stderr)
+        print("# valid: the placement fits the cluster", file=sys.stderr)
         return
 
     try:
-        rows = run_plan(cfg, plan)
+        rows = run_placement(cfg, placement)
     except KeyboardInterrupt:
         Console(stderr=True).print(
             "[red]interrupted[/]: every engine, router and trainer actor this launch started has "
@@ -528,6 +532,25 @@ def cmd_launch(cfg, cluster, dry_run: bool, as_json: bool) -> None:
 
 def _train_config(args: Namespace) -> TrainConfig:
     return _build(TrainConfig, args).validate()
+
+
+def train_config(argv: list[str]) -> TrainConfig:
+    """The validated TrainConfig ``python -m kernel train ARGV`` runs with, for code that starts
+    a run in-process (a test, a notebook): ``train(train_config(["--preset", "toy"]))``. The
+    same steps as ``main`` (``--preset`` expanded, config files checked), train's own parser and
+    its handler's validation; a ValueError names the flag or file."""
+    parser = COMMANDS["train"].parser()
+    argv = _expanded(["train", *argv])[1:]
+    return _train_config(parser.instantiate(parser.parse_args(argv)))
+
+
+def _expanded(argv: list[str]) -> list[str]:
+    """``argv`` with ``--preset NAME`` turned into its ``--config FILE``, every config file
+    checked to be YAML (a ValueError names the file, line and column)."""
+    argv = expand_preset(argv)
+    for path in config_files(argv):  # a preset is a --config file by now
+        check_yaml_file(path)
+    return argv
 
 
 def _collect(args: Namespace, argv: list[str]) -> None:
@@ -654,9 +677,7 @@ def main(argv: list[str] | None = None) -> None:
     read_help_text(argv)
     parser = build_parser()
     try:
-        argv = expand_preset(argv)
-        for path in config_files(argv):  # a preset is a --config file by now
-            check_yaml_file(path)
+        argv = _expanded(argv)
     except ValueError as e:
         parser.error(str(e))
     ns = parser.parse_args(argv)

@@ -10,13 +10,12 @@ the agent's engines; anything with the same methods (a scripted agent in a test)
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from kernel.conversation import Conversation
 from kernel.sample import Sample, Status
 
 
-@runtime_checkable
 class Reply(Protocol):
     """One sampled continuation, as an engine returns it."""
 
@@ -30,11 +29,12 @@ class Reply(Protocol):
         ...
 
 
-@runtime_checkable
 class Agent(Protocol):
-    """One agent of a run, as a recipe calls it. Calls that arrive together are batched per
-    model; a failed or aborted request raises ``kernel.rollout.EpisodeAborted`` (the rollout then
-    samples the whole prompt group again later)."""
+    """One agent of a run, as a recipe calls it (``ctx.agents[name]``): the run hands it an
+    ``AgentHandle`` (configured by an ``AgentSpec``), a test any object with these methods.
+    Calls that arrive together are batched per model; a failed or aborted request raises
+    ``kernel.rollout.EpisodeAborted`` (the rollout then samples the whole prompt group again
+    later)."""
 
     name: str
     tokenizer: Any  # the agent's own HF tokenizer

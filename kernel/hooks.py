@@ -23,7 +23,7 @@ import inspect
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from kernel.dialogue import Agent
 from kernel.sample import Sample
@@ -39,13 +39,10 @@ class RolloutContext:
 
     agents: Mapping[str, Agent] = field(default_factory=dict)  # name -> the agent (its engines)
     config: Any = None  # the recipe's own config (its RecipeConfig, or the recipe_args dict)
-    run: Any = None  # the whole TrainConfig of the run (kernel.run.config, a layer above hooks)
     step: int = 0
     envs: Mapping[str, Any] = field(default_factory=dict)  # name -> kernel.env.EnvSpec
-    extras: dict[str, Any] = field(default_factory=dict)  # e.g. retriever URL, judge client
 
 
-@runtime_checkable
 class GenerateFn(Protocol):
     """One episode from a seed sample: its samples, one per agent turn trained on. A None
     entry (an agent that never spoke, ``Dialogue.sample``) is dropped by the rollout."""
@@ -56,7 +53,6 @@ class GenerateFn(Protocol):
 RewardResult = float | dict[str, float | None] | list[float | None] | None
 
 
-@runtime_checkable
 class RewardFn(Protocol):
     def __call__(
         self, ctx: RolloutContext, samples: list[Sample]

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from kernel.advantages import AdvantageConfig
-from kernel.cluster.plan import ClusterConfig, ResourceConfig, make_plan
+from kernel.cluster.plan import ClusterConfig, ResourceConfig, make_placement
 from kernel.engine.pool import EngineConfig
 from kernel.loss import LossConfig
 from kernel.run import runtime
@@ -88,7 +88,7 @@ ROLLOUT_READ = {
     "max_response_len": lambda h: h.max_response_len,
     "max_context_len": lambda h: h.max_context_len,
 }
-# How the cluster placement of a model shows its resources (kernel.cluster.plan.ModelPlan).
+# How the cluster placement of a model shows its resources (kernel.cluster.plan.PlacedModel).
 RESOURCES_READ = {
     "train_gpus": lambda g: len(g.trainer),
     "infer_gpus": lambda g: sum(len(e.gpus) for e in g.engines),
@@ -182,7 +182,7 @@ def _read(section: str, agent: str, plan, tmp_path) -> typing.Callable[[str], ob
     if section == "engine":
         return lambda key: getattr(model.pool.cfg, key)
     if section == "resources":
-        placed = make_plan(plan.cfg, ClusterConfig(nodes=2, gpus_per_node=8))
+        placed = make_placement(plan.cfg, ClusterConfig(nodes=2, gpus_per_node=8))
         group = next(g for g in placed.groups if agent in g.agents)
         return lambda key: RESOURCES_READ[key](group)
     if section == "lora":

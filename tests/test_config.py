@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kernel.run.config import TrainConfig, load_train_config
+from kernel.cli import train_config
+from kernel.run.config import TrainConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -26,7 +27,7 @@ def test_yaml_then_flags_override(tmp_path):
             }
         )
     )
-    cfg = load_train_config(["--optim.lr=2e-5"], yaml_path=cfg_file)
+    cfg = train_config([f"--config={cfg_file}", "--optim.lr=2e-5"])
     assert isinstance(cfg, TrainConfig)
     assert cfg.num_steps == 5 and cfg.optim.lr == 2e-5
     assert cfg.advantage.estimator == "rloo" and cfg.data.path == "x.jsonl"
@@ -40,9 +41,9 @@ def test_recipe_args_strings_stay_strings(tmp_path):
     # the toy recipe has no config class: its hooks get recipe_args as they are
     run = {"recipe": "toy", "recipe_args": args, "data": {"path": "x.jsonl"}}
     cfg_file.write_text(yaml.safe_dump(run))
-    assert load_train_config([], yaml_path=cfg_file).recipe_args == args
+    assert train_config([f"--config={cfg_file}"]).recipe_args == args
     flag = f"--recipe_args={json.dumps(args)}"
-    assert load_train_config([flag], yaml_path=cfg_file).recipe_args == args
+    assert train_config([f"--config={cfg_file}", flag]).recipe_args == args
 
 
 @pytest.mark.parametrize(
@@ -57,7 +58,7 @@ def test_recipe_args_strings_stay_strings(tmp_path):
 )
 def test_validation_names_the_flag(flags, needle):
     with pytest.raises(ValueError, match=None) as e:
-        load_train_config(["--data.path=x.jsonl", *flags])
+        train_config(["--data.path=x.jsonl", *flags])
     assert needle in str(e.value)
 
 
@@ -151,7 +152,7 @@ def test_ray_trainer_ranks_must_split_over_the_trainers_parallel_sizes(tmp_path)
         "--ray.enabled=true",
         "--ray.ranks=3",
     ]
-    cfg = load_train_config(flags, yaml_path=ROOT / "kernel" / "presets" / "toy.yaml")
+    cfg = train_config(["--preset", "toy", *flags])
     with pytest.raises(ValueError, match=r"agents\['default'\]: 3 trainer ranks .* = 2 x 1"):
         cfg.plan().check_ray_ranks()
     cfg.plan().check_ray_ranks(placed={"default"})  # kernel launch's plan places it: its check
@@ -166,7 +167,7 @@ def test_ray_trainer_ranks_must_split_over_the_trainers_parallel_sizes(tmp_path)
 def test_every_preset_passes_its_checks(preset):
     """Each shipped preset loads and validates as it is (its recipe config included: the
     plan builds it)."""
-    plan = load_train_config([], yaml_path=preset).plan()
+    plan = train_config([f"--config={preset}"]).plan()
     assert plan.recipe is not None
 
 
@@ -181,7 +182,7 @@ def test_the_run_plan_resolves_every_agent_and_model_once(tmp_path):
         {"name": "patient", "trainable": False, "rollout": {"temperature": 0.0}},
     ]
     flags = [f"--output_dir={tmp_path}", f"--agents={json.dumps(agents)}", "--rollout.top_p=0.95"]
-    plan = load_train_config(flags, yaml_path=ROOT / "kernel" / "presets" / "toy.yaml").plan()
+    plan = train_config(["--preset", "toy", *flags]).plan()
     assert [m.owner for m in plan.models] == ["doctor", "patient"]
     doctor, patient = plan.models
     assert [s.name for s in doctor.agents] == ["doctor", "nurse"] and doctor.trained
@@ -205,7 +206,7 @@ def test_lora_gives_each_trainable_agent_of_a_model_its_own_adapter(tmp_path):
         {"name": "critic"},  # its own model, trained in full
     ]
     flags = [f"--output_dir={tmp_path}", f"--agents={json.dumps(agents)}"]
-    plan = load_train_config(flags, yaml_path=ROOT / "kernel" / "presets" / "toy.yaml").plan()
+    plan = train_config(["--preset", "toy", *flags]).plan()
     solver, critic = plan.models
     assert sorted(solver.adapters) == ["solver", "verifier"] and not critic.adapters
     assert solver.adapters["solver"].rank == 8 and solver.adapters["verifier"].rank == 4
@@ -242,7 +243,7 @@ def test_lora_gives_each_trainable_agent_of_a_model_its_own_adapter(tmp_path):
 def test_lora_settings_that_cannot_train_fail_naming_the_agent(tmp_path, agents, flags, needle):
     flags = [f"--output_dir={tmp_path}", f"--agents={json.dumps(agents)}", *flags]
     with pytest.raises(ValueError) as e:
-        load_train_config(flags, yaml_path=ROOT / "kernel" / "presets" / "toy.yaml").plan()
+        train_config(["--preset", "toy", *flags]).plan()
     assert needle in str(e.value)
 
 

@@ -260,12 +260,12 @@ def test_after_a_fallback_the_next_save_replaces_the_damaged_and_keeps_the_good(
 
 @pytest.mark.slow
 def test_toy_run_resumes_past_a_damaged_checkpoint_and_a_torn_metrics_line(tmp_path, caplog):
-    from kernel.run.config import load_train_config
+    from kernel.cli import train_config
     from kernel.run.loop import train
 
     def config(*flags):
         flags = [f"--output_dir={tmp_path}", "--save_every=1", *flags]
-        return load_train_config(flags, yaml_path=TOY)
+        return train_config([f"--config={TOY}", *flags])
 
     train(config("--num_steps=3"))
     ckpts = tmp_path / "checkpoints"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel.run.config import load_train_config
+from kernel.cli import train_config
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN_YAML = "num_steps: 3\nseed: 1\n  top_p: 0.9\n"  # line 3, column 8: a stray indent
@@ -52,7 +52,7 @@ def test_yaml_syntax_error_in_a_config_file_names_the_file_and_line(tmp_path):
     bad.write_text(BROKEN_YAML)
     _fails_cleanly(_cli("config", "--config", str(bad)), f"{bad}, line 3, column 8", "invalid YAML")
     with pytest.raises(ValueError, match=re.escape(f"{bad}, line 3")):  # the Python entry point too
-        load_train_config([], yaml_path=bad)
+        train_config([f"--config={bad}"])
 
 
 def test_yaml_syntax_error_in_a_preset_names_the_file_and_line(tmp_path):

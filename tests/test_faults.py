@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from kernel.buffer import DataBuffer
+from kernel.cli import train_config
 from kernel.hooks import package_file
-from kernel.run.config import load_train_config
 from kernel.run.loop import train
 from tests.hook_fixtures import faults
 from tests.procs import alive, children, engines_of
@@ -33,8 +33,9 @@ TOY = ROOT / "kernel" / "presets" / "toy.yaml"
 @pytest.mark.parametrize("transport", ["tensor", "distributed"])
 def test_engine_killed_mid_rollout_is_replaced_and_the_step_completes(tmp_path, transport):
     faults.seen.clear()
-    cfg = load_train_config(
+    cfg = train_config(
         [
+            f"--config={TOY}",
             f"--output_dir={tmp_path}",
             "--generate_fn=tests.hook_fixtures.faults.generate",
             "--num_steps=4",
@@ -42,8 +43,7 @@ def test_engine_killed_mid_rollout_is_replaced_and_the_step_completes(tmp_path, 
             "--engine.start_router=true",
             "--rollout.max_response_len=24",
             f"--sync.transport={transport}",
-        ],
-        yaml_path=TOY,
+        ]
     )
     rows = train(cfg)
 
@@ -157,7 +157,7 @@ def test_five_sigkills_one_during_a_save_lose_and_repeat_nothing(tmp_path):
 
     logged = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["step"] for r in logged] == list(range(steps)), kills
-    cfg = load_train_config([f"--output_dir={tmp_path}"], yaml_path=TOY)
+    cfg = train_config([f"--config={TOY}", f"--output_dir={tmp_path}"])
     buffer = DataBuffer(replace(cfg.data, path=package_file(cfg.data.path)))
     expected = [sorted(g[0].metadata["row"] for g in buffer.next_groups()) for _ in range(steps)]
     assert [r["data/rows"] for r in logged] == expected, kills

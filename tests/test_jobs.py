@@ -194,19 +194,19 @@ NO_EVAL = ["--eval.every=0", "--eval.path="]
     ],
 )
 def test_jobs_settings_are_refused_before_start_naming_the_flag(flags, words):
-    from kernel.run.config import load_train_config
+    from kernel.cli import train_config
 
     with pytest.raises(ValueError, match=re.escape(words)):
-        load_train_config(flags, yaml_path=TINY).validate()
+        train_config([f"--config={TINY}", *flags])
 
 
 def test_a_consuming_job_with_one_engine_or_a_router_is_planned():
-    from kernel.run.config import load_train_config
+    from kernel.cli import train_config
 
     for extra in ([], ["--engine.num_engines=2", "--engine.start_router=true"]):
-        plan = load_train_config([*CONSUME, *NO_EVAL, *extra], yaml_path=TINY).plan()
+        plan = train_config([f"--config={TINY}", *CONSUME, *NO_EVAL, *extra]).plan()
         assert [m.owner for m in plan.models] == ["patient"] and plan.remote == ()
-    plan = load_train_config([REMOTE, URL], yaml_path=TINY).plan()
+    plan = train_config([f"--config={TINY}", REMOTE, URL]).plan()
     assert [m.owner for m in plan.models] == ["doctor"]
     assert [r.owner for r in plan.remote] == ["patient"]
     assert plan.rollout("patient").max_response_len == 16  # the preset's, for its handle

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from kernel.buffer import DataBuffer
-from kernel.run.config import load_train_config
+from kernel.cli import train_config
 from kernel.run.loop import train
 from tests.procs import engines_of
 
@@ -25,7 +25,7 @@ TOY = ROOT / "kernel" / "presets" / "toy.yaml"
 
 
 def toy_config(tmp_path, *flags):
-    return load_train_config([f"--output_dir={tmp_path}", *flags], yaml_path=TOY)
+    return train_config([f"--config={TOY}", f"--output_dir={tmp_path}", *flags])
 
 
 def mean_reward(rows):

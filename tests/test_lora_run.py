@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kernel.run.config import load_train_config
+from kernel.cli import train_config
 from kernel.run.loop import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -27,7 +27,7 @@ CHECKED = ["--sync.check_tolerance=1e-4", "--sync.check_every=1"]
 
 def test_three_adapters_on_one_base_train_and_serve_and_resume(tmp_path):
     flags = [f"--output_dir={tmp_path}", "--save_every=1", *CHECKED]
-    rows = train(load_train_config(flags, yaml_path=TINY))
+    rows = train(train_config([f"--config={TINY}", *flags]))
     assert [r["step"] for r in rows] == [0, 1]
     for row in rows:
         for role in ROLES:
@@ -42,7 +42,7 @@ def test_three_adapters_on_one_base_train_and_serve_and_resume(tmp_path):
     assert files == {f"adapters/{r}/adapter_model.safetensors" for r in ROLES}  # no base weights
     assert sum((trainer / f).stat().st_size for f in files) < 2**20
 
-    resumed = train(load_train_config([*flags, "--num_steps=3", "--resume=true"], yaml_path=TINY))
+    resumed = train(train_config([f"--config={TINY}", *flags, "--num_steps=3", "--resume=true"]))
     assert [r["step"] for r in resumed] == [2]
     assert resumed[0]["weight_version"] == 3
     for role in ROLES:  # the engines got the checkpoint's adapters back before step 2
@@ -60,11 +60,11 @@ def test_a_lora_checkpoint_evaluates_and_exports_merged(tmp_path):
     from kernel.models import load_causal_lm, materialize_model
     from kernel.run.loop import evaluate
 
-    cfg = load_train_config([f"--output_dir={tmp_path / 'run'}", "--num_steps=1"], yaml_path=TINY)
+    cfg = train_config([f"--config={TINY}", f"--output_dir={tmp_path / 'run'}", "--num_steps=1"])
     train(cfg)
     ckpt = tmp_path / "run" / "checkpoints" / "step_1"
     flags = [f"--output_dir={tmp_path / 'eval'}"]
-    row = evaluate(load_train_config(flags, yaml_path=TINY), str(ckpt))
+    row = evaluate(train_config([f"--config={TINY}", *flags]), str(ckpt))
     assert any(k.startswith("eval/selector/") for k in row)
 
     main(["export", f"--checkpoint={ckpt}", "--agent=solver", f"--out={tmp_path / 'merged'}"])
@@ -90,7 +90,7 @@ def test_adapters_sync_from_disk_as_real_sglang_loads_them(tmp_path):
     """sync.transport disk: each stepped adapter is written as a PEFT folder and loaded with
     /load_lora_adapter (real SGLang's way); the engine then serves what the trainer trained."""
     flags = [f"--output_dir={tmp_path}", "--num_steps=2", "--sync.transport=disk", *CHECKED]
-    rows = train(load_train_config(flags, yaml_path=TINY))
+    rows = train(train_config([f"--config={TINY}", *flags]))
     assert rows[-1]["sync/check_logprob_diff"] < 1e-4
     for role in ROLES:
         assert rows[-1][f"train/{role}/logprob_diff"] < 1e-4, role

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from kernel.cli import train_config
 from kernel.hooks import RolloutContext
 from kernel.run.agents import AgentSpec, agent_specs, model_groups
-from kernel.run.config import TrainConfig, load_train_config
+from kernel.run.config import TrainConfig
 from kernel.run.loop import train
 from kernel.sample import Sample
 from kernel.toy import duo_reward
@@ -29,7 +30,7 @@ FROZEN_PATIENT = (
 
 
 def duo_config(tmp_path, *flags):
-    return load_train_config([f"--output_dir={tmp_path}", *flags], yaml_path=DUO)
+    return train_config([f"--config={DUO}", f"--output_dir={tmp_path}", *flags])
 
 
 def mean(rows, key):

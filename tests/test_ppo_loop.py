@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel.run.config import load_train_config
+from kernel.cli import train_config
 from kernel.run.loop import train
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -24,8 +24,8 @@ def mean(rows, key):
 
 @pytest.mark.slow
 def test_two_ppo_epochs_clip_and_learn(tmp_path):
-    cfg = load_train_config(
-        [f"--output_dir={tmp_path}", "--num_steps=40", "--trainer.ppo_epochs=2"], yaml_path=TOY
+    cfg = train_config(
+        [f"--config={TOY}", f"--output_dir={tmp_path}", "--num_steps=40", "--trainer.ppo_epochs=2"]
     )
     rows = train(cfg)
     logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -41,7 +41,7 @@ def test_two_ppo_epochs_clip_and_learn(tmp_path):
 @pytest.mark.slow
 def test_staleness_is_zero_in_sync_mode_and_one_async(tmp_path):
     flags = ["--num_steps=4", "--data.prompts_per_step=2"]
-    sync = train(load_train_config([f"--output_dir={tmp_path / 's'}", *flags], yaml_path=TOY))
+    sync = train(train_config([f"--config={TOY}", f"--output_dir={tmp_path / 's'}", *flags]))
     assert [r["default/staleness"] for r in sync] == [0.0] * 4
     assert [r["train/stale_samples"] for r in sync] == [0.0] * 4
     assert all("train/tis_weight_mean" not in r for r in sync)  # tis_cap unset, none stale
@@ -52,7 +52,7 @@ def test_staleness_is_zero_in_sync_mode_and_one_async(tmp_path):
     # over the three (all 48 here with a learning run on both cores), never more than one behind
     slow = ["--async_mode=true", "--trainer.ppo_epochs=8"]
     async_ = train(
-        load_train_config([f"--output_dir={tmp_path / 'a'}", *flags, *slow], yaml_path=TOY)
+        train_config([f"--config={TOY}", f"--output_dir={tmp_path / 'a'}", *flags, *slow])
     )
     staleness = [r["default/staleness"] for r in async_]
     assert staleness[0] == 0.0 and all(0.0 <= x <= 1.0 for x in staleness)
@@ -71,7 +71,7 @@ def test_update_every_trains_each_rollout_of_its_agent_exactly_once(tmp_path):
         '{"name":"patient","model":"tiny-char","update_every":2}]'
     )
     flags = [agents, "--num_steps=7", "--async_mode=true", "--data.prompts_per_step=2"]
-    rows = train(load_train_config([f"--output_dir={tmp_path}", *flags], yaml_path=TOY_DUO))
+    rows = train(train_config([f"--config={TOY_DUO}", f"--output_dir={tmp_path}", *flags]))
 
     rolled = [r["patient/samples"] for r in rows]  # 2 prompts x 8 episodes, every step
     trained = [r.get("train/patient/n_samples", 0.0) for r in rows]
@@ -94,7 +94,7 @@ def test_update_every_trains_each_rollout_of_its_agent_exactly_once(tmp_path):
 @pytest.mark.slow
 def test_replay_adds_recent_groups_within_the_staleness_bound(tmp_path):
     flags = ["--num_steps=3", "--data.prompts_per_step=2", "--replay_groups=4"]
-    rows = train(load_train_config([f"--output_dir={tmp_path}", *flags], yaml_path=TOY))
+    rows = train(train_config([f"--config={TOY}", f"--output_dir={tmp_path}", *flags]))
     # step 0 has nothing to replay; step 1 replays step 0's 2 groups (one version old); at
     # step 2 the replay holds 4 groups, but step 0's are two versions old (max_staleness 1)
     assert [r["replay/samples"] for r in rows] == [0.0, 16.0, 16.0]
@@ -112,7 +112,7 @@ def test_ppo_with_a_critic_learns_the_toy_task(tmp_path, shared):
     the actor (critic.shared; measured 0.14 -> 0.93 as with a separate one)."""
     flags = ["--num_steps=40", "--advantage.estimator=gae", "--critic.lr=0.002"]
     flags += [f"--critic.shared={str(shared).lower()}"]
-    rows = train(load_train_config([f"--output_dir={tmp_path}", *flags], yaml_path=TOY))
+    rows = train(train_config([f"--config={TOY}", f"--output_dir={tmp_path}", *flags]))
     assert mean(rows[:5], "reward") <= 0.35
     assert mean(rows[-5:], "reward") >= 0.8
     logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
@@ -130,8 +130,8 @@ def test_a_resumed_gae_run_keeps_its_critic(tmp_path):
     critic's, not a fresh head's zeros."""
     flags = [f"--output_dir={tmp_path}", "--advantage.estimator=gae", "--critic.lr=0.01"]
     flags += ["--data.prompts_per_step=2", "--save_every=1"]
-    first = train(load_train_config([*flags, "--num_steps=2"], yaml_path=TOY))
+    first = train(train_config([f"--config={TOY}", *flags, "--num_steps=2"]))
     assert first[0]["train/critic/value_mean"] == 0.0
-    resumed = train(load_train_config([*flags, "--num_steps=3", "--resume=true"], yaml_path=TOY))
+    resumed = train(train_config([f"--config={TOY}", *flags, "--num_steps=3", "--resume=true"]))
     assert [r["step"] for r in resumed] == [2]
     assert resumed[0]["train/critic/value_mean"] != 0.0

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from kernel.cli import train_config
 from kernel.redact import redact, redact_url
-from kernel.run.config import load_train_config
 from kernel.run.loop import train
 
 TOY = Path(__file__).resolve().parent.parent / "kernel" / "presets" / "toy.yaml"
@@ -45,7 +45,7 @@ def test_redact_hides_url_passwords_and_secret_keys_only():
 def test_saved_config_json_hides_secrets(tmp_path):
     args = {"judge_url": "http://ann:hunter2@127.0.0.1:9/v1", "judge_api_key": "sk-secret"}
     flags = [f"--output_dir={tmp_path}", "--num_steps=1", f"--recipe_args={json.dumps(args)}"]
-    cfg = load_train_config(flags, yaml_path=TOY)
+    cfg = train_config([f"--config={TOY}", *flags])
     train(cfg)
     text = (tmp_path / "config.json").read_text()
     assert "hunter2" not in text and "sk-secret" not in text

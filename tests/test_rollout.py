@@ -279,11 +279,11 @@ def test_cross_refuses_episodes_without_one_sample_per_agent():
 
 
 def test_cross_config_refuses_a_team_estimator():
-    from kernel.run.config import load_train_config
+    from kernel.cli import train_config
 
     flags = ["--data.path=x.jsonl", "--reward.joint_mode=cross", "--advantage.estimator=magrpo"]
     with pytest.raises(ValueError, match="use grpo or dr_grpo"):
-        load_train_config(flags).validate()
+        train_config(flags)
     with pytest.raises(ValueError, match="joint_mode"):
         RewardConfig(joint_mode="crossed").validate()
 

@@ -159,7 +159,7 @@ def test_sft_of_a_lora_adapter_saves_it_and_rl_starts_from_it(tmp_path):
     """With lora.rank > 0, kernel sft tunes the agent's adapter alone (the base frozen) and
     saves it as a PEFT folder; a run given it as lora.path starts from it (its first held-out
     NLL is the tuned one, not the base's)."""
-    from kernel.run.config import load_train_config
+    from kernel.cli import train_config
     from kernel.run.sft import sft
 
     rows = [{"prompt": f"Say the word number {i}.", "response": "ok, done"} for i in range(40)]
@@ -169,7 +169,9 @@ def test_sft_of_a_lora_adapter_saves_it_and_rl_starts_from_it(tmp_path):
     files = {"path": str(tmp_path / "train.jsonl"), "eval_path": str(tmp_path / "test.jsonl")}
     scfg = SFTConfig(**files, epochs=8, batch_size=8)
     flags = ["--lora.rank=8", "--lora.alpha=16", "--optim.lr=1e-2"]
-    first = sft(load_train_config([f"--output_dir={tmp_path / 'a'}", *flags], preset), scfg)
+    first = sft(
+        train_config([f"--config={preset}", f"--output_dir={tmp_path / 'a'}", *flags]), scfg
+    )
     adapter = tmp_path / "a" / "adapters" / "default"
     assert (adapter / "adapter_model.safetensors").exists() and not (
         tmp_path / "a" / "model"
@@ -180,8 +182,13 @@ def test_sft_of_a_lora_adapter_saves_it_and_rl_starts_from_it(tmp_path):
     assert first["eval/nll"] < 0.8 * logged[0]["eval/nll"]
 
     again = sft(
-        load_train_config(
-            [f"--output_dir={tmp_path / 'b'}", *flags, f"--lora.path={adapter}"], preset
+        train_config(
+            [
+                f"--config={preset}",
+                f"--output_dir={tmp_path / 'b'}",
+                *flags,
+                f"--lora.path={adapter}",
+            ]
         ),
         SFTConfig(**files, epochs=1, batch_size=8),
     )

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from kernel.cli import train_config
 from kernel.engine.client import EngineClient
 from kernel.hooks import RolloutContext, load_generate, load_reward
 from kernel.run.agents import AgentHandle
-from kernel.run.config import load_train_config
 from kernel.run.loop import train
 from kernel.sample import Sample
 from kernel.toy import STEPS, steps_generate, steps_observation, steps_reward, toy_reward
@@ -67,7 +67,7 @@ def test_gigpo_learns_the_multi_step_toy(tmp_path):
     """GiGPO (episode-level GRPO plus step-level groups by anchor state) through the full path:
     the steps' mean reward rises from about 0.13 to at least 0.8 in 40 steps (measured 0.13 ->
     0.95; plain GRPO over the same steps 0.14 -> 0.98)."""
-    rows = train(load_train_config([f"--output_dir={tmp_path}"], yaml_path=TOY_STEPS))
+    rows = train(train_config([f"--config={TOY_STEPS}", f"--output_dir={tmp_path}"]))
     assert sum(r["reward"] for r in rows[:5]) / 5 <= 0.3
     assert sum(r["reward"] for r in rows[-5:]) / 5 >= 0.8
     logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]

@@ -1,4 +1,5 @@
-"""The placement plan of a run on a cluster: which GPU of which node trains or serves which model.
+"""The cluster planner: a run's ``Placement`` on a cluster, which GPU of which node trains or
+serves which model (each model a ``PlacedModel``).
 
 Each model group (the agents that share one model) gets
 - a trainer: ``train_gpus`` ranks of torch.distributed (Megatron's tensor x pipeline x data
@@ -18,11 +19,11 @@ all-reduces need NVLink; data and pipeline parallel may span nodes), an engine t
 half to train and half to serve. The trainer's tensor- and pipeline-parallel sizes are its
 ``trainer`` section's (megatron backend), the one place they are set.
 
-``make_plan`` validates everything a launch would trip on later, with errors naming the agent and
-field; ``Plan.table()`` renders it for ``kernel launch --dry-run`` and ``Plan.to_dict()`` as JSON.
-Nothing here imports Ray, SGLang or touches a GPU; ``kernel.cluster.run.run_plan`` runs a plan on
-Ray (``kernel launch`` without --dry-run), with ``ClusterConfig.engine_server`` choosing what the
-engines run.
+``make_placement`` validates everything a launch would trip on later, with errors naming the
+agent and field; ``Placement.table()`` renders it for ``kernel launch --dry-run`` and
+``Placement.to_dict()`` as JSON. Nothing here imports Ray, SGLang or touches a GPU;
+``kernel.cluster.run.run_placement`` runs a placement on Ray (``kernel launch`` without
+--dry-run), with ``ClusterConfig.engine_server`` choosing what the engines run.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ class EnginePlacement:
 
 
 @dataclass
-class ModelPlan:
+class PlacedModel:
     """The placement of one model: its trainer ranks, engines, router and sync."""
 
     owner: str
@@ -206,11 +207,11 @@ class ModelPlan:
 
 
 @dataclass
-class Plan:
+class Placement:
     """Where every model of a run trains and serves."""
 
     cluster: ClusterConfig
-    groups: list[ModelPlan]
+    groups: list[PlacedModel]  # one per model, in the order of their owners in agents
 
     def gpu_roles(self) -> dict[str, list[str]]:
         """``"node0/gpu3"`` -> roles on that GPU, e.g. ``["doctor train r0", "doctor engine 1"]``
@@ -229,7 +230,7 @@ class Plan:
         return roles
 
     def to_dict(self) -> dict[str, Any]:
-        """The plan as plain JSON-able values."""
+        """The placement as plain JSON-able values."""
         return {"cluster": asdict(self.cluster), "groups": [asdict(g) for g in self.groups]}
 
     def to_json(self) -> str:
@@ -291,7 +292,7 @@ class Plan:
         return [models, gpus]
 
     def table(self) -> str:
-        """The plan as text (the tables rendered without colour)."""
+        """The placement as text (the tables rendered without colour)."""
         from rich.console import Console
 
         console = Console(width=160, record=True, color_system=None, file=_Null())
@@ -350,7 +351,7 @@ def _trainer_size(spec: AgentSpec, name: str) -> int:
     return value
 
 
-def make_plan(config, cluster: ClusterConfig) -> Plan:
+def make_placement(config, cluster: ClusterConfig) -> Placement:
     """Place every model of a run (a TrainConfig, or its ``agents`` list) on ``cluster``.
 
     Raises ValueError naming the agent and field (or the cluster flag) for anything that cannot
@@ -365,7 +366,7 @@ def make_plan(config, cluster: ClusterConfig) -> Plan:
             g.train, g.infer = members[0].train, members[0].infer
     free = {n: list(range(cluster.gpus_per_node)) for n in range(cluster.nodes)}
     engine_ports = dict.fromkeys(range(cluster.nodes), cluster.engine_base_port)
-    plans = []
+    placed = []
     pool_blocks: dict[str, list] = {}  # a pool's trainer GPU blocks, taken by its first model
     for i, g in enumerate(groups):
         r = g.res
@@ -373,8 +374,8 @@ def make_plan(config, cluster: ClusterConfig) -> Plan:
         tp, pp, etp = g.tp, g.pp, r.engine_tensor_parallel
         trainer = _place_trainer(g, free, pool_blocks)
         engines = _place_engines(g, trainer, free, engine_ports)
-        plans.append(
-            ModelPlan(
+        placed.append(
+            PlacedModel(
                 owner=g.owner,
                 agents=g.agents,
                 model=g.model,
@@ -394,11 +395,11 @@ def make_plan(config, cluster: ClusterConfig) -> Plan:
                 pool=r.pool,
             )
         )
-    plan = Plan(cluster, plans)
-    _check_ports(plan)
+    placement = Placement(cluster, placed)
+    _check_ports(placement)
     for name in pools:
-        _check_pool_memory(name, [p for p in plans if p.pool == name], cluster)
-    return plan
+        _check_pool_memory(name, [p for p in placed if p.pool == name], cluster)
+    return placement
 
 
 def _groups(config) -> list[_Group]:
@@ -409,17 +410,17 @@ def _groups(config) -> list[_Group]:
     default_model = None if isinstance(config, list) else config.model
     groups = []
     for owner, members in model_groups([s for s in specs if not s.remote]).items():
-        head = members[0]
+        owner_spec = members[0]  # model_groups puts the owner first
         groups.append(
             _Group(
                 owner=owner,
                 agents=[s.name for s in members],
-                model=head.model or default_model,
-                backend=head.backend,
+                model=owner_spec.model or default_model,
+                backend=owner_spec.backend,
                 trainable=any(s.trainable for s in members),
-                res=resources_of(head),
-                tp=_trainer_size(head, "tensor_parallel"),
-                pp=_trainer_size(head, "pipeline_parallel"),
+                res=resources_of(owner_spec),
+                tp=_trainer_size(owner_spec, "tensor_parallel"),
+                pp=_trainer_size(owner_spec, "pipeline_parallel"),
                 where=f"agents[{owner!r}].resources",
             )
         )
@@ -476,7 +477,7 @@ def _pools(groups: list[_Group]) -> dict[str, list[_Group]]:
         if g.res.pool is not None:
             pools.setdefault(g.res.pool, []).append(g)
     for name, members in pools.items():
-        head = members[0]
+        first = members[0]  # the model that sizes the pool
         for g in members:
             if not g.trainable:
                 raise ValueError(
@@ -484,17 +485,17 @@ def _pools(groups: list[_Group]) -> dict[str, list[_Group]]:
                     "GPUs of its own (leave pool unset)"
                 )
             g.res.colocate = True
-            if g is head:
+            if g is first:
                 continue
-            if g.res.train_gpus not in (None, head.res.train_gpus):
+            if g.res.train_gpus not in (None, first.res.train_gpus):
                 raise ValueError(
                     f"{g.where}.train_gpus = {g.res.train_gpus}, but pool {name!r} has the size "
-                    f"{head.owner!r} gives it ({head.res.train_gpus}): leave it unset"
+                    f"{first.owner!r} gives it ({first.res.train_gpus}): leave it unset"
                 )
-            if g.tp != head.tp:
+            if g.tp != first.tp:
                 raise ValueError(
                     f"agents[{g.owner!r}].trainer.tensor_parallel = {g.tp}, but pool {name!r} "
-                    f"is taken in blocks of {head.tp} (agents[{head.owner!r}]'s): make them equal"
+                    f"is taken in blocks of {first.tp} (agents[{first.owner!r}]'s): make them equal"
                 )
     return pools
 
@@ -522,7 +523,7 @@ def _param_count(model: str | None) -> int | None:
 TRAINER_BYTES_PER_PARAM = 16  # fp32 weights, gradients and AdamW's two moments
 
 
-def _check_pool_memory(name: str, members: list[ModelPlan], cluster) -> None:
+def _check_pool_memory(name: str, members: list[PlacedModel], cluster) -> None:
     """A pool's GPU holds at once every model's engine (its mem_fraction_static of the GPU)
     and every trainer's state (weights, gradients, AdamW moments, split over its ranks); a
     trainer's activations come on top during its turn, when the engines have released."""
@@ -713,8 +714,8 @@ def _check_heads(g: _Group) -> None:
         )
 
 
-def _check_ports(plan: Plan) -> None:
-    """No two services of the plan may bind the same port on the same node."""
+def _check_ports(placement: Placement) -> None:
+    """No two services of the placement may bind the same port on the same node."""
     taken: dict[tuple[int, int], str] = {}
 
     def claim(node: int, port: int, what: str) -> None:
@@ -728,7 +729,7 @@ def _check_ports(plan: Plan) -> None:
             )
         taken[(node, port)] = what
 
-    for g in plan.groups:
+    for g in placement.groups:
         claim(0, g.router_port, f"the router of {g.owner!r}")
         claim(0, g.metrics_port, f"the router metrics of {g.owner!r}")
         if g.master_port is not None:

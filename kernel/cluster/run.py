@@ -1,6 +1,6 @@
-"""Run a placed plan on Ray: ``kernel launch`` without --dry-run.
+"""Run a placement on Ray: ``kernel launch`` without --dry-run.
 
-For every model group of the plan (``kernel.cluster.plan``), in this order:
+For every model of the placement (``kernel.cluster.plan``), in this order:
 
 1. its engines: one Ray actor per engine, pinned to the planned node (NodeAffinity), starts the
    server as a child process with CUDA_VISIBLE_DEVICES = the planned GPUs, bound to the node's
@@ -14,13 +14,14 @@ For every model group of the plan (``kernel.cluster.plan``), in this order:
    whose ranks sit on the planned node and GPU. Colocated models release their engines' memory
    for each training step and resume it before the weight sync, which is ``shared``: each
    trainer rank shares its copy of each bucket on its GPU, and each engine TP rank reads the copy
-   of the rank on its GPU (``ModelPlan.engine_ranks``); disaggregated ones sync by broadcast
+   of the rank on its GPU (``PlacedModel.engine_ranks``); disaggregated ones sync by broadcast
    (``distributed``).
 
 A rank that asks Ray for a GPU gets one (``num_gpus=1``; disaggregated engines ask for their
 ``engine_tensor_parallel`` GPUs, colocated ones ask for none: the trainer's ranks hold them), so
-Ray's accounting matches the plan, but which physical GPU a process uses is the plan's, set by
-CUDA_VISIBLE_DEVICES. Plan node k is the k-th alive Ray node (the head first, then by IP).
+Ray's accounting matches the placement, but which physical GPU a process uses is the
+placement's, set by CUDA_VISIBLE_DEVICES. Placement node k is the k-th alive Ray node (the head
+first, then by IP).
 
 Everything started here is stopped at the end, on an error or on Ctrl-C: servers by PID (each
 by the actor that started it), then the actors by handle; ``<output_dir>/launch/processes.json``
@@ -50,8 +51,9 @@ from kernel.train.ray_trainer import RayConfig
 
 
 @dataclass
-class ModelPlacement:
-    """How the loop places one model (``kernel.run.loop.train(..., placement={owner: this})``)."""
+class RayPlacement:
+    """One placed model as the loop starts it on Ray (``kernel.run.loop.train(...,
+    placement={owner: this})``): its trainer's Ray options, colocation, sync and GPU pool."""
 
     trainer_options: dict[str, Any] = field(default_factory=dict)
     """Keyword arguments of its RayTrainer: world_size, scheduling, gpus, num_gpus, ..."""
@@ -87,33 +89,35 @@ class ServiceActor:
             self.process.stop()
 
 
-def run_plan(cfg, plan, on_step=None) -> list[dict]:
-    """Run ``cfg`` on the Ray cluster as ``plan`` places it; returns the loop's metrics rows.
+def run_placement(cfg, placement, on_step=None) -> list[dict]:
+    """Run ``cfg`` on the Ray cluster as ``placement`` places it; returns the loop's metrics rows.
 
     Joins Ray at ``cluster.address`` (or starts a local one) unless this process already runs
     it, checks the cluster has the planned nodes and GPUs, starts every engine and router, trains
     (see the module docstring) and stops all it started, also on errors and Ctrl-C.
     """
 
-    started_ray = RayConfig(address=plan.cluster.address or "local").start()
+    started_ray = RayConfig(address=placement.cluster.address or "local").start()
     services: list = []  # Ray actor handles of engines and routers, stopped in reverse
     try:
-        nodes, has_gpus = _ray_nodes(plan)
-        server = plan.cluster.engine_server
+        nodes, has_gpus = _ray_nodes(placement)
+        server = placement.cluster.engine_server
         if server == "auto":
             server = "sglang" if has_gpus else "embedded"
-        cfg = _launch_config(cfg, plan)
+        cfg = _launch_config(cfg, placement)
         run = cfg.plan()  # every group's model settings, resolved once
         out = Path(cfg.output_dir)
         record: dict[str, list] = {"engines": [], "routers": []}
         engines: dict[str, list[str]] = {}
-        for g in plan.groups:
+        for g in placement.groups:
             engines[g.owner] = []
             for e in g.engines:
                 ip, actor = _service(nodes[e.node], 0 if g.colocate else len(e.gpus) * has_gpus)
                 services.append(actor)
                 url = f"http://{ip}:{e.port}"
-                command, env = _engine_command(server, run, g, e, ip, out, plan.cluster.sglang_args)
+                command, env = _engine_command(
+                    server, run, g, e, ip, out, placement.cluster.sglang_args
+                )
                 env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, e.gpus))
                 log = out / "logs" / g.owner / f"engine{e.index}.log"
                 pid = _get(
@@ -124,19 +128,21 @@ def run_plan(cfg, plan, on_step=None) -> list[dict]:
                 engines[g.owner].append(url)
                 record["engines"].append({"owner": g.owner, "url": url, "pid": pid, "node": e.node})
         _write(out, record)
-        _get([a.wait_healthy.remote(plan.cluster.startup_timeout_s) for a in services])
+        _get([a.wait_healthy.remote(placement.cluster.startup_timeout_s) for a in services])
         routers = {}
-        for g in plan.groups:
+        for g in placement.groups:
             routers[g.owner] = _start_router(
-                run, g, engines[g.owner], nodes[0], plan, services, record
+                run, g, engines[g.owner], nodes[0], placement, services, record
             )
         _write(out, record)
 
-        placement = {
-            g.owner: _placement(run, g, nodes, has_gpus, plan) for g in plan.groups if g.trainer
+        on_ray = {
+            g.owner: _ray_placement(run, g, nodes, has_gpus, placement)
+            for g in placement.groups
+            if g.trainer
         }
-        with _watch_nodes(nodes, plan, out):
-            return train(_placed_config(cfg, plan, engines, routers), on_step, placement)
+        with _watch_nodes(nodes, placement, out):
+            return train(_placed_config(cfg, placement, engines, routers), on_step, on_ray)
     finally:
         _stop(services)
         if started_ray:
@@ -146,13 +152,13 @@ def run_plan(cfg, plan, on_step=None) -> list[dict]:
 
 
 class NodeLost(RuntimeError):
-    """A node of the plan died while the run ran; the message names it and what it held."""
+    """A node of the placement died while the run ran; the message names it and what it held."""
 
 
 @contextlib.contextmanager
-def _watch_nodes(nodes: list[tuple[str, str]], plan, out: Path, period_s: float = 1.0):
+def _watch_nodes(nodes: list[tuple[str, str]], placement, out: Path, period_s: float = 1.0):
     """While the loop runs, a thread looks at Ray's nodes every ``period_s``; when a node of
-    the plan is no longer alive it interrupts the run as Ctrl-C does (SIGINT: the loop stops
+    the placement is no longer alive it interrupts the run as Ctrl-C does (SIGINT: the loop stops
     every process it started, the last checkpoint stays), and the run raises NodeLost naming
     the node, what it held and how to resume. A run that fails otherwise first looks for up
     to ``LOST_GRACE_S`` whether Ray saw a node of it die: if one did, that is the error."""
@@ -188,7 +194,8 @@ def _watch_nodes(nodes: list[tuple[str, str]], plan, out: Path, period_s: float 
         lost = lost or found
         if not lost:
             raise
-        raise NodeLost(_lost_message(lost, nodes, plan, out)) from (None if interrupted else exc)
+        message = _lost_message(lost, nodes, placement, out)
+        raise NodeLost(message) from (None if interrupted else exc)
     finally:
         with lock:
             ended[0] = True
@@ -199,9 +206,9 @@ def _watch_nodes(nodes: list[tuple[str, str]], plan, out: Path, period_s: float 
 LOST_GRACE_S = 3.0  # a death Ray has not noticed by then is left to the SIGINT path
 
 
-def _lost_message(lost: list[int], nodes, plan, out: Path) -> str:
+def _lost_message(lost: list[int], nodes, placement, out: Path) -> str:
     held: dict[int, list[str]] = {k: [] for k in lost}
-    for gpu, roles in plan.gpu_roles().items():
+    for gpu, roles in placement.gpu_roles().items():
         node, index = gpu.split("/")
         k = int(node.removeprefix("node"))
         if k in held and roles:
@@ -209,13 +216,13 @@ def _lost_message(lost: list[int], nodes, plan, out: Path) -> str:
     found = checkpoints(out)
     where = f"its last checkpoint, {found[-1]}" if found else "the start (no checkpoint yet)"
     died = "; ".join(
-        f"node {k} of the plan (Ray node {nodes[k][0][:12]} at {nodes[k][1]}) died while the "
+        f"node {k} of the placement (Ray node {nodes[k][0][:12]} at {nodes[k][1]}) died while the "
         f"run ran; it held {'; '.join(held[k]) or 'nothing'}"
         for k in sorted(set(lost))
     )
     return (
         f"{died}. The run stopped everything it started. Resume from {where} with --resume "
-        f"true once the Ray cluster has cluster.nodes = {plan.cluster.nodes} nodes again"
+        f"true once the Ray cluster has cluster.nodes = {placement.cluster.nodes} nodes again"
     )
 
 
@@ -225,14 +232,14 @@ def _get(refs):
     return ray.get(refs)
 
 
-def _ray_nodes(plan) -> tuple[list[tuple[str, str]], bool]:
-    """(node id, IP) of plan node 0, 1, ... and whether the cluster has GPUs at all; raises
-    ValueError naming the cluster flags when the Ray cluster is smaller than the plan."""
+def _ray_nodes(placement) -> tuple[list[tuple[str, str]], bool]:
+    """(node id, IP) of placement node 0, 1, ... and whether the cluster has GPUs at all; raises
+    ValueError naming the cluster flags when the Ray cluster is smaller than the placement."""
     import ray
 
     alive = [n for n in ray.nodes() if n.get("Alive")]
     has_gpus = any(n["Resources"].get("GPU", 0) for n in alive)
-    need = plan.cluster.gpus_per_node
+    need = placement.cluster.gpus_per_node
     fit = [n for n in alive if n["Resources"].get("GPU", 0) >= need or not has_gpus]
     fit.sort(
         key=lambda n: (
@@ -241,18 +248,19 @@ def _ray_nodes(plan) -> tuple[list[tuple[str, str]], bool]:
             n["NodeID"],
         )
     )
-    if len(fit) < plan.cluster.nodes:
+    if len(fit) < placement.cluster.nodes:
         gpus = sorted((int(n["Resources"].get("GPU", 0)) for n in alive), reverse=True)
         raise ValueError(
-            f"the Ray cluster has {len(alive)} node(s) with GPUs {gpus}, but the plan needs "
-            f"cluster.nodes={plan.cluster.nodes} with cluster.gpus_per_node={need} each"
+            f"the Ray cluster has {len(alive)} node(s) with GPUs {gpus}, but the placement needs "
+            f"cluster.nodes={placement.cluster.nodes} with cluster.gpus_per_node={need} each"
         )
-    return [(n["NodeID"], n["NodeManagerAddress"]) for n in fit[: plan.cluster.nodes]], has_gpus
+    nodes = [(n["NodeID"], n["NodeManagerAddress"]) for n in fit[: placement.cluster.nodes]]
+    return nodes, has_gpus
 
 
-def _launch_config(cfg, plan):
+def _launch_config(cfg, placement):
     """``cfg`` with Ray training on, checked against what a launched run cannot do."""
-    for g in plan.groups:
+    for g in placement.groups:
         if g.colocate and cfg.async_mode:
             raise ValueError(
                 f"agents[{g.owner!r}].resources.colocate: async_mode overlaps rollout and "
@@ -327,8 +335,8 @@ def _lora_flags(engine) -> list[str]:
     return flags + (["--lora-paths", *engine.lora_paths] if engine.lora_paths else [])
 
 
-def _start_router(run, g, urls, node, plan, services: list, record: dict) -> str:
-    """Group ``g``'s sglang-router on plan node 0, with its engines registered; its URL."""
+def _start_router(run, g, urls, node, placement, services: list, record: dict) -> str:
+    """Group ``g``'s sglang-router on placement node 0, with its engines registered; its URL."""
 
     ip, actor = _service(node, 0)
     services.append(actor)
@@ -345,18 +353,18 @@ def _start_router(run, g, urls, node, plan, services: list, record: dict) -> str
         actor.start.remote(f"router of {g.owner!r}", config.url, config.command(), str(log), {})
     )
     record["routers"].append({"owner": g.owner, "url": config.url, "pid": pid, "node": 0})
-    _get(actor.wait_healthy.remote(plan.cluster.startup_timeout_s))
-    wait_for_workers(config.url, len(urls), plan.cluster.startup_timeout_s, config.api_key)
+    _get(actor.wait_healthy.remote(placement.cluster.startup_timeout_s))
+    wait_for_workers(config.url, len(urls), placement.cluster.startup_timeout_s, config.api_key)
     return config.url
 
 
-def _placement(run, g, nodes, has_gpus: bool, plan) -> ModelPlacement:
+def _ray_placement(run, g, nodes, has_gpus: bool, placement) -> RayPlacement:
     """Group ``g``'s trainer ranks as RayTrainer options, its colocation, pool and sync. The
     trainers of a shared pool split each GPU's Ray reservation (they take turns on it)."""
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
     device = getattr(_owner_settings(run, g).trainer, "device", None)  # megatron: none
-    sharing = sum(x.pool == g.pool for x in plan.groups) if g.pool else 1
+    sharing = sum(x.pool == g.pool for x in placement.groups) if g.pool else 1
     options = {
         "world_size": len(g.trainer),
         "scheduling": [
@@ -368,10 +376,10 @@ def _placement(run, g, nodes, has_gpus: bool, plan) -> ModelPlacement:
         "num_gpus": 1 / sharing if has_gpus else 0,
         "backend": "gloo" if device == "cpu" else None,  # None: each rank's CUDA decides
     }
-    return ModelPlacement(options, g.colocate, g.sync_transport, g.engine_ranks(), g.pool)
+    return RayPlacement(options, g.colocate, g.sync_transport, g.engine_ranks(), g.pool)
 
 
-def _placed_config(cfg, plan, engines: dict[str, list[str]], routers: dict[str, str]):
+def _placed_config(cfg, placement, engines: dict[str, list[str]], routers: dict[str, str]):
     """``cfg`` whose model owners use the started engines (``engine.urls``) and router."""
     agents = []
     for spec in cfg.agent_specs():

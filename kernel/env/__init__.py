@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol
 
 from kernel.auth import API_KEY_ENV  # noqa: F401  (the key a client sends, by default)
 
@@ -58,7 +58,6 @@ class Observation:
         )
 
 
-@runtime_checkable
 class Environment(Protocol):
     """One episode of an environment (see the module docstring)."""
 

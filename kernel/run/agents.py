@@ -59,7 +59,9 @@ trains, serves and places its model, so the rest belongs in that job's settings.
 
 @dataclass
 class AgentSpec:
-    """One agent of the run: which model plays it, how it is served and trained.
+    """One agent of the run as configured: which model plays it, how it is served and trained.
+    At run time the agent is an ``AgentHandle`` built from this spec, which recipes see as a
+    ``kernel.dialogue.Agent``.
 
     Agents that share a model (``share_model_with``) share its trainer, engines and weight
     versions (Dr.MAS LLM sharing); the others each get their own (heterogeneous families
@@ -245,7 +247,8 @@ def model_groups(specs: list[AgentSpec]) -> dict[str, list[AgentSpec]]:
 
 @dataclass
 class AgentHandle:
-    """What a recipe calls to make one agent speak.
+    """What a recipe calls to make one agent speak: the run's ``kernel.dialogue.Agent``
+    (``ctx.agents[name]``), built from the agent's ``AgentSpec`` and its model's engines.
 
     Calls are batched per model (``kernel.engine.batcher.RequestBatcher``): the episodes of a
     rollout that ask at the same time go to the engine as one request, the samples of one prompt

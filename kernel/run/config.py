@@ -238,7 +238,8 @@ class TrainConfig:
             rollouts = {s.name: self.agent_rollout(s) for s in members}  # validates each
             adapters = self.adapters(members)
             frozen = [s.name for s in members if not s.trainable]
-            settings = self.model_settings(members[0], adapters, frozen)
+            owner_spec = members[0]  # model_groups puts the owner first
+            settings = self.model_settings(owner_spec, adapters, frozen)
             m = ModelPlan(owner, tuple(members), settings, rollouts, adapters)
             _check_temperature(m)
             backend = m.settings.backend
@@ -323,8 +324,8 @@ class TrainConfig:
         the owner's rank is > 0, one per trainable agent (the owner's lora with the agent's
         own overrides); and a frozen agent's whose lora names a ``path`` (served as it is, on
         a model not trained in full)."""
-        owner = members[0]
-        base = _override(self.lora, owner.lora, f"agents[{owner.name!r}].lora")
+        owner_spec, owner = members[0], members[0].name
+        base = _override(self.lora, owner_spec.lora, f"agents[{owner!r}].lora")
         full = not base.enabled and any(s.trainable for s in members)
         adapters = {}
         for s in members:
@@ -343,8 +344,8 @@ class TrainConfig:
                     )
             if full and s.lora:
                 raise ValueError(
-                    f"{where}: the model of {owner.name!r} trains in full (lora.rank 0): set "
-                    f"lora.rank on {owner.name!r} (or the run's lora) to give its agents adapters"
+                    f"{where}: the model of {owner!r} trains in full (lora.rank 0): set "
+                    f"lora.rank on {owner!r} (or the run's lora) to give its agents adapters"
                 )
             if ((s.trainable and base.enabled) or lora.path) and s.name in "lora_":
                 raise ValueError(  # peft may re-initialise such an adapter when it loads it
@@ -354,7 +355,7 @@ class TrainConfig:
             if s.trainable and base.enabled:
                 if not lora.enabled:
                     raise ValueError(
-                        f"{where}.rank is 0 on the LoRA model of {owner.name!r}: its base is "
+                        f"{where}.rank is 0 on the LoRA model of {owner!r}: its base is "
                         "frozen; freeze the agent (trainable: false) to serve the base"
                     )
                 adapters[s.name] = lora
@@ -455,6 +456,11 @@ class ModelPlan:
     adapters: dict[str, LoraConfig] = field(default_factory=dict)  # agent -> its LoRA adapter
 
     @property
+    def owner_spec(self) -> AgentSpec:
+        """The spec of the owner, the agent whose spec defines the model."""
+        return self.agents[0]
+
+    @property
     def temperature(self) -> float:
         """The owner's sampling temperature: the one its trainer and post-sync check use."""
         return self.rollouts[self.owner].temperature
@@ -511,7 +517,7 @@ class RunPlan:
             tp, pp = (
                 getattr(m.settings.trainer, f"{k}_parallel", 1) for k in ("tensor", "pipeline")
             )
-            ranks = m.agents[0].resources.get("train_gpus") or self.cfg.ray.ranks
+            ranks = m.owner_spec.resources.get("train_gpus") or self.cfg.ray.ranks
             if ranks % (tp * pp):
                 raise ValueError(
                     f"agents[{m.owner!r}]: {ranks} trainer ranks (resources.train_gpus or "
@@ -566,30 +572,6 @@ def _override(section, overrides: dict[str, Any], where: str):
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     return result
-
-
-def add_train_arguments(parser) -> None:
-    """Add ``--config FILE.yaml`` and one flag per TrainConfig field to a jsonargparse parser."""
-    parser.add_argument("--config", action="config", help="YAML file of TrainConfig values.")
-    parser.add_class_arguments(TrainConfig, None)
-
-
-def train_config_from_namespace(ns: Any) -> TrainConfig:
-    """Build and validate a TrainConfig from a parsed (and instantiated) namespace."""
-    values = {f.name: ns[f.name] for f in fields(TrainConfig) if f.name in ns}
-    return TrainConfig(**values).validate()
-
-
-def load_train_config(args: list[str] | None = None, yaml_path: str | Path | None = None):
-    """Parse flags (and an optional YAML file) into a validated TrainConfig."""
-    from jsonargparse import ArgumentParser
-
-    parser = ArgumentParser()
-    add_train_arguments(parser)
-    argv = ([f"--config={yaml_path}"] if yaml_path else []) + list(args or [])
-    for path in config_files(argv):
-        check_yaml_file(path)
-    return train_config_from_namespace(parser.instantiate(parser.parse_args(argv)))
 
 
 def config_files(argv: list[str]) -> list[str]:

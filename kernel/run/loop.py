@@ -59,8 +59,8 @@ def train(
     placement: dict[str, Any] | None = None,
 ) -> list[dict]:
     """Run ``cfg``; returns the metrics rows of the steps it ran. ``placement`` (from
-    ``kernel launch``, kernel.cluster.run.ModelPlacement per owner agent) puts each model's
-    Ray trainer ranks on planned nodes and GPUs, and says which models are colocated."""
+    ``kernel launch``, a kernel.cluster.run.RayPlacement per owner agent) puts each model's
+    Ray trainer ranks on their placed nodes and GPUs, and says which models are colocated."""
     cfg.validate()
     return asyncio.run(_train(cfg, on_step, placement or {}))
 

@@ -199,7 +199,6 @@ class Runtime:
             ctx = RolloutContext(
                 agents=handles,
                 config=plan.recipe,
-                run=cfg,
                 step=start,
                 envs=env_specs(cfg.environments),
             )
@@ -497,7 +496,7 @@ def launch_models(
         stack.push(m.pool)  # stopped on the way out (entering it would wait for them)
         m.pool.launch()
     for m in models:
-        m.tokenizer = load_tokenizer(m.agents[0].tokenizer or m.path)
+        m.tokenizer = load_tokenizer(m.plan.owner_spec.tokenizer or m.path)
         stack.callback(m.thread.close)
         m.trainer = m.thread.call(place_trainer, cfg, m, placement.get(m.owner))
 
@@ -538,7 +537,7 @@ def remote_tokenizers(plan: RunPlan, out: Path) -> dict[str, Any]:
     its model): only the model's files here, neither engines nor a trainer."""
     return {
         r.owner: load_tokenizer(
-            r.agents[0].tokenizer
+            r.owner_spec.tokenizer
             or materialize_model(check_model(r.settings.model), out / "models")
         )
         for r in plan.remote
@@ -560,7 +559,7 @@ def place_trainer(cfg: TrainConfig, model: RunningModel, where) -> Trainer | Non
     if where:
         options = where.trainer_options
     else:
-        ranks = model.agents[0].resources.get("train_gpus") or cfg.ray.ranks
+        ranks = model.plan.owner_spec.resources.get("train_gpus") or cfg.ray.ranks
         # RunPlan.check_ray_ranks checked that tensor x pipeline parallel divides ranks
         options = {
             "world_size": ranks,
@@ -582,7 +581,7 @@ def run_critic(plan: RunPlan, models: list[RunningModel]) -> Critic | None:
     path = cfg.critic.model or trained[0].path
     vocab = load_tokenizer(path).get_vocab()
     for m in trained:
-        if load_tokenizer(m.agents[0].tokenizer or m.path).get_vocab() != vocab:
+        if load_tokenizer(m.plan.owner_spec.tokenizer or m.path).get_vocab() != vocab:
             raise ValueError(
                 f"critic.scope run: one critic reads every trained model's token ids, but the "
                 f"tokenizer of {m.owner!r}'s model differs from {path!r}'s; give each model its "
@@ -604,7 +603,7 @@ def agent_handles(
     from that job's engines (kernel.run.jobs.RemoteEngine), with its tokenizer from ``remote``."""
     agents = {}
     for r in plan.remote:
-        spec, rollout, engine = r.agents[0], r.rollouts[r.owner], r.settings.engine
+        spec, rollout, engine = r.owner_spec, r.rollouts[r.owner], r.settings.engine
         config = ClientConfig(timeout_s=engine.request_timeout_s, api_key=engine.api_key)
         client = RemoteEngine(queue, spec.name, config)
         agents[spec.name] = AgentHandle(

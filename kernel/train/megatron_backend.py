@@ -362,15 +362,15 @@ class MegatronTrainer:
 
         return ps.get_pipeline_model_parallel_world_size() > 1
 
-    def _schedule(self, model, plan: list, on_logits, forward_only: bool) -> None:
-        """Run the micro-batches of ``plan`` through Megatron's pipeline schedule (1F1B): the
+    def _schedule(self, model, mbs: list, on_logits, forward_only: bool) -> None:
+        """Run the micro-batches ``mbs`` through Megatron's pipeline schedule (1F1B): the
         first stage embeds, each stage sends its hidden states (L, B, H) on, and the last stage
         calls ``on_logits(mb, logits)`` with its logits (B, L, V_pad / TP) for a scalar loss,
         backpropagated through every stage unless ``forward_only``. Every stage passes the same
-        ``plan`` (every rank of a replica holds the same samples)."""
+        ``mbs`` (every rank of a replica holds the same samples)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        dev, n = self.device, len(plan)
+        dev, n = self.device, len(mbs)
 
         def forward_step(data_iterator, stage_model):
             mb = next(data_iterator)
@@ -379,11 +379,11 @@ class MegatronTrainer:
             # already a share of the global normaliser, so multiply that back.
             return out, lambda logits: (on_logits(mb, logits) * n, {})
 
-        shape = max((mb.input_ids.shape for mb in plan), default=(1, 1))  # sent with the tensors
+        shape = max((mb.input_ids.shape for mb in mbs), default=(1, 1))  # sent with the tensors
         with torch.no_grad() if forward_only else contextlib.nullcontext():
             get_forward_backward_func()(
                 forward_step_func=forward_step,
-                data_iterator=iter(plan),
+                data_iterator=iter(mbs),
                 model=[model],
                 num_microbatches=n,
                 seq_length=shape[1],
@@ -403,8 +403,8 @@ class MegatronTrainer:
         )
         return box[0]
 
-    def _pipeline_logprobs(self, model, plan: list) -> list[Tensor]:
-        """Per micro-batch of ``plan``, the logprobs (S, R) of its response tokens, on the last
+    def _pipeline_logprobs(self, model, mbs: list) -> list[Tensor]:
+        """Per micro-batch of ``mbs``, the logprobs (S, R) of its response tokens, on the last
         stage (an empty list elsewhere)."""
         out: list[Tensor] = []
 
@@ -413,8 +413,8 @@ class MegatronTrainer:
             out.append(lp.detach())
             return lp.sum()
 
-        if plan:
-            self._schedule(model, plan, keep, forward_only=True)
+        if mbs:
+            self._schedule(model, mbs, keep, forward_only=True)
         return out
 
     @torch.no_grad()
@@ -424,11 +424,11 @@ class MegatronTrainer:
         if not self._pipelined():
             return update.compute_logprobs(self, samples)
         todo = [i for i, s in enumerate(samples) if s.response_length > 0]
-        plan = update.plan(self, [samples[i] for i in todo])
-        rows = [lp.float().cpu().tolist() for lp in self._pipeline_logprobs(self.model, plan)]
+        mbs = update.microbatches(self, [samples[i] for i in todo])
+        rows = [lp.float().cpu().tolist() for lp in self._pipeline_logprobs(self.model, mbs)]
         rows = self._from_last_stage(rows)
         out: list[list[float]] = [[] for _ in samples]
-        for mb, lp in zip(plan, rows, strict=True):
+        for mb, lp in zip(mbs, rows, strict=True):
             for row, j in enumerate(mb.indices):
                 out[todo[j]] = lp[row][: samples[todo[j]].response_length]
         return out
@@ -453,8 +453,8 @@ class MegatronTrainer:
         pipeline stage inside Megatron's schedule; its metric sums then go to every stage and
         are summed over the data-parallel ranks as usual."""
         t0 = time.perf_counter()
-        lcfg, kept, plan, n_tok, denom = update.begin(self, samples, tis_cap)
-        refs = iter(self._pipeline_logprobs(self.ref_model, plan) if self.ref_model else [])
+        lcfg, kept, mbs, n_tok, denom = update.begin(self, samples, tis_cap)
+        refs = iter(self._pipeline_logprobs(self.ref_model, mbs) if self.ref_model else [])
         acc = update.Totals.of(samples, old_logprobs)
 
         def loss_of(mb, logits) -> Tensor:
@@ -468,16 +468,16 @@ class MegatronTrainer:
             ref = next(refs) if self.ref_model is not None else None
             return update.microbatch_loss(self, lcfg, mb, kept, lp, ent, ref, denom, acc)
 
-        if plan:
-            self._schedule(self.model, plan, loss_of, forward_only=False)
+        if mbs:
+            self._schedule(self.model, mbs, loss_of, forward_only=False)
         sums, acc.token_means, acc.ratio_max = self._from_last_stage(
             (dict(acc.sums), acc.token_means, acc.ratio_max)
         )
         acc.sums = defaultdict(float, sums)
         acc.sums["n_samples"], acc.sums["n_skipped"] = len(kept), len(samples) - len(kept)
-        acc.sums["tokens"] = acc.sums["tokens_run"] = sum(mb.n_tokens for mb in plan)
-        acc.sums["slots"] = sum(mb.n_slots for mb in plan)
-        return update.finish(self, acc, n_tok, len(plan), t0)
+        acc.sums["tokens"] = acc.sums["tokens_run"] = sum(mb.n_tokens for mb in mbs)
+        acc.sums["slots"] = sum(mb.n_slots for mb in mbs)
+        return update.finish(self, acc, n_tok, len(mbs), t0)
 
     # ---------------------------------------------------------------- weights
 

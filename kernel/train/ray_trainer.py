@@ -209,8 +209,8 @@ class RayTrainer:
     ``TorchTrainer``).
     ``num_cpus`` / ``num_gpus`` are each actor's Ray resource request; ``backend`` is the
     process group's (None: NCCL where a rank sees CUDA, gloo elsewhere); ``scheduling`` is an
-    optional list of one Ray
-    scheduling strategy per rank (e.g. NodeAffinitySchedulingStrategy from a Plan's ranks) and
+    optional list of one Ray scheduling strategy per rank (e.g. NodeAffinitySchedulingStrategy
+    from a PlacedModel's ranks) and
     ``gpus`` the GPU index on its node each rank must use (its CUDA_VISIBLE_DEVICES);
     ``master_port`` the rendezvous port on rank 0's node (None: a free one).
     """

@@ -213,7 +213,7 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 # ---------------------------------------------------------------- forward
 
 
-def plan(p: Policy, samples: list[Sample]) -> list[MicroBatch]:
+def microbatches(p: Policy, samples: list[Sample]) -> list[MicroBatch]:
     """Micro-batches of ``samples``, padded with dummies to the most any rank runs."""
     budget, pack = p.cfg.max_tokens_per_microbatch, p.cfg.pack_sequences
     distinct = len({tuple(s.prompt_ids) for s in samples})
@@ -254,7 +254,7 @@ def compute_logprobs(p: Policy, samples: list[Sample]) -> list[list[float]]:
     Under data parallelism every rank must call it (with its own samples)."""
     todo = [i for i, s in enumerate(samples) if s.response_length > 0]
     out: list[list[float]] = [[] for _ in samples]
-    for mb in plan(p, [samples[i] for i in todo]):
+    for mb in microbatches(p, [samples[i] for i in todo]):
         lp, _ = response_logprobs(p, p.logits(p.model, mb), mb)
         for row, j in enumerate(mb.indices):
             n = samples[todo[j]].response_length
@@ -447,7 +447,7 @@ def forward_backward(
 
 def begin(p: Policy, samples: list[Sample], tis_cap: float | None = None):
     """The loss config of this batch (TIS capped at ``tis_cap``; None: loss.tis_cap's), the
-    trainable samples (validated), their micro-batch plan (empty when no rank has a token to
+    trainable samples (validated), their micro-batches (empty when no rank has a token to
     train on), the global count of loss tokens and the loss normaliser."""
     lcfg = p.loss_cfg if tis_cap is None else replace(p.loss_cfg, tis_cap=tis_cap)
     kept = [s.validate() for s in samples if trainable(s)]
@@ -458,7 +458,7 @@ def begin(p: Policy, samples: list[Sample], tis_cap: float | None = None):
                     f"sample {s.key}: tis_cap {lcfg.tis_cap} is set (TIS is on) but "
                     "rollout_logprobs is None"
                 )
-    mbs = plan(p, kept)
+    mbs = microbatches(p, kept)
     n_tok, n_seq = p.all_reduce([sum(sum(s.loss_mask) for s in kept), len(kept)])
     denom = {"token_mean": n_tok, "seq_sum": 1.0}.get(lcfg.agg, n_seq)
     return lcfg, kept, mbs if n_tok > 0 else [], n_tok, denom

@@ -1,10 +1,10 @@
 """``kernel launch`` without --dry-run, on a local Ray cluster that declares fake GPUs: the toy
-task runs on a placed plan -- a trainer of two Ray actors (gloo) on its planned GPUs, two embedded
+task runs as placed -- a trainer of two Ray actors (gloo) on its placed GPUs, two embedded
 engines started by Ray actors on their planned ports behind the real sglang-router on its planned
 port. Disaggregated (distributed weight sync): each step's weights reach both engines. Colocated
 (shared sync: each trainer rank's shared copy to the engine on its GPU): the engines release
 their memory for every training step and resume it, and what they generate afterwards carries
-the trainer's logprobs. A Megatron trainer gets the plan's
+the trainer's logprobs. A Megatron trainer gets the placement's
 tensor-parallel size. Afterwards every process the launch started -- engines, routers, their
 actors, the trainer ranks -- is gone."""
 
@@ -17,9 +17,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kernel.cluster.plan import ClusterConfig, make_plan
-from kernel.cluster.run import _engine_command, run_plan
-from kernel.run.config import load_train_config
+from kernel.cli import train_config
+from kernel.cluster.plan import ClusterConfig, make_placement
+from kernel.cluster.run import _engine_command, run_placement
 from tests.ports import plan_ports
 from tests.procs import alive, descendants_named
 
@@ -42,7 +42,7 @@ def toy(tmp_path, resources: dict, backend: str = "torch", trainer: dict | None 
         "--engine.max_batch_size=16",
         "--sync.check_every=1",  # the toy preset checks every 10th push; these tests, each
     ]
-    return load_train_config(flags, yaml_path=TOY)
+    return train_config([f"--config={TOY}", *flags])
 
 
 def cluster(gpus: int) -> ClusterConfig:
@@ -69,7 +69,7 @@ ACTORS = ("ServiceActor", "TrainerRankActor")  # the launch's actor classes
 def check_all_stopped(tmp_path) -> None:
     procs = started(tmp_path)
     pids = [p["pid"] for p in procs["engines"] + procs["routers"]]
-    assert [pid for pid in pids if alive(pid)] == []  # stopped by PID before run_plan returns
+    assert [pid for pid in pids if alive(pid)] == []  # stopped by PID before run_placement returns
     end = time.monotonic() + 20  # ray.kill returns before the actor's process has exited
     while descendants_named(*ACTORS) and time.monotonic() < end:
         time.sleep(0.2)
@@ -78,8 +78,8 @@ def check_all_stopped(tmp_path) -> None:
 
 def test_launch_disaggregated_trains_on_ray_ranks_and_syncs_both_engines(tmp_path, fake_gpu_ray):
     cfg = toy(tmp_path, {"train_gpus": 2, "infer_gpus": 2})
-    plan = make_plan(cfg, cluster(4))
-    (g,) = plan.groups
+    placement = make_placement(cfg, cluster(4))
+    (g,) = placement.groups
     assert [r.gpu for r in g.trainer] == [0, 1] and [e.gpus for e in g.engines] == [[2], [3]]
     assert g.sync_transport == "distributed"
     versions, routed = [], []
@@ -98,7 +98,7 @@ def test_launch_disaggregated_trains_on_ray_ranks_and_syncs_both_engines(tmp_pat
         # trainer ranks, engine actors, router actor
         assert len(descendants_named(*ACTORS)) == 2 + 2 + 1
 
-    rows = run_plan(cfg, plan, on_step=on_step)
+    rows = run_placement(cfg, placement, on_step=on_step)
     assert [r["step"] for r in rows] == list(range(STEPS))
     assert [r["weight_version"] for r in rows] == list(range(1, STEPS + 1))
     assert versions == [[str(s + 1)] * 2 for s in range(STEPS)]  # both engines, every step
@@ -111,8 +111,8 @@ def test_launch_colocated_releases_and_resumes_engine_memory_around_training(
     tmp_path, fake_gpu_ray
 ):
     cfg = toy(tmp_path, {"train_gpus": 2, "colocate": True})
-    plan = make_plan(cfg, cluster(2))
-    (g,) = plan.groups
+    placement = make_placement(cfg, cluster(2))
+    (g,) = placement.groups
     assert [e.gpus for e in g.engines] == [[0], [1]] and g.sync_transport == "shared"
     assert g.engine_ranks() == [[0], [1]]  # each engine reads the copy of the rank on its GPU
     counts = []
@@ -126,7 +126,7 @@ def test_launch_colocated_releases_and_resumes_engine_memory_around_training(
             ]
         )
 
-    rows = run_plan(cfg, plan, on_step=on_step)
+    rows = run_placement(cfg, placement, on_step=on_step)
     assert [r["step"] for r in rows] == list(range(STEPS))
     # one release and one resume per engine per training step, nothing left released
     assert counts == [[(s + 1, s + 1, [])] * 2 for s in range(STEPS)]
@@ -150,9 +150,9 @@ def test_launch_a_shared_pool_trains_two_models_in_turns_on_the_same_gpus(tmp_pa
     ]
     flags = [f"--output_dir={tmp_path}", f"--num_steps={STEPS}", f"--agents={json.dumps(agents)}"]
     flags += ["--data.prompts_per_step=2", "--trainer.device=cpu", "--sync.check_every=1"]
-    cfg = load_train_config(flags, yaml_path=ROOT / "kernel" / "presets" / "toy_duo.yaml")
-    plan = make_plan(cfg, cluster(2))
-    doctor, patient = plan.groups
+    cfg = train_config(["--preset", "toy_duo", *flags])
+    placement = make_placement(cfg, cluster(2))
+    doctor, patient = placement.groups
     assert [e.gpus for e in doctor.engines] == [e.gpus for e in patient.engines] == [[0], [1]]
     assert [r.gpu for r in doctor.trainer] == [r.gpu for r in patient.trainer] == [0, 1]
     released = []
@@ -165,7 +165,7 @@ def test_launch_a_shared_pool_trains_two_models_in_turns_on_the_same_gpus(tmp_pa
             states[e["owner"]].append((s["num_memory_releases"], s["memory_released"]))
         released.append(states)
 
-    rows = run_plan(cfg, plan, on_step=on_step)
+    rows = run_placement(cfg, placement, on_step=on_step)
     assert [r["step"] for r in rows] == list(range(STEPS))
     # every engine of the pool gives its memory up at every step's turns, and has it back after
     assert released == [
@@ -180,17 +180,17 @@ def test_launch_a_shared_pool_trains_two_models_in_turns_on_the_same_gpus(tmp_pa
 
 
 def test_launch_trains_megatron_at_the_planned_tensor_parallel_size(tmp_path, fake_gpu_ray):
-    """backend megatron: the trainer section's TP=2 sizes the plan and reaches the trainer (the
+    """backend megatron: the trainer section's TP=2 sizes the placement and reaches the trainer (the
     two Ray ranks split every layer), its weights are gathered into HF layout for the
     distributed sync, and the engines then sample with the trainer's logprobs (the rollout/train
     gap and the post-sync check)."""
     pytest.importorskip("megatron.core")
     sizes = {"tensor_parallel": 2}
     cfg = toy(tmp_path, {"train_gpus": 2, "infer_gpus": 2}, "megatron", trainer=sizes)
-    plan = make_plan(cfg, cluster(4))
-    (g,) = plan.groups
+    placement = make_placement(cfg, cluster(4))
+    (g,) = placement.groups
     assert (g.backend, g.tensor_parallel, g.data_parallel) == ("megatron", 2, 1)
-    rows = run_plan(cfg, plan)
+    rows = run_placement(cfg, placement)
     assert [r["weight_version"] for r in rows] == list(range(1, STEPS + 1))
     assert all(r["train/logprob_diff"] < 1e-4 for r in rows[1:])
     # each step's row carries the check of the previous step's push (run beside the rollout)
@@ -202,7 +202,7 @@ def test_launch_trains_megatron_at_the_planned_tensor_parallel_size(tmp_path, fa
 def test_launch_refuses_a_plan_bigger_than_the_ray_cluster(tmp_path, fake_gpu_ray):
     cfg = toy(tmp_path, {"train_gpus": 4, "infer_gpus": 4})
     with pytest.raises(ValueError, match=r"cluster\.gpus_per_node=8"):
-        run_plan(cfg, make_plan(cfg, cluster(8)))
+        run_placement(cfg, make_placement(cfg, cluster(8)))
     assert not (tmp_path / "launch").exists()  # nothing was started
 
 
@@ -210,7 +210,7 @@ def test_a_colocated_sglang_engine_is_started_to_release_its_memory(tmp_path):
     """Real SGLang colocated: its command asks for the memory saver (release/resume) at the
     engine's TP size and memory share; its engine TP ranks read the trainer ranks' copies."""
     cfg = toy(tmp_path, {"train_gpus": 4, "colocate": True, "engine_tensor_parallel": 2})
-    (g,) = make_plan(cfg, cluster(4)).groups
+    (g,) = make_placement(cfg, cluster(4)).groups
     cmd, env = _engine_command("sglang", cfg.plan(), g, g.engines[1], "10.0.0.1", tmp_path, [])
     assert cmd[1:3] == ["-m", "sglang.launch_server"] and env == {}
     assert "--enable-memory-saver" in cmd

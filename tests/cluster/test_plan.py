@@ -1,6 +1,7 @@
-"""Placement plans of the three recipes on 1 x 8 and 2 x 8 GPUs, checked GPU by GPU against
-layouts written out here; bad plans fail with errors naming the agent and field; and
-``python -m kernel launch --dry-run`` prints the plan (exit 0) or rejects bad flags (exit 2)."""
+"""Placements of the three recipes on 1 x 8 and 2 x 8 GPUs, checked GPU by GPU against
+layouts written out here; bad placements fail with errors naming the agent and field; and
+``python -m kernel launch --dry-run`` prints the placement (exit 0) or rejects bad flags
+(exit 2)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from kernel.cluster.plan import ClusterConfig, ResourceConfig, make_plan
+from kernel.cli import train_config
+from kernel.cluster.plan import ClusterConfig, ResourceConfig, make_placement
 from kernel.run.agents import AgentSpec
-from kernel.run.config import load_train_config
 
 ROOT = Path(__file__).resolve().parents[2]
 ONE = ClusterConfig(nodes=1, gpus_per_node=8)
@@ -23,7 +24,7 @@ TWO = ClusterConfig(nodes=2, gpus_per_node=8)
 
 
 def recipe_config(recipe: str, *flags: str):
-    return load_train_config(list(flags), yaml_path=ROOT / "recipes" / recipe / "presets/cpu.yaml")
+    return train_config(["--config", str(ROOT / "recipes" / recipe / "presets/cpu.yaml"), *flags])
 
 
 def gpus(node: int, roles: list[list[str]]) -> dict[str, list[str]]:
@@ -37,11 +38,11 @@ def gpus(node: int, roles: list[list[str]]) -> dict[str, list[str]]:
 
 
 def test_math_solver_verifier_on_one_node():
-    plan = make_plan(recipe_config("math_solver_verifier"), ONE)
-    (g,) = plan.groups
+    placement = make_placement(recipe_config("math_solver_verifier"), ONE)
+    (g,) = placement.groups
     assert g.agents == ["solver", "rewriter", "selector"] and g.model == "smollm2"
     # 8 GPUs / 1 model = 8; half (4) train, half (4) serve
-    assert plan.gpu_roles() == gpus(
+    assert placement.gpu_roles() == gpus(
         0,
         [["solver train r0"], ["solver train r1"], ["solver train r2"], ["solver train r3"],
          ["solver engine 0"], ["solver engine 1"], ["solver engine 2"], ["solver engine 3"]],
@@ -54,10 +55,10 @@ def test_math_solver_verifier_on_one_node():
 
 
 def test_math_solver_verifier_on_two_nodes():
-    plan = make_plan(recipe_config("math_solver_verifier"), TWO)
-    (g,) = plan.groups
+    placement = make_placement(recipe_config("math_solver_verifier"), TWO)
+    (g,) = placement.groups
     # 16 GPUs: the trainer fills node 0, the engines node 1 (engine ports count per node)
-    assert plan.gpu_roles() == {
+    assert placement.gpu_roles() == {
         **gpus(0, [[f"solver train r{r}"] for r in range(8)]),
         **gpus(1, [[f"solver engine {e}"] for e in range(8)]),
     }
@@ -73,10 +74,10 @@ TAKES_TWO = [AgentSpec("doctor", model="doctor-ckpt"), AgentSpec("patient", mode
 
 
 def test_takes_two_on_one_node():
-    plan = make_plan(TAKES_TWO, ONE)
-    doctor, patient = plan.groups
+    placement = make_placement(TAKES_TWO, ONE)
+    doctor, patient = placement.groups
     # 8 GPUs / 2 models = 4 each: 2 train + 2 serve
-    assert plan.gpu_roles() == gpus(
+    assert placement.gpu_roles() == gpus(
         0,
         [["doctor train r0"], ["doctor train r1"], ["doctor engine 0"], ["doctor engine 1"],
          ["patient train r0"], ["patient train r1"], ["patient engine 0"], ["patient engine 1"]],
@@ -99,26 +100,26 @@ def pooled(doctor: dict | None = None, patient: dict | None = None, model: str =
 
 def test_takes_two_in_one_shared_pool_on_one_node():
     low = {"mem_fraction_static": 0.4, "engine_tensor_parallel": 2}
-    plan = make_plan(pooled(low, low), ONE)
-    doctor, patient = plan.groups
+    placement = make_placement(pooled(low, low), ONE)
+    doctor, patient = placement.groups
     assert (doctor.pool, patient.pool) == ("p", "p") and doctor.colocate and patient.colocate
     assert [(r.node, r.gpu) for r in doctor.trainer] == [(0, g) for g in range(8)]
     assert [(r.node, r.gpu) for r in patient.trainer] == [(0, g) for g in range(8)]
     assert [e.gpus for e in doctor.engines] == [e.gpus for e in patient.engines]
     assert [e.gpus for e in doctor.engines] == [[0, 1], [2, 3], [4, 5], [6, 7]]
     assert [e.port for e in doctor.engines + patient.engines] == list(range(30010, 30018))
-    roles = plan.gpu_roles()
+    roles = placement.gpu_roles()
     assert roles["node0/gpu3"] == [
         "doctor train r3", "doctor engine 1", "patient train r3", "patient engine 1"
     ]  # fmt: skip
-    assert "| p " in plan.table().replace("│", "|")  # the models table names the pool
+    assert "| p " in placement.table().replace("│", "|")  # the models table names the pool
 
 
 def test_a_shared_pool_that_cannot_hold_its_models_is_refused_with_the_arithmetic(tmp_path):
     from kernel.models import build_tiny_model
 
     with pytest.raises(ValueError) as e:  # two engines of 0.8 of the GPU each
-        make_plan(pooled(), ONE)
+        make_placement(pooled(), ONE)
     assert str(e.value).startswith(
         "pool 'p': each of its GPUs holds engine of doctor 0.8 x 80 = 64.0 GB + engine of "
         "patient 0.8 x 80 = 64.0 GB = 128.0 GB > cluster.gpu_memory_gb = 80"
@@ -128,10 +129,10 @@ def test_a_shared_pool_that_cannot_hold_its_models_is_refused_with_the_arithmeti
     small = ClusterConfig(nodes=1, gpus_per_node=1, gpu_memory_gb=0.001)
     low = {"mem_fraction_static": 0.1}
     with pytest.raises(ValueError, match=r"trainer of doctor [0-9.]+ GB") as e:
-        make_plan(pooled(low, low, model), small)
+        make_placement(pooled(low, low, model), small)
     assert "trainer of patient" in str(e.value) and "not counted" not in str(e.value)
-    plan = make_plan(pooled(low, low, model), ONE)  # 80 GB: it fits
-    assert [len(g.trainer) for g in plan.groups] == [8, 8]
+    placement = make_placement(pooled(low, low, model), ONE)  # 80 GB: it fits
+    assert [len(g.trainer) for g in placement.groups] == [8, 8]
 
 
 @pytest.mark.parametrize(
@@ -143,14 +144,14 @@ def test_a_shared_pool_that_cannot_hold_its_models_is_refused_with_the_arithmeti
 )
 def test_shared_pool_settings_are_checked_naming_the_agent(doctor, patient, words):
     with pytest.raises(ValueError, match=re.escape(words)):
-        make_plan(pooled(doctor, patient), ONE)
+        make_placement(pooled(doctor, patient), ONE)
 
 
 def test_a_frozen_model_has_no_turn_in_a_shared_pool():
     specs = pooled()
     specs[1] = AgentSpec("patient", model="p", trainable=False, resources={"pool": "p"})
     with pytest.raises(ValueError, match="a frozen model has no training turn"):
-        make_plan(specs, ONE)
+        make_placement(specs, ONE)
 
 
 def test_sglang_command_adds_the_models_own_flags_after_the_clusters(tmp_path):
@@ -162,7 +163,7 @@ def test_sglang_command_adds_the_models_own_flags_after_the_clusters(tmp_path):
     spec["engine"] = {"sglang_args": ["--context-length", "8192"]}
     agents = json.dumps([spec, {"name": "patient", "model": "/ckpt/patient"}])
     cfg = recipe_config("takes_two", "--agents", agents)
-    doctor, patient = make_plan(cfg, ONE).groups
+    doctor, patient = make_placement(cfg, ONE).groups
     run = cfg.plan()
     cluster_args = ["--dtype", "bfloat16"]
     ip, out = "10.0.0.1", tmp_path
@@ -189,7 +190,7 @@ def test_an_engine_api_key_reaches_sglang_by_flag_and_the_embedded_server_by_env
 
     spec = {"name": "doctor", "model": "/ckpt/doctor", "engine": {"api_key": "k-123"}}
     cfg = recipe_config("takes_two", "--agents", json.dumps([spec, "patient"]))
-    (doctor,) = make_plan(cfg, ONE).groups
+    (doctor,) = make_placement(cfg, ONE).groups
     run = cfg.plan()
     cmd, env = _engine_command("sglang", run, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
     assert cmd[cmd.index("--api-key") + 1] == "k-123" and env == {}
@@ -207,7 +208,7 @@ def test_lora_engines_get_sglangs_lora_flags_and_the_embedded_servers_theirs(tmp
     lora["lora_target_modules"] = ["q_proj", "v_proj"]
     spec = {"name": "doctor", "model": "/ckpt/doctor", "engine": lora}
     cfg = recipe_config("takes_two", "--agents", json.dumps([spec, "patient"]))
-    (doctor,) = make_plan(cfg, ONE).groups
+    (doctor,) = make_placement(cfg, ONE).groups
     run = cfg.plan()
     cmd, _ = _engine_command("sglang", run, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
     at = cmd.index("--enable-lora")
@@ -220,16 +221,16 @@ def test_lora_engines_get_sglangs_lora_flags_and_the_embedded_servers_theirs(tmp
     assert cmd[cmd.index("--max_loras_per_batch") + 1] == "2"
     spec["engine"] = {"enable_lora": True}  # no rank, no targets: SGLang could load none
     cfg = recipe_config("takes_two", "--agents", json.dumps([spec, "patient"]))
-    (doctor,) = make_plan(cfg, ONE).groups
+    (doctor,) = make_placement(cfg, ONE).groups
     with pytest.raises(ValueError, match=r"engine\.max_lora_rank"):
         _engine_command("sglang", cfg.plan(), doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
 
 
 def test_takes_two_on_two_nodes():
-    plan = make_plan(TAKES_TWO, TWO)
-    doctor, patient = plan.groups
+    placement = make_placement(TAKES_TWO, TWO)
+    doctor, patient = placement.groups
     # 16 GPUs / 2 models = 8 each: a node per model, 4 train + 4 serve
-    assert plan.gpu_roles() == {
+    assert placement.gpu_roles() == {
         **gpus(0, [[f"doctor train r{r}"] for r in range(4)]
                + [[f"doctor engine {e}"] for e in range(4)]),
         **gpus(1, [[f"patient train r{r}"] for r in range(4)]
@@ -251,11 +252,11 @@ COLOCATED = json.dumps(
 
 
 def test_deep_research_colocated_on_one_node():
-    plan = make_plan(recipe_config("deep_research", f"--agents={COLOCATED}"), ONE)
-    (g,) = plan.groups
+    placement = make_placement(recipe_config("deep_research", f"--agents={COLOCATED}"), ONE)
+    (g,) = placement.groups
     assert g.agents == ["agent", "searcher"] and g.colocate and g.sync_transport == "shared"
     # all 8 GPUs train (DP 8); engine k holds GPUs 2k and 2k+1
-    assert plan.gpu_roles() == gpus(
+    assert placement.gpu_roles() == gpus(
         0, [[f"agent train r{r}", f"agent engine {r // 2}"] for r in range(8)]
     )
     assert [(e.gpus, e.port) for e in g.engines] == [
@@ -266,10 +267,10 @@ def test_deep_research_colocated_on_one_node():
 
 
 def test_deep_research_colocated_on_two_nodes():
-    plan = make_plan(recipe_config("deep_research", f"--agents={COLOCATED}"), TWO)
-    (g,) = plan.groups
+    placement = make_placement(recipe_config("deep_research", f"--agents={COLOCATED}"), TWO)
+    (g,) = placement.groups
     # 16 ranks: r0-7 on node 0, r8-15 on node 1; 8 engines of 2 GPUs, 4 per node
-    assert plan.gpu_roles() == {
+    assert placement.gpu_roles() == {
         **gpus(0, [[f"agent train r{r}", f"agent engine {r // 2}"] for r in range(8)]),
         **gpus(1, [[f"agent train r{8 + r}", f"agent engine {4 + r // 2}"] for r in range(8)]),
     }
@@ -281,10 +282,10 @@ def test_deep_research_colocated_on_two_nodes():
 
 
 def test_deep_research_default_preset_shares_one_model():
-    plan = make_plan(recipe_config("deep_research"), ONE)
-    assert [g.agents for g in plan.groups] == [["agent", "searcher"]]
-    assert plan.gpu_roles()["node0/gpu3"] == ["agent train r3"]
-    assert plan.gpu_roles()["node0/gpu4"] == ["agent engine 0"]
+    placement = make_placement(recipe_config("deep_research"), ONE)
+    assert [g.agents for g in placement.groups] == [["agent", "searcher"]]
+    assert placement.gpu_roles()["node0/gpu3"] == ["agent train r3"]
+    assert placement.gpu_roles()["node0/gpu4"] == ["agent engine 0"]
 
 
 # ------------------------------------------------------------------ parallel coordinates
@@ -294,8 +295,8 @@ def test_megatron_tp_pp_dp_coordinates_and_explicit_counts():
     res = {"train_gpus": 8, "infer_gpus": 4, "engine_tensor_parallel": 2}
     sizes = {"tensor_parallel": 2, "pipeline_parallel": 2}  # the trainer's, set there only
     specs = [AgentSpec("doctor", model="m", backend="megatron", resources=res, trainer=sizes)]
-    plan = make_plan(specs, ClusterConfig(nodes=2, gpus_per_node=8))
-    (g,) = plan.groups
+    placement = make_placement(specs, ClusterConfig(nodes=2, gpus_per_node=8))
+    (g,) = placement.groups
     # DP = 8 / (TP 2 x PP 2) = 2; Megatron order: TP fastest, then DP, then PP
     coords = [(r.rank, r.tp, r.dp, r.pp) for r in g.trainer]
     assert coords == [
@@ -305,7 +306,7 @@ def test_megatron_tp_pp_dp_coordinates_and_explicit_counts():
     assert g.data_parallel == 2
     # the trainer fills node 0; two 2-GPU engines on node 1; node 1's GPUs 4-7 stay idle
     assert [(e.node, e.gpus) for e in g.engines] == [(1, [0, 1]), (1, [2, 3])]
-    assert plan.gpu_roles()["node1/gpu4"] == []
+    assert placement.gpu_roles()["node1/gpu4"] == []
 
 
 def test_nodes_pin_a_model():
@@ -313,8 +314,8 @@ def test_nodes_pin_a_model():
         AgentSpec("doctor", model="a"),
         AgentSpec("patient", model="b", resources={"nodes": [1]}),
     ]
-    plan = make_plan(specs, TWO)
-    doctor, patient = plan.groups
+    placement = make_placement(specs, TWO)
+    doctor, patient = placement.groups
     assert {r.node for r in patient.trainer} | {e.node for e in patient.engines} == {1}
     assert {r.node for r in doctor.trainer} == {0}
 
@@ -394,9 +395,9 @@ def spec(trainer: dict | None = None, **resources):
         ([AgentSpec("solver")], ClusterConfig(gpus_per_node=0), "cluster.gpus_per_node must be"),
     ],
 )
-def test_bad_plans_name_the_field(agents, cluster, message):
+def test_bad_placements_name_the_field(agents, cluster, message):
     with pytest.raises(ValueError, match=message):
-        make_plan(agents, cluster)
+        make_placement(agents, cluster)
 
 
 def test_key_value_heads_must_split_over_tensor_parallel(tmp_path):
@@ -411,10 +412,10 @@ def test_key_value_heads_must_split_over_tensor_parallel(tmp_path):
         )
     ]
     with pytest.raises(ValueError, match=r"tensor_parallel = 4 must divide the model's 2 key/val"):
-        make_plan(bad, ONE)
+        make_placement(bad, ONE)
     # an engine may replicate KV heads: TP 4 over 2 heads is fine for SGLang, TP 3 is not
     ok = [AgentSpec("solver", model=str(tmp_path), resources={"engine_tensor_parallel": 4})]
-    assert make_plan(ok, ONE).groups[0].engines[0].gpus == [4, 5, 6, 7]
+    assert make_placement(ok, ONE).groups[0].engines[0].gpus == [4, 5, 6, 7]
     bad_engine = [
         AgentSpec(
             "solver",
@@ -423,7 +424,7 @@ def test_key_value_heads_must_split_over_tensor_parallel(tmp_path):
         )
     ]
     with pytest.raises(ValueError, match="engine_tensor_parallel = 3 must divide, or be a multi"):
-        make_plan(bad_engine, ONE)
+        make_placement(bad_engine, ONE)
 
 
 def test_resource_config_validate_names_the_field():
@@ -433,12 +434,12 @@ def test_resource_config_validate_names_the_field():
         ResourceConfig(engine_tensor_parallel=0).validate()
 
 
-def test_plan_to_dict_is_json_and_table_names_every_gpu():
-    plan = make_plan(TAKES_TWO, ONE)
-    data = json.loads(plan.to_json())
+def test_placement_to_dict_is_json_and_table_names_every_gpu():
+    placement = make_placement(TAKES_TWO, ONE)
+    data = json.loads(placement.to_json())
     assert data["cluster"]["gpus_per_node"] == 8
     assert data["groups"][1]["engines"][0] == {"index": 0, "node": 0, "gpus": [6], "port": 30012}
-    text = plan.table()
+    text = placement.table()
     assert "patient train r1 (tp 0 dp 1 pp 0)" in text and "node0/gpu7" in text
 
 
@@ -455,7 +456,7 @@ def launch(*flags: str) -> subprocess.CompletedProcess:
     )
 
 
-def test_cli_dry_run_prints_the_plan():
+def test_cli_dry_run_prints_the_placement():
     flags = ["--recipe", "math_solver_verifier", "--preset", "cpu", "--cluster.nodes", "2"]
     out = launch(*flags, "--dry-run")
     assert out.returncode == 0, out.stderr
@@ -512,7 +513,7 @@ KEYS = ("owner", "backend", "colocate", "tensor_parallel", "pipeline_parallel", 
     ],
 )
 def test_math_run_sh_gpu_mode_plans_through_kernel_launch(tmp_path, env, expected):
-    """run.sh MODE=gpu turns its environment variables into one validated plan (DRY_RUN=json
+    """run.sh MODE=gpu turns its environment variables into one validated placement (DRY_RUN=json
     stops there); without DRY_RUN the same command runs it on Ray."""
     out = run_sh("math_solver_verifier", tmp_path, MODEL="/ckpt/m", DRY_RUN="json", **env)
     assert planned(out, *KEYS) == [dict(zip(KEYS, expected, strict=True))]

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from kernel.buffer import DataBuffer
+from kernel.cli import train_config
 from kernel.hooks import package_file
-from kernel.run.config import load_train_config
 from kernel.run.loop import train
 from kernel.train.ray_trainer import TrainerDied
 from tests.procs import descendants_named
@@ -30,7 +30,7 @@ def ray_auth_off(monkeypatch):
 
 
 def toy(tmp_path, *flags):
-    return load_train_config([f"--output_dir={tmp_path}", *RAY, *flags], yaml_path=TOY)
+    return train_config([f"--config={TOY}", f"--output_dir={tmp_path}", *RAY, *flags])
 
 
 def mean_reward(rows):

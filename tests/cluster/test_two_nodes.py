@@ -23,11 +23,11 @@ import psutil
 import pytest
 
 from kernel.buffer import DataBuffer
-from kernel.cluster.plan import ClusterConfig, make_plan
-from kernel.cluster.run import NodeLost, run_plan
+from kernel.cli import train_config
+from kernel.cluster.plan import ClusterConfig, make_placement
+from kernel.cluster.run import NodeLost, run_placement
 from kernel.engine.launch import free_port
 from kernel.hooks import package_file
-from kernel.run.config import load_train_config
 from tests.ports import plan_ports
 
 pytestmark = pytest.mark.slow  # the slow tier: scripts/test.sh --slow
@@ -153,9 +153,9 @@ def test_a_run_across_two_nodes_stops_when_one_dies_and_resumes_losing_nothing(t
     flags = [f"--output_dir={tmp_path}", f"--num_steps={STEPS}", f"--agents={json.dumps(agents)}"]
     flags += ["--save_every=1", "--trainer.device=cpu", "--sync.check_every=1"]
     flags += ["--data.prompts_per_step=2"]
-    cfg = load_train_config(flags, yaml_path=TOY_DUO)
-    plan = make_plan(cfg, _cluster(nodes.address))
-    doctor, patient = plan.groups
+    cfg = train_config([f"--config={TOY_DUO}", *flags])
+    placement = make_placement(cfg, _cluster(nodes.address))
+    doctor, patient = placement.groups
     assert [r.node for r in doctor.trainer] == [0, 0] and doctor.sync_transport == "distributed"
     assert [e.node for e in doctor.engines + patient.engines] == [1, 1]
 
@@ -172,9 +172,9 @@ def test_a_run_across_two_nodes_stops_when_one_dies_and_resumes_losing_nothing(t
             time.sleep(3)
 
     with pytest.raises(NodeLost) as lost:
-        run_plan(cfg, plan, on_step=on_step)
+        run_placement(cfg, placement, on_step=on_step)
     message = str(lost.value)
-    assert "node 1 of the plan" in message and "died while the run ran" in message
+    assert "node 1 of the placement" in message and "died while the run ran" in message
     assert "gpu0: doctor engine 0; gpu1: patient engine 0" in message
     assert "--resume true once the Ray cluster has cluster.nodes = 2 nodes again" in message
     assert os.path.isdir(tmp_path / "checkpoints")
@@ -189,8 +189,8 @@ def test_a_run_across_two_nodes_stops_when_one_dies_and_resumes_losing_nothing(t
 
     nodes.start(WORKER_IP)
     nodes.wait_alive(2)
-    resumed = load_train_config([*flags, "--resume=true"], yaml_path=TOY_DUO)
-    rows = run_plan(resumed, make_plan(resumed, _cluster(nodes.address)))
+    resumed = train_config([f"--config={TOY_DUO}", *flags, "--resume=true"])
+    rows = run_placement(resumed, make_placement(resumed, _cluster(nodes.address)))
     assert rows and rows[-1]["step"] == STEPS - 1
     logged = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == list(range(STEPS))  # each step once

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from kernel.benchmarks import load_benchmark
+from kernel.cli import train_config
 from kernel.engine.client import EngineClient
 from kernel.hooks import RolloutContext
 from kernel.run.agents import AgentHandle
-from kernel.run.config import load_train_config
 from kernel.run.loop import train
 from kernel.sample import Sample
 from kernel.sandbox import SandboxConfig
@@ -463,7 +463,7 @@ def test_single_coder_hears_its_failure_and_fixes_it(tiny_engine, scripted_agent
 def test_tiny_preset_runs_the_pair_end_to_end(tmp_path):
     """The tiny preset through the whole loop: two models, MAGRPO, the sandbox reward, the
     held-out HumanEval problems; every episode counted under one status."""
-    rows = train(load_train_config([f"--output_dir={tmp_path}"], yaml_path=TINY))
+    rows = train(train_config([f"--config={TINY}", f"--output_dir={tmp_path}"]))
     assert [r["step"] for r in rows] == [0, 1]
     statuses = [k for k in rows[0] if k.startswith("episode/status_")]
     assert len(statuses) == 8
@@ -513,7 +513,7 @@ def test_a_tiny_char_pair_learns_on_the_sandbox_reward(tmp_path):
         "--optim.lr=0.002",
         "--eval.every=0",
     ]
-    rows = train(load_train_config(flags, yaml_path=TINY))
+    rows = train(train_config([f"--config={TINY}", *flags]))
     first = sum(r["main/reward"] for r in rows[:5]) / 5
     last = sum(r["main/reward"] for r in rows[-5:]) / 5
     assert last >= first + 0.3, (first, last)

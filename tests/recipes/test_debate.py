@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from kernel.cli import train_config
 from kernel.engine.client import EngineClient
 from kernel.hooks import RolloutContext
 from kernel.run.agents import AgentHandle
-from kernel.run.config import load_train_config
 from kernel.run.loop import train
 from kernel.sample import Sample
 from recipes.debate.config import RecipeConfig
@@ -231,7 +231,7 @@ def test_one_agent_alone_is_the_single_agent_baseline(tiny_engine, scripted_agen
 
 @pytest.mark.slow
 def test_tiny_preset_runs_end_to_end(tmp_path):
-    rows = train(load_train_config([f"--output_dir={tmp_path}"], yaml_path=TINY))
+    rows = train(train_config([f"--config={TINY}", f"--output_dir={tmp_path}"]))
     assert [r["step"] for r in rows] == [0, 1]
     assert all("episode/verdict_correct" in r and "alice/reward" in r for r in rows)
     assert "eval/alice/avg@2" in rows[-1]
@@ -257,7 +257,7 @@ def test_a_tiny_char_model_learns_to_state_answers_in_the_debate(tmp_path):
         "--optim.lr=0.002",
         "--eval.every=0",
     ]
-    rows = train(load_train_config(flags, yaml_path=TINY))
+    rows = train(train_config([f"--config={TINY}", *flags]))
     first = sum(r["alice/reward"] + r["bob/reward"] for r in rows[:5]) / 10
     last = sum(r["alice/reward"] + r["bob/reward"] for r in rows[-5:]) / 10
     assert last >= first + 0.1, (first, last)

@@ -146,10 +146,10 @@ def test_a_model_judge_scores_or_falls_back_to_the_rules(scripted_agent, smollm2
 
 @pytest.mark.slow
 def test_the_tiny_procon_preset_runs_end_to_end(tmp_path):
-    from kernel.run.config import load_train_config
+    from kernel.cli import train_config
     from kernel.run.loop import train
 
     preset = ROOT / "recipes" / "debate" / "presets" / "tiny_procon.yaml"
-    rows = train(load_train_config([f"--output_dir={tmp_path}"], yaml_path=preset))
+    rows = train(train_config([f"--config={preset}", f"--output_dir={tmp_path}"]))
     assert len(rows) == 2 and "episode/pro_score" in rows[-1] and "episode/judge_parsed" in rows[-1]
     assert "eval/alice/avg@1" in rows[-1]

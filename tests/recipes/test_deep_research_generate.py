@@ -404,17 +404,17 @@ def test_real_searcher_and_dead_retriever(engine, smollm2_tokenizer):
 
 @pytest.mark.slow
 def test_short_cpu_training_run_logs_every_metric(tmp_path, retriever_url):
-    from kernel.run.config import load_train_config
+    from kernel.cli import train_config
     from kernel.run.loop import train
 
     tiny = Path(__file__).resolve().parents[2] / "recipes/deep_research/presets/tiny.yaml"
-    cfg = load_train_config(
+    cfg = train_config(
         [
+            f"--config={tiny}",
             f"--output_dir={tmp_path}",
             f"--recipe_args.retriever_url={retriever_url}",
             "--eval.every=2",
-        ],
-        yaml_path=tiny,
+        ]
     )
     rows = train(cfg)
     assert [r["step"] for r in rows] == [0, 1]

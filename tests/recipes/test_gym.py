@@ -76,11 +76,11 @@ def test_a_row_naming_an_environment_the_run_lacks_fails_naming_both(
 
 @pytest.mark.slow
 def test_the_tiny_preset_trains_on_two_environments_at_once(tmp_path):
-    from kernel.run.config import load_train_config
+    from kernel.cli import train_config
     from kernel.run.loop import train
 
     preset = ROOT / "recipes" / "gym" / "presets" / "tiny_mix.yaml"
-    cfg = load_train_config([f"--output_dir={tmp_path}"], yaml_path=preset)
+    cfg = train_config([f"--config={preset}", f"--output_dir={tmp_path}"])
     rows = train(cfg)
     assert len(rows) == 2
     for row in rows:  # rows alternate math and tools: both in every step
@@ -101,11 +101,11 @@ def test_a_tiny_model_learns_to_make_calls_the_calculator_accepts(tmp_path):
     calculator pays 1 when it accepts the call. A random character model's calls work about a
     quarter of the time; 30 steps later most do (measured, seed 42: mean reward of the first
     5 steps 0.24, of the last 5 0.89)."""
-    from kernel.run.config import load_train_config
+    from kernel.cli import train_config
     from kernel.run.loop import train
 
     preset = ROOT / "recipes" / "gym" / "presets" / "tiny_tools.yaml"
-    rows = train(load_train_config([f"--output_dir={tmp_path}"], yaml_path=preset))
+    rows = train(train_config([f"--config={preset}", f"--output_dir={tmp_path}"]))
     first = sum(r["reward"] for r in rows[:5]) / 5
     last = sum(r["reward"] for r in rows[-5:]) / 5
     assert first <= 0.35 and last >= 0.75, (first, last)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from kernel.cli import train_config
 from kernel.engine.pool import EngineConfig, EnginePool
 from kernel.hooks import RolloutContext
 from kernel.run.agents import AgentHandle
-from kernel.run.config import load_train_config
 from kernel.run.loop import train
 from kernel.sample import Sample, Status
 from recipes.math_solver_verifier.config import RecipeConfig
@@ -204,13 +204,13 @@ async def _generate_and_close(ctx):
     ],
 )
 def test_short_cpu_training_run_logs_every_metric(tmp_path, workflow, roles, episode_keys):
-    cfg = load_train_config(
+    cfg = train_config(
         [
+            f"--config={TINY}",
             f"--output_dir={tmp_path}",
             f"--agents={roles}",
             f'--recipe_args={{"workflow": "{workflow}", "num_parallel": 2, "max_loops": 2}}',
-        ],
-        yaml_path=TINY,
+        ]
     )
     rows = train(cfg)
     assert [r["step"] for r in rows] == [0, 1]

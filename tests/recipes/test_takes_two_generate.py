@@ -291,14 +291,14 @@ def test_the_mappo_preset_trains_a_centralized_critic_per_agent(tmp_path):
     instead of SmolLM2: each agent's model gets its own critic, which reads the hidden case."""
     from pathlib import Path
 
-    from kernel.run.config import load_train_config
+    from kernel.cli import train_config
     from kernel.run.loop import train
 
     preset = Path(__file__).resolve().parents[2] / "recipes/takes_two/presets/mappo.yaml"
     agents = '[{"name": "doctor"}, {"name": "patient", "model": "tiny-smollm2-llama"}]'
     flags = [f"--output_dir={tmp_path}", "--model=tiny-smollm2", f"--agents={agents}"]
     flags += ["--num_steps=1", "--eval.every=0", "--engine.num_threads=1"]
-    cfg = load_train_config(flags, yaml_path=preset)
+    cfg = train_config([f"--config={preset}", *flags])
     assert cfg.critic.centralized and cfg.advantage.estimator == "gae"
     (row,) = train(cfg)
     for agent in ("doctor", "patient"):

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from kernel.cli import train_config
 from kernel.hooks import RolloutContext
-from kernel.run.config import load_train_config
 from kernel.run.loop import train
 from kernel.sample import Sample
 from recipes.template.config import RecipeConfig
@@ -98,6 +98,6 @@ def test_config_errors_name_the_field(args, field):
 
 @pytest.mark.slow
 def test_tiny_preset_runs_end_to_end(tmp_path):
-    rows = train(load_train_config([f"--output_dir={tmp_path}"], yaml_path=TINY))
+    rows = train(train_config([f"--config={TINY}", f"--output_dir={tmp_path}"]))
     assert [r["step"] for r in rows] == [0, 1]
     assert all("proposer/reward" in r and "episode/wrote_problem" in r for r in rows)

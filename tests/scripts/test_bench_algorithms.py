@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kernel.run.config import load_train_config
+from kernel.cli import train_config
 from tests.scripts.test_results_table import module
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +26,7 @@ def bench():
 def test_every_row_is_a_config_the_kernel_accepts(bench):
     for row in bench.ROWS:
         flags = ["--num_steps", str(row.steps), *row.flags]
-        cfg = load_train_config(flags, yaml_path=ROOT / "kernel" / "presets" / f"{row.preset}.yaml")
+        cfg = train_config(["--preset", row.preset, *flags])
         assert cfg.num_steps == row.steps, row.name
         if "--advantage.estimator" in row.flags:
             estimator = row.flags[row.flags.index("--advantage.estimator") + 1]

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from kernel.advantages import AdvantageConfig
+from kernel.cli import train_config
 from kernel.loss import LossConfig
-from kernel.run.config import load_train_config
 from kernel.train.critic import (
     CriticConfig,
     explained_variance,
@@ -164,7 +164,7 @@ def test_megatron_refuses_the_critic_at_config_and_build_time(char_model_dir):
         )
     flags = ["--advantage.estimator=gae", "--agents", '[{"name": "a", "backend": "megatron"}]']
     with pytest.raises(ValueError, match=r"agents\['a'\].*only the torch backend"):
-        load_train_config([*flags, "--data.path=x.jsonl"]).validate()
+        train_config([*flags, "--data.path=x.jsonl"])
 
 
 @pytest.mark.parametrize(

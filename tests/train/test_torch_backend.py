@@ -306,12 +306,12 @@ def test_a_runs_trainer_takes_its_agents_rollout_temperature(tmp_path, make_samp
     logprobs are those of the engine's distribution, not of temperature 1."""
     from pathlib import Path
 
-    from kernel.run.config import load_train_config
+    from kernel.cli import train_config
     from kernel.run.runtime import place_trainer, plan_models
 
     agents = '[{"name": "default", "rollout": {"temperature": 0.7}}]'
     toy = Path(__file__).resolve().parents[2] / "kernel" / "presets" / "toy.yaml"
-    cfg = load_train_config([f"--output_dir={tmp_path}", f"--agents={agents}"], yaml_path=toy)
+    cfg = train_config([f"--config={toy}", f"--output_dir={tmp_path}", f"--agents={agents}"])
     (model,) = plan_models(cfg.plan(), tmp_path, {})
     trainer = place_trainer(cfg, model, None)
     samples = make_samples(3, seed=2)
