@@ -48,7 +48,13 @@ from kernel.models import MODEL_FORMS
 from kernel.plot import compare_runs, plot_metrics
 from kernel.run.checkpoint import checkpoints, export
 from kernel.run.collect import CollectConfig, collect
-from kernel.run.config import TrainConfig, check_yaml_file, config_files, read_help_text
+from kernel.run.config import (
+    RunPlan,
+    TrainConfig,
+    check_yaml_file,
+    config_files,
+    read_help_text,
+)
 from kernel.run.dpo import DPOConfig, dpo
 from kernel.run.loop import evaluate, train
 from kernel.run.sft import SFTConfig, sft
@@ -106,19 +112,21 @@ def cmd_info() -> None:
     Console().print(table)
 
 
-def cmd_train(cfg) -> None:
-    """``kernel train``: the run under a progress display, then its summary (where it stopped
-    early, the mean reward of the first and last steps, the metrics file and its curves)."""
+def cmd_train(plan: RunPlan) -> None:
+    """``kernel train``: the run (resolved once, ``plan``) under a progress display, then its
+    summary (where it stopped early, the mean reward of the first and last steps, the metrics
+    file and its curves)."""
     from rich.console import Console
 
+    cfg = plan.cfg
     console = Console()
     console.print(
         f"[bold]Tandem[/] training {cfg.recipe} "
-        f"({', '.join(a.name for a in cfg.agent_specs())}) on {cfg.model}: "
+        f"({', '.join(a.name for a in plan.agents)}) on {cfg.model}: "
         f"{cfg.num_steps} steps -> {cfg.output_dir}",
         soft_wrap=True,
     )
-    rows = _train_with_progress(cfg, console)
+    rows = _train_with_progress(plan, console)
     if rows and rows[-1]["step"] + 1 < cfg.num_steps:
         console.print(
             f"stopped after step {rows[-1]['step'] + 1} of {cfg.num_steps}: "
@@ -134,12 +142,13 @@ def cmd_train(cfg) -> None:
     console.print(f"metrics: {metrics}   curves: {png}")
 
 
-def _train_with_progress(cfg, console) -> list[dict]:
-    """Train ``cfg`` under a live progress bar (a line a step when the console is not a
+def _train_with_progress(plan: RunPlan, console) -> list[dict]:
+    """Train ``plan`` under a live progress bar (a line a step when the console is not a
     terminal) and return its metric rows; an interrupt or a run that stops exits the process."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+    cfg = plan.cfg
     # Written to a log file (a background run), a live bar shows only its last frame: print a
     # line a step there instead, and say what the wait before the first step is.
     plain = not console.is_terminal
@@ -176,7 +185,7 @@ def _train_with_progress(cfg, console) -> list[dict]:
                 )
 
         try:
-            return train(cfg, on_step=on_step)
+            return train(plan, on_step=on_step)
         except KeyboardInterrupt:
             progress.stop()
             Console(stderr=True).print(
@@ -245,31 +254,33 @@ def cmd_collect(cfg, ccfg: CollectConfig, checkpoint: str | None) -> None:
         )
 
 
-def cmd_sft(cfg, scfg: SFTConfig) -> None:
+def cmd_sft(plan: RunPlan, scfg: SFTConfig) -> None:
     from rich.console import Console
 
+    cfg = plan.cfg
     console = Console()
-    agent = scfg.agent or cfg.agent_specs()[0].name
+    agent = scfg.agent or plan.agents[0].name
     console.print(
         f"[bold]Tandem[/] SFT of agent {agent} on {scfg.path}: {scfg.epochs} epoch(s), "
         f"{scfg.batch_size} examples per update -> {cfg.output_dir}"
     )
-    row = sft(cfg, scfg)
+    row = sft(plan, scfg)
     figures = ", ".join(f"{k} {v:.4f}" for k, v in row.items() if k.endswith("nll"))
     console.print(f"{figures}; saved: {_tuned(cfg, agent)}")
 
 
-def cmd_dpo(cfg, dcfg: DPOConfig) -> None:
+def cmd_dpo(plan: RunPlan, dcfg: DPOConfig) -> None:
     from rich.console import Console
 
+    cfg = plan.cfg
     console = Console()
-    agent = dcfg.agent or cfg.agent_specs()[0].name
+    agent = dcfg.agent or plan.agents[0].name
     console.print(
         f"[bold]Tandem[/] {dcfg.loss.upper()} of agent {agent} on {dcfg.path}: beta "
         f"{dcfg.beta}, {dcfg.epochs} epoch(s), {dcfg.batch_size} pairs per update -> "
         f"{cfg.output_dir}"
     )
-    row = dpo(cfg, dcfg)
+    row = dpo(plan, dcfg)
     figures = ", ".join(f"{k} {v:.4f}" for k, v in row.items() if "/" in k and "time" not in k)
     console.print(f"{figures}; saved: {_tuned(cfg, agent)}")
 
@@ -499,9 +510,10 @@ def _env_serve_parser() -> ArgumentParser:
     )
 
 
-def cmd_launch(cfg, cluster, dry_run: bool, as_json: bool) -> None:
+def cmd_launch(plan: RunPlan, cluster, dry_run: bool, as_json: bool) -> None:
     from rich.console import Console
 
+    cfg = plan.cfg
     placement = make_placement(cfg, cluster)
     if as_json:
         print(placement.to_json())
@@ -514,7 +526,7 @@ def cmd_launch(cfg, cluster, dry_run: bool, as_json: bool) -> None:
         return
 
     try:
-        rows = run_placement(cfg, placement)
+        rows = run_placement(plan, placement)
     except KeyboardInterrupt:
         Console(stderr=True).print(
             "[red]interrupted[/]: every engine, router and trainer actor this launch started has "
@@ -532,6 +544,12 @@ def cmd_launch(cfg, cluster, dry_run: bool, as_json: bool) -> None:
 
 def _train_config(args: Namespace) -> TrainConfig:
     return _build(TrainConfig, args).validate()
+
+
+def _run_plan(args: Namespace) -> RunPlan:
+    """The run the arguments describe, resolved: the one resolution of train, sft and dpo
+    (eval and collect resolve theirs once its models are frozen)."""
+    return _build(TrainConfig, args).plan()
 
 
 def train_config(argv: list[str]) -> TrainConfig:
@@ -555,17 +573,17 @@ def _expanded(argv: list[str]) -> list[str]:
 
 def _collect(args: Namespace, argv: list[str]) -> None:
     ccfg = CollectConfig(**vars(args["collect"]))
-    cmd_collect(_train_config(args), ccfg.validate(), args["checkpoint"])
+    cmd_collect(_build(TrainConfig, args), ccfg.validate(), args["checkpoint"])
 
 
 def _sft(args: Namespace, argv: list[str]) -> None:
     scfg = SFTConfig(**vars(args["sft"]))
-    cmd_sft(_train_config(args), scfg.validate())
+    cmd_sft(_run_plan(args), scfg.validate())
 
 
 def _dpo(args: Namespace, argv: list[str]) -> None:
     dcfg = DPOConfig(**vars(args["dpo"]))
-    cmd_dpo(_train_config(args), dcfg.validate())
+    cmd_dpo(_run_plan(args), dcfg.validate())
 
 
 def _plot(args: Namespace, argv: list[str]) -> None:
@@ -592,10 +610,9 @@ def _env_serve(args: Namespace, argv: list[str]) -> None:
 def _launch(args: Namespace, argv: list[str]) -> None:
     cluster = ClusterConfig(**vars(args["cluster"]))
     train_cfg = _build(TrainConfig, args)
-    # a launched run trains on Ray: validate it as one (each model its own processes)
+    # a launched run trains on Ray: resolve it as one (each model its own processes)
     train_cfg.ray = dataclasses.replace(train_cfg.ray, enabled=True)
-    train_cfg.validate()
-    cmd_launch(train_cfg, cluster, args["dry_run"], args["json"])
+    cmd_launch(train_cfg.plan(), cluster, args["dry_run"], args["json"])
 
 
 @dataclass(frozen=True)
@@ -617,12 +634,12 @@ COMMANDS: dict[str, Command] = {
     ),
     "train": Command(
         _train_parser,
-        lambda args, argv: cmd_train(_train_config(args)),
+        lambda args, argv: cmd_train(_run_plan(args)),
         "Run a training job (e.g. --preset toy).",
     ),
     "eval": Command(
         _eval_parser,
-        lambda args, argv: cmd_eval(_train_config(args), args["checkpoint"]),
+        lambda args, argv: cmd_eval(_build(TrainConfig, args), args["checkpoint"]),
         "Evaluate models or a checkpoint (avg@n, pass@k).",
     ),
     "collect": Command(_collect_parser, _collect, "Write a recipe's rollouts as JSONL (SFT, DPO)."),

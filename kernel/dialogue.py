@@ -112,16 +112,41 @@ class Dialogue:
         return self.conv.add_message(role, text)
 
     def sample(
-        self, seed: Sample, turn: int = 0, last_turn_only: bool = False, **metadata
+        self,
+        seed: Sample,
+        turn: int = 0,
+        last_turn_only: bool = False,
+        reward_only: bool = False,
+        **metadata,
     ) -> Sample | None:
         """Its training sample (metadata: the seed's, ``role``, ``text`` of its last turn and
         ``metadata``), or None when it never spoke: nothing to train on. Two samples of one
         agent in one episode need distinct ``turn`` numbers. ``last_turn_only``: only its
-        latest turn is trained (the turns before are context)."""
-        if self.finish is None:
-            return None
+        latest turn is trained (the turns before are context). ``reward_only``: when it never
+        spoke, a sample without response tokens instead of None (its context so far as the
+        prompt, ``text`` ""): it trains no token, but the reward hook pays it, it counts in its
+        agent's metrics and stays in its advantage group, so the baseline of the episodes in
+        which the agent spoke includes those in which it did not."""
         fields = seed.seed_fields()
         fields["metadata"].update(role=self.name, text=self.text, **metadata)
+        if self.finish is None:
+            if not reward_only:
+                return None
+            if not self.conv.ids:
+                raise ValueError(
+                    f"{self.name}: a reward-only sample needs the dialogue's opening (a system "
+                    "prompt or first message) as its prompt"
+                )
+            return Sample(
+                prompt_ids=list(self.conv.ids),
+                response_ids=[],
+                loss_mask=[],
+                rollout_logprobs=[],
+                agent=self.name,
+                turn=turn,
+                status=Status.COMPLETED,
+                **fields,
+            ).validate()
         status = Status.of_turn(self.finish)
         train_from = self.turn_start if last_turn_only else 0
         return self.conv.to_sample(

@@ -304,3 +304,26 @@ def test_an_agents_chat_template_replaces_the_tokenizers_for_its_dialogues(tmp_p
     assert with_template(tok, None) is tok
     with pytest.raises(ValueError, match="neither a Jinja template nor a file"):
         with_template(tok, str(tmp_path / "missing.jinja"))
+
+
+@pytest.mark.parametrize("estimator", ["grpo", "gae"])
+def test_an_agent_that_never_spoke_is_paid_by_a_reward_only_sample(tmp_path, estimator):
+    """The patient of tests/hook_fixtures/silent.py speaks in half the episodes of each group;
+    in the others ``Dialogue.sample(reward_only=True)`` gives it a sample without response
+    tokens: the reward hook pays it, it counts in ``patient/samples`` and in the advantages,
+    and the trainer trains the spoken half only (the other half skipped, not an error)."""
+    flags = [
+        f"--config={DUO}",
+        f"--output_dir={tmp_path}",
+        "--num_steps=1",
+        "--generate_fn=tests.hook_fixtures.silent.generate",
+        "--reward_fn=tests.hook_fixtures.silent.reward",
+        f"--advantage.estimator={estimator}",
+    ]
+    (row,) = train(train_config(flags))
+    assert row["doctor/samples"] == row["patient/samples"] == 32
+    assert row["adv/n_samples"] == 64 and row["adv/n_excluded"] == 0
+    assert row["train/patient/n_samples"] == 16 and row["train/patient/n_skipped"] == 16
+    assert row["train/doctor/n_skipped"] == 0
+    # the 16 silent episodes are paid 1.0, the 16 spoken ones their share of digits (< 1)
+    assert 0.5 <= row["patient/reward"] < 1.0

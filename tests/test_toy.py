@@ -72,3 +72,17 @@ def test_gigpo_learns_the_multi_step_toy(tmp_path):
     assert sum(r["reward"] for r in rows[-5:]) / 5 >= 0.8
     logged = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert all(r["adv/n_samples"] == 4 * 8 * STEPS for r in logged if r["step"] >= 0)
+
+
+def test_kernel_train_resolves_the_run_once(tmp_path, monkeypatch):
+    """``kernel train`` resolves the run in one place, once: the plan the CLI makes is what
+    the loop and the runtime start from (issue 65: it was resolved three times)."""
+    from kernel.cli import main
+    from kernel.run.config import TrainConfig
+
+    calls = []
+    resolve = TrainConfig.plan
+    monkeypatch.setattr(TrainConfig, "plan", lambda self: calls.append(1) or resolve(self))
+    main(["train", "--preset", "toy", "--num_steps", "1", f"--output_dir={tmp_path}"])
+    assert len(calls) == 1
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1

@@ -46,6 +46,7 @@ from kernel.engine.launch import LaunchedProcess, server_command, server_env
 from kernel.engine.router import RouterConfig, wait_for_workers
 from kernel.models import materialize_model
 from kernel.run.checkpoint import checkpoints
+from kernel.run.config import RunPlan
 from kernel.run.loop import train
 from kernel.train.ray_trainer import RayConfig
 
@@ -89,8 +90,10 @@ class ServiceActor:
             self.process.stop()
 
 
-def run_placement(cfg, placement, on_step=None) -> list[dict]:
-    """Run ``cfg`` on the Ray cluster as ``placement`` places it; returns the loop's metrics rows.
+def run_placement(run, placement, on_step=None) -> list[dict]:
+    """Run ``run`` (a TrainConfig, or its RunPlan) on the Ray cluster as ``placement`` places
+    it; returns the loop's metrics rows. The run is resolved twice: as given (with Ray training
+    on), then with the started engines' and routers' addresses the loop connects to.
 
     Joins Ray at ``cluster.address`` (or starts a local one) unless this process already runs
     it, checks the cluster has the planned nodes and GPUs, starts every engine and router, trains
@@ -104,8 +107,8 @@ def run_placement(cfg, placement, on_step=None) -> list[dict]:
         server = placement.cluster.engine_server
         if server == "auto":
             server = "sglang" if has_gpus else "embedded"
-        cfg = _launch_config(cfg, placement)
-        run = cfg.plan()  # every group's model settings, resolved once
+        run = _launch_plan(run, placement)  # every group's model settings
+        cfg = run.cfg
         out = Path(cfg.output_dir)
         record: dict[str, list] = {"engines": [], "routers": []}
         engines: dict[str, list[str]] = {}
@@ -142,7 +145,8 @@ def run_placement(cfg, placement, on_step=None) -> list[dict]:
             if g.trainer
         }
         with _watch_nodes(nodes, placement, out):
-            return train(_placed_config(cfg, placement, engines, routers), on_step, on_ray)
+            placed = _placed_config(cfg, engines, routers).plan()
+            return train(placed, on_step, on_ray)
     finally:
         _stop(services)
         if started_ray:
@@ -258,8 +262,10 @@ def _ray_nodes(placement) -> tuple[list[tuple[str, str]], bool]:
     return nodes, has_gpus
 
 
-def _launch_config(cfg, placement):
-    """``cfg`` with Ray training on, checked against what a launched run cannot do."""
+def _launch_plan(run, placement) -> RunPlan:
+    """``run`` (a config or its plan) resolved with Ray training on, checked against what a
+    launched run cannot do; a plan that trains on Ray already is taken as it is."""
+    cfg = run.cfg if isinstance(run, RunPlan) else run
     for g in placement.groups:
         if g.colocate and cfg.async_mode:
             raise ValueError(
@@ -267,7 +273,9 @@ def _launch_config(cfg, placement):
                 "training, but colocated engines give their memory up while the model trains; "
                 "turn one of them off"
             )
-    return replace(cfg, ray=replace(cfg.ray, enabled=True)).validate()
+    if isinstance(run, RunPlan) and cfg.ray.enabled:
+        return run
+    return replace(cfg, ray=replace(cfg.ray, enabled=True)).plan()
 
 
 def _service(node: tuple[str, str], num_gpus: int):
@@ -379,15 +387,16 @@ def _ray_placement(run, g, nodes, has_gpus: bool, placement) -> RayPlacement:
     return RayPlacement(options, g.colocate, g.sync_transport, g.engine_ranks(), g.pool)
 
 
-def _placed_config(cfg, placement, engines: dict[str, list[str]], routers: dict[str, str]):
-    """``cfg`` whose model owners use the started engines (``engine.urls``) and router."""
+def _placed_config(cfg, engines: dict[str, list[str]], routers: dict[str, str]):
+    """``cfg`` whose model owners use the started engines (``engine.urls``) and router; not
+    yet resolved."""
     agents = []
     for spec in cfg.agent_specs():
         if spec.name in engines:
             started = {"urls": engines[spec.name], "router_url": routers[spec.name]}
             spec = replace(spec, engine={**spec.engine, **started, "start_router": False})
         agents.append(spec)
-    return replace(cfg, agents=agents).validate()
+    return replace(cfg, agents=agents)
 
 
 def _write(out: Path, record: dict) -> None:

@@ -48,7 +48,7 @@ from rich.progress import Progress
 
 from kernel.buffer import DataBuffer
 from kernel.hooks import package_file
-from kernel.run.config import TrainConfig
+from kernel.run.config import RunPlan, TrainConfig
 from kernel.run.loop import frozen
 from kernel.run.runtime import Runtime
 from kernel.sample import Sample
@@ -223,7 +223,7 @@ def collect(cfg: TrainConfig, ccfg: CollectConfig, checkpoint: str | None = None
     """Roll out ``ccfg``'s data with ``cfg``'s models (or ``checkpoint``'s), frozen; write the
     kept samples; return a summary (rows, samples, kept, files)."""
     ccfg.validate()
-    cfg = frozen(cfg, checkpoint)
+    cfg = frozen(cfg, checkpoint)  # resolved below, once, with its data
     data = replace(
         cfg.data,
         path=ccfg.path or cfg.data.path,
@@ -233,19 +233,20 @@ def collect(cfg: TrainConfig, ccfg: CollectConfig, checkpoint: str | None = None
     )
     if ccfg.keep == "pairs" and data.n_samples_per_prompt < 2:
         raise ValueError("collect.keep=pairs needs 2 or more episodes per row (collect.n_samples)")
-    cfg = replace(cfg, data=data).validate()
+    plan = replace(cfg, data=data).plan()
     out = Output(Path(cfg.output_dir), ccfg.keep)
-    return asyncio.run(_collect(cfg, ccfg, out))
+    return asyncio.run(_collect(plan, ccfg, out))
 
 
-async def _collect(cfg: TrainConfig, ccfg: CollectConfig, out: Output) -> dict:
+async def _collect(plan: RunPlan, ccfg: CollectConfig, out: Output) -> dict:
+    cfg = plan.cfg
     buffer = DataBuffer(replace(cfg.data, path=package_file(cfg.data.path)))
     todo = [g for g in buffer.next_groups(len(buffer)) if g[0].metadata["row"] not in out.done]
     tries: dict[int, int] = {}
     summary = {"rows": len(out.done), "samples": 0, "kept": 0, "episodes": 0, "rollout_s": 0.0}
     if not todo:  # a rerun with every row done: no engine to start, no model to load
         return _finish(cfg, out, summary | {"engines": dict.fromkeys(ENGINE_STATS, 0)})
-    async with Runtime.open(cfg, {}) as rt:
+    async with Runtime.open(plan, {}) as rt:
         tokenizers = {name: handle.tokenizer for name, handle in rt.ctx.agents.items()}
 
         def line(s: Sample) -> dict:

@@ -7,8 +7,9 @@ sections. jsonargparse reads the attribute docstrings as ``--help`` text and giv
 files (``--config run.yaml``), ``--print_config`` and per-flag overrides for free — chosen over
 tyro/draccus because it does all three (plus subcommands) from plain dataclasses.
 ``TrainConfig.plan()`` runs every check before any process, model or GPU is touched and
-resolves the run once (``RunPlan``: per model and per agent, the settings with their overrides
-applied); what starts a run reads the plan. ``validate()`` runs the same checks.
+resolves the run (``RunPlan``: per model and per agent, the settings with their overrides
+applied); each entry point (train, eval, collect, sft, dpo, launch) resolves it once with
+``resolve`` and what starts the run reads the plan. ``validate()`` runs the same checks.
 """
 
 from __future__ import annotations
@@ -524,6 +525,12 @@ class RunPlan:
                     f"ray.ranks) are not divisible by trainer.tensor_parallel x "
                     f"trainer.pipeline_parallel = {tp} x {pp}"
                 )
+
+
+def resolve(run: TrainConfig | RunPlan) -> RunPlan:
+    """``run`` resolved: a ``RunPlan`` as it is (resolved already), a ``TrainConfig``'s plan
+    (every check; a ValueError names the flag). Entry points take either and call this once."""
+    return run if isinstance(run, RunPlan) else run.plan()
 
 
 def _check_temperature(m: ModelPlan) -> None:

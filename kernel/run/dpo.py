@@ -40,7 +40,7 @@ from kernel.buffer import DataConfig, DataError, load_rows
 from kernel.hooks import package_file
 from kernel.loss import LossConfig
 from kernel.metrics import MetricsLogger
-from kernel.run.config import TrainConfig
+from kernel.run.config import RunPlan, TrainConfig, resolve
 from kernel.run.sft import SFTConfig, Tuning, batches, example, trained_sums
 from kernel.sample import Sample
 
@@ -130,10 +130,13 @@ def sums(trainer, samples: list[Sample]) -> torch.Tensor:
     return torch.tensor(trained_sums(trainer, samples), dtype=torch.float64)
 
 
-def dpo(cfg: TrainConfig, dcfg: DPOConfig) -> dict[str, float]:
-    """Train ``dcfg.agent``'s model on ``dcfg.path``'s pairs; returns the last metrics row."""
+def dpo(run: TrainConfig | RunPlan, dcfg: DPOConfig) -> dict[str, float]:
+    """Train ``dcfg.agent``'s model of ``run`` (a config or its plan) on ``dcfg.path``'s pairs;
+    returns the last metrics row."""
     dcfg.validate()
-    tuning = Tuning.of(cfg, dcfg.agent, "dpo.agent")
+    plan = resolve(run)
+    cfg = plan.cfg
+    tuning = Tuning.of(plan, dcfg.agent, "dpo.agent")
     dcfg = replace(dcfg, agent=tuning.agent)
     train = load_pairs(dcfg.path, tuning.tokenizer, dcfg)
     held_out = load_pairs(dcfg.eval_path, tuning.tokenizer, dcfg) if dcfg.eval_path else []

@@ -48,28 +48,28 @@ from typing import Any
 
 from kernel.advantages import compute_advantages
 from kernel.metrics import mean, process_age
-from kernel.run.config import TrainConfig
+from kernel.run.config import RunPlan, TrainConfig, resolve
 from kernel.run.runtime import RunningModel, Runtime
 from kernel.sample import Sample, Status
 
 
 def train(
-    cfg: TrainConfig,
+    run: TrainConfig | RunPlan,
     on_step: Callable[[dict], None] | None = None,
     placement: dict[str, Any] | None = None,
 ) -> list[dict]:
-    """Run ``cfg``; returns the metrics rows of the steps it ran. ``placement`` (from
-    ``kernel launch``, a kernel.cluster.run.RayPlacement per owner agent) puts each model's
-    Ray trainer ranks on their placed nodes and GPUs, and says which models are colocated."""
-    cfg.validate()
-    return asyncio.run(_train(cfg, on_step, placement or {}))
+    """Run ``run`` (a config, resolved here, or its plan); returns the metrics rows of the
+    steps it ran. ``placement`` (from ``kernel launch``, a kernel.cluster.run.RayPlacement per
+    owner agent) puts each model's Ray trainer ranks on their placed nodes and GPUs, and says
+    which models are colocated."""
+    return asyncio.run(_train(resolve(run), on_step, placement or {}))
 
 
 def frozen(cfg: TrainConfig, checkpoint: str | None = None) -> TrainConfig:
-    """``cfg`` with every agent frozen (no trainer is built); ``checkpoint`` (a run's
-    ``checkpoints/step_N``) serves each model as that step saved it (``trainers/<owner>``): the
-    trained weights, or for a LoRA model its base with each agent's adapter
-    (``adapters/<agent>``)."""
+    """``cfg`` with every agent frozen (no trainer is built), not yet resolved; ``checkpoint``
+    (a run's ``checkpoints/step_N``) serves each model as that step saved it
+    (``trainers/<owner>``): the trained weights, or for a LoRA model its base with each agent's
+    adapter (``adapters/<agent>``)."""
     agents = []
     for spec in cfg.agent_specs():
         if spec.remote:  # another job's agent: served by that job as it is
@@ -85,7 +85,7 @@ def frozen(cfg: TrainConfig, checkpoint: str | None = None) -> TrainConfig:
                 raise ValueError(f"checkpoint {checkpoint} has no model for agent {spec.name!r}")
             changes["model"] = str(saved)
         agents.append(dataclasses.replace(spec, **changes))
-    return dataclasses.replace(cfg, agents=agents).validate()
+    return dataclasses.replace(cfg, agents=agents)
 
 
 def evaluate(cfg: TrainConfig, checkpoint: str | None = None) -> dict[str, float]:
@@ -94,10 +94,10 @@ def evaluate(cfg: TrainConfig, checkpoint: str | None = None) -> dict[str, float
     ``<output_dir>/eval/step_0.jsonl``. ``checkpoint``: as in ``frozen``."""
     if not cfg.eval.path:
         raise ValueError("eval.path: kernel eval needs the data set to evaluate on")
-    cfg = frozen(cfg, checkpoint)
+    plan = frozen(cfg, checkpoint).plan()
 
     async def run() -> dict[str, float]:
-        async with Runtime.open(cfg, {}) as rt:
+        async with Runtime.open(plan, {}) as rt:
             return await rt.evaluate(0)
 
     row = asyncio.run(run())
@@ -105,9 +105,10 @@ def evaluate(cfg: TrainConfig, checkpoint: str | None = None) -> dict[str, float
     return row
 
 
-async def _train(cfg: TrainConfig, on_step, placement: dict[str, Any]) -> list[dict]:
+async def _train(plan: RunPlan, on_step, placement: dict[str, Any]) -> list[dict]:
     rows: list[dict] = []
-    async with Runtime.open(cfg, placement) as rt:
+    cfg = plan.cfg  # its run-wide sections; per model and per agent, the plan
+    async with Runtime.open(plan, placement) as rt:
         models = rt.models
         startup_s = process_age()  # from the command to the first rollout (or eval)
         if cfg.eval.at_start and rt.start == 0:  # the starting weights, for before/after

@@ -165,12 +165,12 @@ class Runtime:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, cfg: TrainConfig, placement: dict[str, Any]) -> AsyncIterator[Runtime]:
-        """Start the run ``cfg`` describes (``placement``: kernel launch's, per owner agent);
+    async def open(cls, plan: RunPlan, placement: dict[str, Any]) -> AsyncIterator[Runtime]:
+        """Start the run ``plan`` resolved (``placement``: kernel launch's, per owner agent);
         stop everything it started on the way out."""
+        cfg = plan.cfg  # its run-wide sections; per model and per agent, the plan
         generate = load_generate(cfg.generate_fn or f"recipes.{cfg.recipe}.generate.generate")
         reward = load_reward(cfg.reward_fn or f"recipes.{cfg.recipe}.reward.reward")
-        plan = cfg.plan()  # recipe_args too: plan.recipe is what the hooks see as ctx.config
         out, found = output_dir(cfg)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)

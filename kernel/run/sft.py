@@ -43,7 +43,7 @@ from kernel.hooks import package_file
 from kernel.loss import LossConfig
 from kernel.metrics import MetricsLogger
 from kernel.models import check_model, load_tokenizer, materialize_model
-from kernel.run.config import ModelSettings, TrainConfig
+from kernel.run.config import ModelSettings, RunPlan, TrainConfig, resolve
 from kernel.run.runtime import with_template
 from kernel.sample import Sample, Status
 from kernel.train.lora import LoraConfig
@@ -197,9 +197,8 @@ class Tuning:
     adapter: LoraConfig | None = None  # LoRA: the agent's adapter is tuned, the base frozen
 
     @classmethod
-    def of(cls, cfg: TrainConfig, agent: str, flag: str) -> Tuning:
-        """``agent`` of ``cfg`` (empty: the first); ``flag`` names it in errors."""
-        plan = cfg.plan()
+    def of(cls, plan: RunPlan, agent: str, flag: str) -> Tuning:
+        """``agent`` of the run ``plan`` (empty: the first); ``flag`` names it in errors."""
         specs = {s.name: s for s in plan.agents}
         agent = agent or next(iter(specs))
         if agent not in specs:
@@ -208,7 +207,7 @@ class Tuning:
             raise ValueError(f"{flag}: {agent!r} is remote: tune it in the job that plays it")
         spec, model = specs[agent], plan.model_of(agent)
         settings = model.settings
-        out = Path(cfg.output_dir)
+        out = Path(plan.cfg.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         path = materialize_model(check_model(settings.model), out / "models")
         tokenizer = with_template(load_tokenizer(spec.tokenizer or path), spec.chat_template)
@@ -228,10 +227,13 @@ class Tuning:
         return trainer.save_hf(out_dir / "model")
 
 
-def sft(cfg: TrainConfig, scfg: SFTConfig) -> dict[str, float]:
-    """Fine-tune ``scfg.agent``'s model on ``scfg.path``; returns the last metrics row."""
+def sft(run: TrainConfig | RunPlan, scfg: SFTConfig) -> dict[str, float]:
+    """Fine-tune ``scfg.agent``'s model of ``run`` (a config or its plan) on ``scfg.path``;
+    returns the last metrics row."""
     scfg.validate()
-    tuning = Tuning.of(cfg, scfg.agent, "sft.agent")
+    plan = resolve(run)
+    cfg = plan.cfg
+    tuning = Tuning.of(plan, scfg.agent, "sft.agent")
     scfg = replace(scfg, agent=tuning.agent)
     train = load_examples(scfg.path, tuning.tokenizer, scfg)
     held_out = load_examples(scfg.eval_path, tuning.tokenizer, scfg) if scfg.eval_path else []
