@@ -35,13 +35,13 @@ import contextlib
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from kernel.engine.keyed import keyed_command, keyed_env
 from kernel.engine.launch import LaunchedProcess, server_command, server_env
 from kernel.engine.router import RouterConfig, wait_for_workers
 from kernel.models import materialize_model
@@ -310,16 +310,15 @@ def _engine_command(server: str, run, g, e, ip: str, out: Path, sglang_args):
 
     settings = _owner_settings(run, g)
     model = materialize_model(settings.model, out / "models")
-    if server == "sglang":
-        cmd = [sys.executable, "-m", "sglang.launch_server", "--model-path", model]
+    if server == "sglang":  # its key as the embedded server's: in the environment
+        cmd = ["--model-path", model]
         cmd += ["--host", ip, "--port", str(e.port), "--tp-size", str(g.engine_tensor_parallel)]
         cmd += ["--mem-fraction-static", str(g.mem_fraction_static)]
         if g.colocate:  # /release_memory_occupation needs it
             cmd += ["--enable-memory-saver"]
-        if settings.engine.api_key:
-            cmd += ["--api-key", settings.engine.api_key]
         cmd += _lora_flags(settings.engine)
-        return cmd + list(sglang_args) + list(settings.engine.sglang_args), {}
+        cmd += list(sglang_args) + list(settings.engine.sglang_args)
+        return keyed_command("sglang.launch_server", cmd), keyed_env(settings.engine.api_key)
 
     config = settings.engine.server_config(model, host=ip, port=e.port, seed=run.cfg.seed + e.index)
     return server_command(config.validate()), server_env(config)
@@ -358,7 +357,9 @@ def _start_router(run, g, urls, node, placement, services: list, record: dict) -
     ).validate()
     log = Path(run.cfg.output_dir) / "logs" / g.owner / "router.log"
     pid = _get(
-        actor.start.remote(f"router of {g.owner!r}", config.url, config.command(), str(log), {})
+        actor.start.remote(
+            f"router of {g.owner!r}", config.url, config.command(), str(log), config.env()
+        )
     )
     record["routers"].append({"owner": g.owner, "url": config.url, "pid": pid, "node": 0})
     _get(actor.wait_healthy.remote(placement.cluster.startup_timeout_s))

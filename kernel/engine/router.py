@@ -13,13 +13,13 @@ with ``python -m sglang_router.launch_router``; nothing here imports it.
 
 from __future__ import annotations
 
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
+from kernel.engine.keyed import keyed_command, keyed_env
 from kernel.engine.launch import LaunchedProcess
 
 POLICIES = ("random", "round_robin", "cache_aware", "power_of_two", "manual")
@@ -71,24 +71,27 @@ class RouterConfig:
         return f"http://{self.host}:{self.port}"
 
     def command(self) -> list[str]:
-        """The router's command line."""
-        cmd = [sys.executable, "-m", "sglang_router.launch_router"]
-        cmd += ["--host", self.host, "--port", str(self.port), "--policy", self.policy]
+        """The router's command line; its API key goes in the environment (``env``), out of
+        sight of ``ps`` (``kernel.engine.keyed``)."""
+        cmd = ["--host", self.host, "--port", str(self.port), "--policy", self.policy]
         cmd += ["--request-timeout-secs", str(self.request_timeout_s)]
         cmd += ["--log-level", self.log_level]
         if self.prometheus_port is not None:
             cmd += ["--prometheus-host", self.host, "--prometheus-port", str(self.prometheus_port)]
-        if self.api_key:
-            cmd += ["--api-key", self.api_key]
         if self.worker_urls:
             cmd += ["--worker-urls", *self.worker_urls]
-        return cmd + list(self.extra_args)
+        return keyed_command("sglang_router.launch_router", cmd + list(self.extra_args))
+
+    def env(self) -> dict[str, str]:
+        """The environment of ``command``: the router's API key."""
+        return keyed_env(self.api_key)
 
 
 def launch_router(config: RouterConfig, log_path: str | Path) -> LaunchedProcess:
     """Start the router as a child process (wait with ``wait_healthy`` / ``wait_for_workers``)."""
     config.validate()
-    return LaunchedProcess.start("sglang-router", config.url, config.command(), log_path)
+    command, env = config.command(), config.env()
+    return LaunchedProcess.start("sglang-router", config.url, command, log_path, env)
 
 
 def wait_for_workers(

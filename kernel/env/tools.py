@@ -27,7 +27,7 @@ length, numbers, exponents and results bounded), never ``eval``; Python runs in
 cells with their output muted); the scratch folder is a temporary directory removed on close,
 and a path that leaves it (absolute, ``..``, a link) or is too long (over 255 bytes a name,
 1024 characters or 16 folders in all) is refused. Search is on only with a
-``retriever_url``. Hosted by ``kernel env serve``, every step runs in a worker process under
+``retriever_url`` (a keyed retriever's key in ``retriever_key_file``, mode 600). Hosted by ``kernel env serve``, every step runs in a worker process under
 the server's deadline (``kernel.env.workers``).
 
 The first observation is the task, then the tags of the episode's tools (only those it has) and,
@@ -49,6 +49,7 @@ from typing import Any, NamedTuple
 import httpx
 
 from kernel.answers import doubt
+from kernel.auth import read_key_file
 from kernel.env import BadAction, Observation
 from kernel.sandbox import Sandbox, SandboxConfig
 
@@ -223,6 +224,18 @@ def _sandbox(cfg: SandboxConfig) -> Sandbox:
     return _SANDBOXES[repr(cfg)]
 
 
+def _bearer(key_file: str | None) -> dict[str, str] | None:
+    """The retriever's Authorization header from ``retriever_key_file`` (mode 600, read by
+    ``kernel.auth.read_key_file``), None without one. Not the environment: the environment
+    server's own key is there, and a retriever must not learn it."""
+    if key_file is None:
+        return None
+    try:
+        return {"Authorization": f"Bearer {read_key_file(key_file)}"}
+    except ValueError as e:
+        raise ValueError(str(e).replace("--api_key_file", "tools: retriever_key_file", 1)) from None
+
+
 class ToolEnv:
     """One task with tools (keyword args below); see the module docstring."""
 
@@ -230,6 +243,7 @@ class ToolEnv:
         self,
         tools: list[str] | tuple[str, ...] = ("calculator", "python", "write", "read"),
         retriever_url: str | None = None,
+        retriever_key_file: str | None = None,
         search_topk: int = 3,
         answer_reward: float = 1.0,
         format_penalty: float = -0.1,
@@ -246,6 +260,7 @@ class ToolEnv:
         if "search" in tools and not retriever_url:
             raise ValueError("tools: search needs a retriever_url")
         self.tools, self.retriever_url, self.search_topk = tuple(tools), retriever_url, search_topk
+        self.retriever_headers = _bearer(retriever_key_file)
         self.answer_reward, self.format_penalty = answer_reward, format_penalty
         self.call_reward, self.error_penalty = call_reward, error_penalty
         self.help = help_text(self.tools)
@@ -317,7 +332,8 @@ class ToolEnv:
         body = {"queries": [match.body.strip()], "topk": self.search_topk}
         try:
             async with httpx.AsyncClient(timeout=10.0) as http:
-                r = await http.post(f"{self.retriever_url.rstrip('/')}/retrieve", json=body)
+                url = f"{self.retriever_url.rstrip('/')}/retrieve"
+                r = await http.post(url, json=body, headers=self.retriever_headers)
                 r.raise_for_status()
         except httpx.HTTPError as e:
             raise ValueError(f"the retriever did not answer ({type(e).__name__})") from None

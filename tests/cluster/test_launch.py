@@ -212,8 +212,8 @@ def test_a_colocated_sglang_engine_is_started_to_release_its_memory(tmp_path):
     cfg = toy(tmp_path, {"train_gpus": 4, "colocate": True, "engine_tensor_parallel": 2})
     (g,) = make_placement(cfg, cluster(4)).groups
     cmd, env = _engine_command("sglang", cfg.plan(), g, g.engines[1], "10.0.0.1", tmp_path, [])
-    assert cmd[1:3] == ["-m", "sglang.launch_server"] and env == {}
-    assert "--enable-memory-saver" in cmd
+    assert cmd[1:4] == ["-m", "kernel.engine.keyed", "sglang.launch_server"]
+    assert env == {"TANDEM_API_KEY": ""} and "--enable-memory-saver" in cmd
     assert cmd[cmd.index("--tp-size") + 1] == "2"
     assert cmd[cmd.index("--port") + 1] == str(g.engines[1].port)
     assert g.engine_ranks() == [[0, 1], [2, 3]]

@@ -168,14 +168,15 @@ def test_sglang_command_adds_the_models_own_flags_after_the_clusters(tmp_path):
     cluster_args = ["--dtype", "bfloat16"]
     ip, out = "10.0.0.1", tmp_path
     cmd, env = _engine_command("sglang", run, doctor, doctor.engines[1], ip, out, cluster_args)
-    assert cmd[1:3] == ["-m", "sglang.launch_server"] and env == {}
-    assert cmd[3:] == [
+    keyed = ["-m", "kernel.engine.keyed", "sglang.launch_server"]
+    assert cmd[1:4] == keyed and env == {"TANDEM_API_KEY": ""}
+    assert cmd[4:] == [
         "--model-path", "/ckpt/doctor", "--host", "10.0.0.1", "--port", "30011", "--tp-size", "1",
         "--mem-fraction-static", str(doctor.mem_fraction_static),
         "--dtype", "bfloat16", "--context-length", "8192",
     ]  # fmt: skip
     cmd, _ = _engine_command("sglang", run, patient, patient.engines[0], ip, out, cluster_args)
-    assert cmd[4] == "/ckpt/patient" and cmd[-2:] == cluster_args
+    assert cmd[5] == "/ckpt/patient" and cmd[-2:] == cluster_args
     with pytest.raises(
         ValueError, match=r"engine\.sglang_args: \['--tp', 2\] is not a valid list\[str\]"
     ):
@@ -183,9 +184,10 @@ def test_sglang_command_adds_the_models_own_flags_after_the_clusters(tmp_path):
         recipe_config("takes_two", "--agents", bad).validate()
 
 
-def test_an_engine_api_key_reaches_sglang_by_flag_and_the_embedded_server_by_environment(
-    tmp_path,
-):
+def test_an_engine_api_key_reaches_sglang_and_the_embedded_server_by_environment(tmp_path):
+    """Never on a command line (readable by every local user): the embedded server reads it
+    from its environment, real SGLang through kernel.engine.keyed, which passes it as the
+    flag SGLang needs inside the process."""
     from kernel.cluster.run import _engine_command
 
     spec = {"name": "doctor", "model": "/ckpt/doctor", "engine": {"api_key": "k-123"}}
@@ -193,7 +195,8 @@ def test_an_engine_api_key_reaches_sglang_by_flag_and_the_embedded_server_by_env
     (doctor,) = make_placement(cfg, ONE).groups
     run = cfg.plan()
     cmd, env = _engine_command("sglang", run, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
-    assert cmd[cmd.index("--api-key") + 1] == "k-123" and env == {}
+    assert "k-123" not in " ".join(cmd) and env == {"TANDEM_API_KEY": "k-123"}
+    assert cmd[1:4] == ["-m", "kernel.engine.keyed", "sglang.launch_server"]
     cmd, env = _engine_command("embedded", run, doctor, doctor.engines[0], "10.0.0.1", tmp_path, [])
     assert "k-123" not in " ".join(cmd) and env == {"TANDEM_API_KEY": "k-123"}
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -126,3 +127,7 @@ def test_a_keyed_pool_guards_its_engines_and_router_and_its_own_clients_get_thro
         assert [len(r.output_ids) for r in asyncio.run(main())] == [2, 2]
         with pytest.raises(PermissionError, match="api_key"):
             wait_for_workers(pool.router_url, 1, deadline_s=5, api_key="wrong")
+        # the key is on no command line: ps shows every local user those
+        for proc in (pool.router, *pool.processes):
+            cmdline = Path(f"/proc/{proc.popen.pid}/cmdline").read_bytes()
+            assert b"pool-key" not in cmdline and cmdline, proc

@@ -191,3 +191,33 @@ def test_the_recipes_client_sends_the_key_from_the_environment(index_dir, monkey
                 return await client.document("cat")
 
         assert asyncio.run(main())["id"] == "cat"
+
+
+def test_the_search_tool_sends_the_key_of_its_key_file(index_dir, tmp_path):
+    """kernel.env.tools' search against a keyed retriever: with ``retriever_key_file`` (mode
+    600) it gets passages, without one the retriever's 401 is a tool error the episode goes on
+    after; a key file others may read is refused when the environment is made, naming it."""
+    from kernel.engine.launch import free_port
+    from kernel.env.tools import ToolEnv
+    from retriever import RetrieverSettings
+    from tests.retrieval.conftest import serve
+
+    key_file = tmp_path / "retriever.key"
+    key_file.write_text("tool-key\n")
+    key_file.chmod(0o600)
+    item = {"prompt": "What purrs?", "label": "cat"}
+
+    async def search(url: str, **key) -> str:
+        env = ToolEnv(tools=["search"], retriever_url=url, **key)
+        await env.reset(item)
+        obs = await env.step("<search>purring pet</search>")
+        await env.close()
+        return obs.text
+
+    settings = RetrieverSettings(index=str(index_dir), port=free_port(), api_key="tool-key")
+    with serve(settings) as url:
+        assert "purr" in asyncio.run(search(url, retriever_key_file=str(key_file))).lower()
+        assert asyncio.run(search(url)).startswith("search error: the retriever did not answer")
+    key_file.chmod(0o644)
+    with pytest.raises(ValueError, match="tools: retriever_key_file .*group or others"):
+        ToolEnv(tools=["search"], retriever_url=url, retriever_key_file=str(key_file))
