@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
     from jsonargparse import ArgumentParser, set_parsing_settings
 
     from kernel.engine.launch import free_port, launch_server
-    from kernel.engine.server import ServerConfig
+    from kernel.engine.settings import ServerConfig
     from kernel.engine.weights import load_model
 
     set_parsing_settings(docstring_parse_attribute_docstrings=True)

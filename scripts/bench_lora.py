@@ -67,7 +67,7 @@ def step_and_sync(args, path: str, tmp: Path) -> dict:
 
     from kernel.engine.client import EngineClient
     from kernel.engine.launch import free_port, launch_server
-    from kernel.engine.server import ServerConfig
+    from kernel.engine.settings import ServerConfig
     from kernel.sync.push import SyncConfig, WeightSync
 
     torch.set_num_threads(args.threads)
@@ -155,7 +155,7 @@ def engine_memory(args, path: str, tmp: Path) -> dict:
     """One engine with N adapters loaded, against N engines of one full model each."""
     from kernel.engine.client import EngineClient
     from kernel.engine.launch import free_port, launch_server
-    from kernel.engine.server import ServerConfig
+    from kernel.engine.settings import ServerConfig
     from kernel.engine.weights import encode_named_tensors
 
     donor = _trainer(path, ["donor"], args.rank, 1)  # the adapter each name loads

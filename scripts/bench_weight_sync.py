@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from kernel.engine.client import EngineClient
     from kernel.engine.launch import free_port, launch_server
-    from kernel.engine.server import ServerConfig
+    from kernel.engine.settings import ServerConfig
     from kernel.models import char_tokenizer
     from kernel.sync.buckets import iter_buckets
     from kernel.sync.push import SyncConfig, WeightSync

@@ -141,7 +141,8 @@ def check_release(device: str) -> tuple[bool, str]:
     from transformers import AutoModelForCausalLM
 
     from kernel.engine.protocol import GenerateRequest
-    from kernel.engine.server import MemoryReleased, ServerConfig, ServerState
+    from kernel.engine.settings import ServerConfig
+    from kernel.engine.state import MemoryReleased, ServerState
     from kernel.models import char_tokenizer
     from scripts.bench_weight_sync import qwen25_05b_config
 

@@ -59,7 +59,7 @@ def tiny_engine(tiny_model_dir, tmp_path_factory):
     """(URL, tokenizer) of a real embedded server serving the tiny Qwen2 model (one per test
     module)."""
     from kernel.engine.launch import free_port, launch_server
-    from kernel.engine.server import ServerConfig
+    from kernel.engine.settings import ServerConfig
     from kernel.models import load_tokenizer
 
     proc = launch_server(

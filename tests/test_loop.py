@@ -313,7 +313,7 @@ def test_training_through_the_real_sglang_router(tmp_path):
 
     from kernel.engine.launch import free_port, launch_server
     from kernel.engine.router import RouterConfig, launch_router, wait_for_workers
-    from kernel.engine.server import ServerConfig
+    from kernel.engine.settings import ServerConfig
     from kernel.models import materialize_model
 
     model = materialize_model("tiny-char", tmp_path / "models")

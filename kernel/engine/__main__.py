@@ -18,7 +18,8 @@ import logging
 import sys
 
 from kernel.auth import refuse_key_flag, server_key
-from kernel.engine.server import ServerConfig, create_app
+from kernel.engine.server import create_app
+from kernel.engine.settings import ServerConfig
 
 
 def parse_config(argv: list[str] | None = None) -> ServerConfig:

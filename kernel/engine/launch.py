@@ -28,7 +28,7 @@ import httpx
 from kernel.auth import API_KEY_ENV  # the variable a server reads its key from
 
 if TYPE_CHECKING:
-    from kernel.engine.server import ServerConfig
+    from kernel.engine.settings import ServerConfig
 
 
 def _die_with_parent() -> None:

@@ -14,7 +14,7 @@ from pathlib import Path
 from kernel.engine.client import ClientConfig, EngineClient
 from kernel.engine.launch import free_port, launch_server
 from kernel.engine.router import RouterConfig, launch_router, wait_for_workers
-from kernel.engine.server import ServerConfig
+from kernel.engine.settings import ServerConfig
 
 log = logging.getLogger(__name__)
 

@@ -27,8 +27,9 @@ length, numbers, exponents and results bounded), never ``eval``; Python runs in
 cells with their output muted); the scratch folder is a temporary directory removed on close,
 and a path that leaves it (absolute, ``..``, a link) or is too long (over 255 bytes a name,
 1024 characters or 16 folders in all) is refused. Search is on only with a
-``retriever_url`` (a keyed retriever's key in ``retriever_key_file``, mode 600). Hosted by ``kernel env serve``, every step runs in a worker process under
-the server's deadline (``kernel.env.workers``).
+``retriever_url`` (a keyed retriever's key in ``retriever_key_file``, mode 600). Hosted by
+``kernel env serve``, every step runs in a worker process under the server's deadline
+(``kernel.env.workers``).
 
 The first observation is the task, then the tags of the episode's tools (only those it has) and,
 when set, ``example``: a worked call and answer, which a small model needs to find the format.

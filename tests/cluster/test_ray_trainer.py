@@ -20,7 +20,7 @@ from torch.distributed import distributed_c10d as c10d
 from kernel.engine.client import EngineClient
 from kernel.engine.launch import free_port, launch_server
 from kernel.engine.router import RouterConfig, launch_router, wait_for_workers
-from kernel.engine.server import ServerConfig
+from kernel.engine.settings import ServerConfig
 from kernel.engine.weights import decode_flattened_bucket
 from kernel.loss import LossConfig
 from kernel.sample import Sample, Status

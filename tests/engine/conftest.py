@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from kernel.engine.launch import free_port, launch_server
-from kernel.engine.server import ServerConfig
+from kernel.engine.settings import ServerConfig
 
 
 @pytest.fixture(scope="session")

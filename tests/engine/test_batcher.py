@@ -14,7 +14,7 @@ from kernel.engine.batcher import RequestBatcher
 from kernel.engine.client import EngineClient, EngineError
 from kernel.engine.launch import free_port, launch_server
 from kernel.engine.pool import EngineConfig, EnginePool
-from kernel.engine.server import ServerConfig
+from kernel.engine.settings import ServerConfig
 from kernel.rollout import EpisodeAborted
 
 PROMPTS = [[5, 17, 300], list(range(100, 111)), [42] * 7, [9, 1000]]

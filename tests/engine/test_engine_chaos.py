@@ -17,7 +17,7 @@ import pytest
 from safetensors.torch import load_file
 
 from kernel.engine.launch import free_port, launch_server
-from kernel.engine.server import ServerConfig
+from kernel.engine.settings import ServerConfig
 from kernel.engine.weights import encode_named_tensors
 
 CLIENTS, REQUESTS_PER_CLIENT = 64, 4

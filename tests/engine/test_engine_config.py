@@ -7,7 +7,7 @@ import pytest
 from kernel.engine.__main__ import parse_config
 from kernel.engine.launch import server_command
 from kernel.engine.router import RouterConfig
-from kernel.engine.server import ServerConfig
+from kernel.engine.settings import ServerConfig
 
 
 @pytest.mark.parametrize(

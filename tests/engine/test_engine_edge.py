@@ -17,7 +17,7 @@ import pytest
 
 from kernel.engine.client import ClientConfig, EngineClient
 from kernel.engine.launch import free_port, launch_server
-from kernel.engine.server import ServerConfig
+from kernel.engine.settings import ServerConfig
 
 PROMPT = [1, 2, 3, 4]
 GOOD = {"input_ids": PROMPT, "sampling_params": {"max_new_tokens": 4, "ignore_eos": True}}

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kernel.engine.launch import free_port, launch_server
-from kernel.engine.server import ServerConfig
+from kernel.engine.settings import ServerConfig
 
 pytestmark = pytest.mark.slow  # the slow tier: scripts/test.sh --slow
 

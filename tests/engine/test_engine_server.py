@@ -292,7 +292,7 @@ def test_cuda_server_logprobs_match_a_cuda_training_forward(
     import copy
 
     from kernel.engine.launch import free_port, launch_server
-    from kernel.engine.server import ServerConfig
+    from kernel.engine.settings import ServerConfig
 
     config = ServerConfig(model=str(tiny_model_dir), port=free_port(), device="cuda")
     prompts = [[5, 17, 300], list(range(100, 117)), [8]]

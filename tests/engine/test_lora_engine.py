@@ -23,7 +23,7 @@ from kernel.engine.batcher import RequestBatcher
 from kernel.engine.client import EngineClient, EngineError, GenerateResult
 from kernel.engine.launch import free_port, launch_server
 from kernel.engine.pool import EngineConfig
-from kernel.engine.server import ServerConfig, lora_spec
+from kernel.engine.settings import ServerConfig, lora_spec
 
 PROMPT = [3, 14, 15, 92, 65]
 OTHER = [7, 1, 8, 2, 8, 1, 8]

@@ -13,7 +13,7 @@ import pytest
 
 from kernel.engine.client import EngineClient
 from kernel.engine.launch import free_port, launch_server
-from kernel.engine.server import ServerConfig
+from kernel.engine.settings import ServerConfig
 from kernel.hooks import RolloutContext
 from kernel.models import load_tokenizer
 from kernel.run.agents import AgentHandle

@@ -219,5 +219,5 @@ def test_the_search_tool_sends_the_key_of_its_key_file(index_dir, tmp_path):
         assert "purr" in asyncio.run(search(url, retriever_key_file=str(key_file))).lower()
         assert asyncio.run(search(url)).startswith("search error: the retriever did not answer")
     key_file.chmod(0o644)
-    with pytest.raises(ValueError, match="tools: retriever_key_file .*group or others"):
+    with pytest.raises(ValueError, match=r"tools: retriever_key_file .*group or others"):
         ToolEnv(tools=["search"], retriever_url=url, retriever_key_file=str(key_file))

@@ -161,7 +161,7 @@ def test_a_push_sends_what_stepped_and_every_adapter_to_a_restarted_engine(
     serves each adapter as the trainer scores it."""
     from kernel.engine.client import EngineClient
     from kernel.engine.launch import free_port, launch_server
-    from kernel.engine.server import ServerConfig
+    from kernel.engine.settings import ServerConfig
     from kernel.sync.push import SyncConfig, WeightSync
 
     loads: dict[str, list[str]] = {}
