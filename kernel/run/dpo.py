@@ -26,22 +26,17 @@ gradient. Metrics per update: loss, accuracy (share of pairs with m > 0) and mea
 from __future__ import annotations
 
 import math
-import random
-import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
-from rich.progress import Progress
 
 from kernel.buffer import DataConfig, DataError, load_rows
 from kernel.hooks import package_file
 from kernel.loss import LossConfig
-from kernel.metrics import MetricsLogger
 from kernel.run.config import RunPlan, TrainConfig, resolve
-from kernel.run.sft import SFTConfig, Tuning, batches, example, trained_sums
+from kernel.run.sft import SFTConfig, TuneLoop, Tuning, example, trained_sums
 from kernel.sample import Sample
 
 LOSSES = ("dpo", "ipo")
@@ -140,8 +135,11 @@ def dpo(run: TrainConfig | RunPlan, dcfg: DPOConfig) -> dict[str, float]:
     dcfg = replace(dcfg, agent=tuning.agent)
     train = load_pairs(dcfg.path, tuning.tokenizer, dcfg)
     held_out = load_pairs(dcfg.eval_path, tuning.tokenizer, dcfg) if dcfg.eval_path else []
-    steps = dcfg.epochs * math.ceil(len(train) / dcfg.batch_size)
-    trainer = tuning.trainer(LossConfig(agg="seq_mean_token_sum"), steps, cfg.seed)
+    # batches of pair indices, which look up the pairs' reference sums too; held-out metrics
+    # before and after only (eval_every 0)
+    indices = list(range(len(train)))
+    loop = TuneLoop(cfg, tuning, indices, dcfg.batch_size, dcfg.epochs, 0, dcfg.loss)
+    trainer = tuning.trainer(LossConfig(agg="seq_mean_token_sum"), loop.steps, cfg.seed)
 
     def flat(pairs):
         return [s for pair in pairs for s in pair]
@@ -160,31 +158,17 @@ def dpo(run: TrainConfig | RunPlan, dcfg: DPOConfig) -> dict[str, float]:
             f"{prefix}/margin": float(m.mean()),
         }
 
-    logger = MetricsLogger(Path(cfg.output_dir), cfg.log)
-    row: dict[str, float] = {}
-    if held_out:
-        row = {"step": 0, **scores("eval", margins(held_out, ref_held))}
-        logger.log(row)
-    rng, step, t0 = random.Random(cfg.seed), 0, time.perf_counter()
-    with Progress() as progress:
-        task = progress.add_task(f"{dcfg.loss} (updates)", total=steps)
-        for _ in range(dcfg.epochs):
-            for idx in batches(list(range(len(train))), dcfg.batch_size, rng):
-                pairs = [train[j] for j in idx]
-                m = margins(pairs, ref_train[idx])
-                adv = pair_advantages(m, dcfg.beta, dcfg.loss)
-                batch = []
-                for (c, r), a in zip(pairs, adv.tolist(), strict=True):
-                    batch += [replace(c, advantage=a), replace(r, advantage=-a)]
-                metrics = trainer.train_step(batch)
-                step += 1
-                row = {"step": step, **scores("train", m)}
-                row["train/grad_norm"] = metrics.get("grad_norm", float("nan"))
-                if held_out and step == steps:
-                    row |= scores("eval", margins(held_out, ref_held))
-                logger.log(row | {"time/elapsed_s": time.perf_counter() - t0})
-                progress.advance(task)
-    tuning.save(trainer, Path(cfg.output_dir))
-    trainer.close()
-    logger.close()
-    return row
+    def update(idx: list[int]) -> dict[str, float]:
+        pairs = [train[j] for j in idx]
+        m = margins(pairs, ref_train[idx])
+        adv = pair_advantages(m, dcfg.beta, dcfg.loss)
+        batch = []
+        for (c, r), a in zip(pairs, adv.tolist(), strict=True):
+            batch += [replace(c, advantage=a), replace(r, advantage=-a)]
+        metrics = trainer.train_step(batch)
+        return {**scores("train", m), "train/grad_norm": metrics.get("grad_norm", float("nan"))}
+
+    def evaluate() -> dict[str, float]:
+        return scores("eval", margins(held_out, ref_held))
+
+    return loop.run(trainer, update, evaluate if held_out else None)

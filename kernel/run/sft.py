@@ -30,7 +30,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -227,6 +227,59 @@ class Tuning:
         return trainer.save_hf(out_dir / "model")
 
 
+@dataclass
+class TuneLoop:
+    """The one loop of ``kernel sft`` and ``kernel dpo``, which differ only in what an update and
+    a held-out measurement are: ``epochs`` passes over ``items``, shuffled by the run's seed, one
+    update a batch of ``batch_size``; held-out metrics before the first update, every
+    ``eval_every`` updates (0: none between) and after the last."""
+
+    cfg: TrainConfig
+    tuning: Tuning
+    items: list
+    batch_size: int
+    epochs: int
+    eval_every: int
+    label: str  # the progress bar's: "<label> (updates)"
+
+    @property
+    def steps(self) -> int:
+        """Updates in all (the trainer's schedule needs it before the first)."""
+        return self.epochs * math.ceil(len(self.items) / self.batch_size)
+
+    def run(
+        self,
+        trainer,
+        update: Callable[[list], dict[str, float]],
+        evaluate: Callable[[], dict[str, float]] | None,
+    ) -> dict[str, float]:
+        """Trains with ``update(batch) -> train metrics`` and measures with ``evaluate() -> eval
+        metrics`` (None: no held-out data), a row a step in ``<output_dir>/metrics.jsonl``; saves
+        the tuned model; returns the last row."""
+        out = Path(self.cfg.output_dir)
+        logger = MetricsLogger(out, self.cfg.log)
+        row: dict[str, float] = {}
+        if evaluate:
+            row = {"step": 0, **evaluate()}
+            logger.log(row)
+        rng, step, t0 = random.Random(self.cfg.seed), 0, time.perf_counter()
+        with Progress() as progress:
+            task = progress.add_task(f"{self.label} (updates)", total=self.steps)
+            for _ in range(self.epochs):
+                for batch in batches(self.items, self.batch_size, rng):
+                    step += 1
+                    row = {"step": step, **update(batch)}
+                    due = step == self.steps or (self.eval_every and step % self.eval_every == 0)
+                    if evaluate and due:
+                        row |= evaluate()
+                    logger.log(row | {"time/elapsed_s": time.perf_counter() - t0})
+                    progress.advance(task)
+        self.tuning.save(trainer, out)
+        trainer.close()
+        logger.close()
+        return row
+
+
 def sft(run: TrainConfig | RunPlan, scfg: SFTConfig) -> dict[str, float]:
     """Fine-tune ``scfg.agent``'s model of ``run`` (a config or its plan) on ``scfg.path``;
     returns the last metrics row."""
@@ -237,29 +290,18 @@ def sft(run: TrainConfig | RunPlan, scfg: SFTConfig) -> dict[str, float]:
     scfg = replace(scfg, agent=tuning.agent)
     train = load_examples(scfg.path, tuning.tokenizer, scfg)
     held_out = load_examples(scfg.eval_path, tuning.tokenizer, scfg) if scfg.eval_path else []
-    steps = scfg.epochs * math.ceil(len(train) / scfg.batch_size)
-    trainer = tuning.trainer(LossConfig(), steps, cfg.seed)
-    logger = MetricsLogger(Path(cfg.output_dir), cfg.log)
-    row: dict[str, float] = {}
-    if held_out:
-        row = {"step": 0, "eval/nll": nll(trainer, held_out, scfg.batch_size)}
-        logger.log(row)
-    rng, step, t0 = random.Random(cfg.seed), 0, time.perf_counter()
-    with Progress() as progress:
-        task = progress.add_task("sft (updates)", total=steps)
-        for _ in range(scfg.epochs):
-            for batch in batches(train, scfg.batch_size, rng):
-                metrics = trainer.train_step(batch)
-                step += 1
-                row = {"step": step, "train/nll": -metrics["logprob_mean"]}
-                row["train/grad_norm"] = metrics.get("grad_norm", float("nan"))
-                row["train/tokens"] = metrics.get("loss_tokens", 0.0)
-                due = step == steps or (scfg.eval_every and step % scfg.eval_every == 0)
-                if held_out and due:
-                    row["eval/nll"] = nll(trainer, held_out, scfg.batch_size)
-                logger.log(row | {"time/elapsed_s": time.perf_counter() - t0})
-                progress.advance(task)
-    tuning.save(trainer, Path(cfg.output_dir))
-    trainer.close()
-    logger.close()
-    return row
+    loop = TuneLoop(cfg, tuning, train, scfg.batch_size, scfg.epochs, scfg.eval_every, "sft")
+    trainer = tuning.trainer(LossConfig(), loop.steps, cfg.seed)
+
+    def update(batch: list[Sample]) -> dict[str, float]:
+        metrics = trainer.train_step(batch)
+        return {
+            "train/nll": -metrics["logprob_mean"],
+            "train/grad_norm": metrics.get("grad_norm", float("nan")),
+            "train/tokens": metrics.get("loss_tokens", 0.0),
+        }
+
+    def evaluate() -> dict[str, float]:
+        return {"eval/nll": nll(trainer, held_out, scfg.batch_size)}
+
+    return loop.run(trainer, update, evaluate if held_out else None)
