@@ -480,7 +480,7 @@ def _launch_parser() -> ArgumentParser:
     launch = _run_parser(
         "Place a training job on a cluster: which GPU of which node trains or serves which agent, "
         "engine and router ports, parallel sizes. Per model, placement comes from the agent "
-        "spec's resources (kernel.cluster.plan.ResourceConfig). --dry-run prints and validates "
+        "spec's resources (kernel.run.resources.ResourceConfig). --dry-run prints and validates "
         "the placement without Ray or a GPU. Without it the run starts on Ray as placed "
         "(cluster.address, or a "
         "local Ray): per model, engines start on the planned node, GPUs and ports "
@@ -514,7 +514,7 @@ def cmd_launch(plan: RunPlan, cluster, dry_run: bool, as_json: bool) -> None:
     from rich.console import Console
 
     cfg = plan.cfg
-    placement = make_placement(cfg, cluster)
+    placement = make_placement(plan, cluster)
     if as_json:
         print(placement.to_json())
     else:

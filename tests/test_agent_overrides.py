@@ -21,13 +21,14 @@ from pathlib import Path
 import pytest
 
 from kernel.advantages import AdvantageConfig
-from kernel.cluster.plan import ClusterConfig, ResourceConfig, make_placement
+from kernel.cluster.plan import ClusterConfig, make_placement
 from kernel.engine.pool import EngineConfig
 from kernel.loss import LossConfig
 from kernel.run import runtime
 from kernel.run.agents import OVERRIDABLE, PER_AGENT, REMOTE, RUN_WIDE, AgentSpec
 from kernel.run.config import RolloutConfig, TrainConfig
 from kernel.run.jobs import QueueConfig
+from kernel.run.resources import ResourceConfig
 from kernel.sample import Sample
 from kernel.train.critic import CriticConfig
 from kernel.train.lora import DEFAULT_TARGETS, LoraConfig
@@ -182,7 +183,7 @@ def _read(section: str, agent: str, plan, tmp_path) -> typing.Callable[[str], ob
     if section == "engine":
         return lambda key: getattr(model.pool.cfg, key)
     if section == "resources":
-        placed = make_placement(plan.cfg, ClusterConfig(nodes=2, gpus_per_node=8))
+        placed = make_placement(plan, ClusterConfig(nodes=2, gpus_per_node=8))
         group = next(g for g in placed.groups if agent in g.agents)
         return lambda key: RESOURCES_READ[key](group)
     if section == "lora":

@@ -86,3 +86,28 @@ def test_kernel_train_resolves_the_run_once(tmp_path, monkeypatch):
     main(["train", "--preset", "toy", "--num_steps", "1", f"--output_dir={tmp_path}"])
     assert len(calls) == 1
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
+
+
+def test_a_turns_own_max_new_tokens_caps_it_below_its_budget(tiny_engine):
+    """``speak(sampling={"max_new_tokens": 3})`` samples at most 3 tokens (it was overridden by
+    the turn's budget, silently); a cap above the budget leaves the budget in force."""
+    from kernel.dialogue import Dialogue
+
+    url, tok = tiny_engine
+    agent = AgentHandle("a", [EngineClient(url)], tok, {"temperature": 1.0}, 12, 768)
+
+    async def turn(sampling) -> int:
+        d = Dialogue(agent, first="Count to ten.")
+        await d.speak(sampling)
+        return d.sample(Sample(prompt="p", label=None)).response_length
+
+    async def lengths(cap: int) -> list[int]:
+        return list(await asyncio.gather(*(turn({"max_new_tokens": cap}) for _ in range(8))))
+
+    async def both() -> tuple[list[int], list[int]]:
+        return await lengths(3), await lengths(1000)
+
+    capped, uncapped = asyncio.run(both())  # one loop: the client's connections live in it
+    # + the end-of-turn tokens the template closes an unfinished turn with
+    assert max(capped) <= 3 + 2 and max(uncapped) > 5, (capped, uncapped)
+    assert max(uncapped) <= 12 + 2

@@ -8,7 +8,6 @@ from kernel.cluster.plan import (
     EnginePlacement,
     PlacedModel,
     Placement,
-    ResourceConfig,
     TrainerRank,
     make_placement,
 )
@@ -18,7 +17,6 @@ __all__ = [
     "EnginePlacement",
     "PlacedModel",
     "Placement",
-    "ResourceConfig",
     "TrainerRank",
     "make_placement",
 ]

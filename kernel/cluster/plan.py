@@ -14,10 +14,12 @@ Each model group (the agents that share one model) gets
 GPUs are handed out first-fit, node by node, group by group in the order of ``agents``: a trainer
 takes blocks of ``tensor_parallel`` GPUs (a tensor-parallel group never spans nodes, its
 all-reduces need NVLink; data and pipeline parallel may span nodes), an engine takes one block of
-``engine_tensor_parallel`` GPUs. An agent spec's ``resources`` dict holds a ``ResourceConfig``
-(GPU counts, colocation, engine size); left empty, every group takes an even share of the GPUs,
-half to train and half to serve. The trainer's tensor- and pipeline-parallel sizes are its
-``trainer`` section's (megatron backend), the one place they are set.
+``engine_tensor_parallel`` GPUs. The planner reads each model from the run's plan
+(``RunPlan.models``, ``kernel.run.config``), where its owner's overrides are resolved and
+checked: its resources (a ``kernel.run.resources.ResourceConfig``: GPU counts, colocation,
+engine size; left empty, every group takes an even share of the GPUs, half to train and half
+to serve) and its trainer's tensor- and pipeline-parallel sizes (``ModelPlan.trainer_parallel``:
+the megatron trainer section's, the one place they are set).
 
 ``make_placement`` validates everything a launch would trip on later, with errors naming the
 agent and field; ``Placement.table()`` renders it for ``kernel launch --dry-run`` and
@@ -29,71 +31,15 @@ agent and field; ``Placement.table()`` renders it for ``kernel launch --dry-run`
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from kernel.run.agents import AgentSpec, agent_specs, model_groups
+from kernel.run.agents import model_groups
+from kernel.run.config import ModelPlan, TrainConfig, resolve
+from kernel.run.resources import ResourceConfig
 
 ENGINE_SERVERS = ("auto", "sglang", "embedded")
-
-
-@dataclass
-class ResourceConfig:
-    """Placement of one model (group of agents) on the cluster: an AgentSpec's ``resources``."""
-
-    train_gpus: int | None = None
-    """GPUs (= ranks) of the trainer; None: the group's even share of the free GPUs (half of it
-    when disaggregated); 0 only for a frozen model."""
-    infer_gpus: int | None = None
-    """GPUs of the engines when disaggregated; None: the rest of the group's share. Colocated
-    engines run on the training GPUs, so leave it unset then."""
-    colocate: bool = False
-    """Train and serve on the same GPUs (SGLang releases and resumes its memory around each
-    training step; weights go over by tensor); False puts engines on GPUs of their own
-    (weights go over by an NCCL broadcast)."""
-    engine_tensor_parallel: int = 1
-    """GPUs of one SGLang engine (its --tp-size); an engine stays inside one node."""
-    mem_fraction_static: float = 0.8
-    """SGLang --mem-fraction-static: the share of a GPU's memory an engine takes for weights and
-    KV cache (colocated, SGLang releases it during training; keep room for the trainer)."""
-    nodes: list[int] | None = None
-    """Nodes this model may use (None: any, filled in order)."""
-    pool: str | None = None
-    """A GPU pool shared with the other models that name it (Dr.MAS): each trains and serves on
-    all of its GPUs (colocated), and they take turns -- while one trains, every engine of the
-    pool has given its memory up. The first model naming a pool sizes it (train_gpus, or an
-    even share); the others leave train_gpus unset or equal."""
-
-    def validate(self) -> ResourceConfig:
-        """Raise ValueError naming the first field with a bad value."""
-        for name in ("train_gpus", "infer_gpus"):
-            value = getattr(self, name)
-            if value is not None and value < 0:
-                raise ValueError(f"{name} must be >= 0, got {value}")
-        if self.engine_tensor_parallel < 1:
-            raise ValueError(
-                f"engine_tensor_parallel must be >= 1, got {self.engine_tensor_parallel}"
-            )
-        if not 0.0 < self.mem_fraction_static < 1.0:
-            raise ValueError(
-                f"mem_fraction_static must be in (0, 1), got {self.mem_fraction_static}"
-            )
-        if self.colocate and self.infer_gpus is not None:
-            raise ValueError(
-                f"infer_gpus={self.infer_gpus} but colocate is true: colocated engines run on the "
-                "train_gpus; leave infer_gpus unset"
-            )
-        if self.pool is not None and (not self.pool or self.infer_gpus is not None):
-            raise ValueError(
-                f"pool {self.pool!r}: a pool's models serve on its training GPUs (colocated): "
-                "name it with a non-empty string and leave infer_gpus unset"
-            )
-        if self.nodes is not None and (not self.nodes or min(self.nodes) < 0):
-            raise ValueError(
-                f"nodes must be a non-empty list of node indices >= 0, got {self.nodes}"
-            )
-        return self
 
 
 @dataclass
@@ -329,36 +275,15 @@ class _Group:
     where: str = field(default="")
 
 
-def resources_of(spec: AgentSpec) -> ResourceConfig:
-    """The spec's ``resources`` dict as a validated ResourceConfig (errors name the agent)."""
-    where = f"agents[{spec.name!r}].resources"
-    names = {f.name for f in fields(ResourceConfig)}
-    unknown = sorted(set(spec.resources) - names)
-    if unknown:
-        raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(names)}")
-    try:
-        return ResourceConfig(**spec.resources).validate()
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{where}.{e}") from None
-
-
-def _trainer_size(spec: AgentSpec, name: str) -> int:
-    """A parallel size of the model's trainer: its ``trainer`` section's (megatron backend),
-    the one place it is set; 1 when unset."""
-    value = spec.trainer.get(name, 1)
-    if not isinstance(value, int) or value < 1:
-        raise ValueError(f"agents[{spec.name!r}].trainer.{name} must be an int >= 1, got {value!r}")
-    return value
-
-
-def make_placement(config, cluster: ClusterConfig) -> Placement:
-    """Place every model of a run (a TrainConfig, or its ``agents`` list) on ``cluster``.
+def make_placement(run, cluster: ClusterConfig) -> Placement:
+    """Place every model of a run on ``cluster``: a RunPlan, a TrainConfig (resolved here), or
+    a bare list of agent specs (their models in an otherwise default run).
 
     Raises ValueError naming the agent and field (or the cluster flag) for anything that cannot
     be placed: too few GPUs, parallel sizes that do not divide, memory fraction, port clashes.
     """
     cluster.validate()
-    groups = _groups(config)
+    groups = _groups(_models(run))
     pools = _pools(groups)
     _size([g for g in groups if g.res.pool is None or pools[g.res.pool][0] is g], cluster)
     for members in pools.values():
@@ -402,29 +327,36 @@ def make_placement(config, cluster: ClusterConfig) -> Placement:
     return placement
 
 
-def _groups(config) -> list[_Group]:
+def _models(run) -> list[ModelPlan]:
+    """The models of ``run`` as its plan resolves them. A bare list of agent specs (tests of the
+    planner) has no data or recipe for a whole plan to check: each of its models is resolved
+    as ``TrainConfig.plan`` resolves it, in a run that is the default but for its agents."""
+    if not isinstance(run, list):
+        return list(resolve(run).models)
+    cfg = TrainConfig(agents=run)
+    local = [s for s in cfg.agent_specs() if not s.remote]
+    return [cfg.model_plan(members) for members in model_groups(local).values()]
+
+
+def _groups(models: list[ModelPlan]) -> list[_Group]:
     """The models to place, one group per model in the order of the agents: its owner (the
-    agent whose spec defines it), its agents, resources and trainer parallel sizes. A remote
-    agent's model is placed by the job that plays it."""
-    specs = agent_specs(config) if isinstance(config, list) else config.agent_specs()
-    default_model = None if isinstance(config, list) else config.model
-    groups = []
-    for owner, members in model_groups([s for s in specs if not s.remote]).items():
-        owner_spec = members[0]  # model_groups puts the owner first
-        groups.append(
-            _Group(
-                owner=owner,
-                agents=[s.name for s in members],
-                model=owner_spec.model or default_model,
-                backend=owner_spec.backend,
-                trainable=any(s.trainable for s in members),
-                res=resources_of(owner_spec),
-                tp=_trainer_size(owner_spec, "tensor_parallel"),
-                pp=_trainer_size(owner_spec, "pipeline_parallel"),
-                where=f"agents[{owner!r}].resources",
-            )
+    agent whose spec defines it), its agents, resources and trainer parallel sizes, as the run
+    plan resolved them. A remote agent's model is placed by the job that plays it (the plan
+    holds it apart)."""
+    return [
+        _Group(
+            owner=m.owner,
+            agents=[s.name for s in m.agents],
+            model=m.settings.model,
+            backend=m.settings.backend,
+            trainable=m.trained,
+            res=replace(m.resources),  # a copy: _pools colocates a pool's models
+            tp=m.trainer_parallel[0],
+            pp=m.trainer_parallel[1],
+            where=f"agents[{m.owner!r}].resources",
         )
-    return groups
+        for m in models
+    ]
 
 
 def _place_trainer(
@@ -625,11 +557,6 @@ def _check_size(g: _Group, cluster: ClusterConfig) -> None:
             f"of the cluster leaves {g.infer}"
         )
     trainer_where = f"agents[{g.owner!r}].trainer"
-    if g.backend == "torch" and (g.tp > 1 or g.pp > 1):
-        raise ValueError(
-            f"{trainer_where}.tensor_parallel/pipeline_parallel: the torch backend is data "
-            f"parallel only (got TP {g.tp}, PP {g.pp}); use backend megatron"
-        )
     sizes = {f"{trainer_where}.tensor_parallel": g.tp}
     sizes[f"{g.where}.engine_tensor_parallel"] = r.engine_tensor_parallel
     for name, size in sizes.items():

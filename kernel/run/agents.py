@@ -107,7 +107,7 @@ class AgentSpec:
     add to what the model's adapters need (max_lora_rank at least their largest rank)."""
     resources: dict[str, Any] = field(default_factory=dict)
     """Placement of this agent's model on a cluster (GPUs for training and inference,
-    colocation, parallel sizes), every field per model; see kernel.cluster.plan.ResourceConfig
+    colocation, parallel sizes), every field per model; see kernel.run.resources.ResourceConfig
     and `kernel launch`."""
     remote: bool = False
     """Played by another Tandem job (kernel.run.jobs; queue.url): this job runs no model for it,
@@ -295,13 +295,16 @@ class AgentHandle:
     ):
         """Sample this agent's next turn into ``conv``, the turn starting with ``prefix`` (text
         it is given, not sampled: in its context, out of its loss); returns the engine result,
-        or None when the context budget is exhausted (``conv.truncated`` is then set)."""
+        or None when the context budget is exhausted (``conv.truncated`` is then set). A
+        ``max_new_tokens`` in ``sampling`` caps the turn below its budget, never above."""
         forced = self.tokenizer(prefix, add_special_tokens=False)["input_ids"] if prefix else []
-        max_new = conv.max_new_tokens_for_turn(self.max_response_len, len(forced))
+        sampling = dict(sampling or {})
+        budget = conv.max_new_tokens_for_turn(self.max_response_len, len(forced))
+        max_new = min(budget, sampling.pop("max_new_tokens", budget))
         if max_new <= 0:
             return None
         result = await self.generate(
-            conv.assistant_prompt_ids(forced), {**(sampling or {}), "max_new_tokens": max_new}
+            conv.assistant_prompt_ids(forced), {**sampling, "max_new_tokens": max_new}
         )
         version = parse_version(result.weight_version)
         conv.add_generation(result.output_ids, result.logprobs, version, prefix=forced)

@@ -33,6 +33,7 @@ from kernel.metrics import LogConfig
 from kernel.rewards import RewardConfig
 from kernel.run.agents import AgentSpec, agent_specs, model_groups
 from kernel.run.jobs import QueueConfig
+from kernel.run.resources import ResourceConfig, resources_of
 from kernel.sync.push import SyncConfig
 from kernel.train.critic import CriticConfig
 from kernel.train.lora import LoraConfig
@@ -236,12 +237,7 @@ class TrainConfig:
         )
         models = []
         for owner, members in groups.items():
-            rollouts = {s.name: self.agent_rollout(s) for s in members}  # validates each
-            adapters = self.adapters(members)
-            frozen = [s.name for s in members if not s.trainable]
-            owner_spec = members[0]  # model_groups puts the owner first
-            settings = self.model_settings(owner_spec, adapters, frozen)
-            m = ModelPlan(owner, tuple(members), settings, rollouts, adapters)
+            m = self.model_plan(members)
             _check_temperature(m)
             backend = m.settings.backend
             if self.advantage.estimator == "gae" and backend == "megatron" and m.trained:
@@ -315,6 +311,18 @@ class TrainConfig:
                     "router (engine.start_router, or engine.router_url) for the producing job "
                     "to reach them at one URL"
                 )
+
+    def model_plan(self, members: list[AgentSpec]) -> ModelPlan:
+        """The model ``members`` play (the owner first, as ``model_groups`` gives them) resolved:
+        its settings and resources, its LoRA adapters and each agent's rollout, each validated
+        (a ValueError names the agent's field). ``plan`` checks the run around it."""
+        owner_spec = members[0]
+        rollouts = {s.name: self.agent_rollout(s) for s in members}
+        adapters = self.adapters(members)
+        frozen = [s.name for s in members if not s.trainable]
+        settings = self.model_settings(owner_spec, adapters, frozen)
+        resources = resources_of(owner_spec)
+        return ModelPlan(owner_spec.name, tuple(members), settings, rollouts, adapters, resources)
 
     def agent_specs(self) -> list[AgentSpec]:
         """The agents as full specs (bare names expanded), the sharing graph checked."""
@@ -448,13 +456,16 @@ class ModelSettings:
 @dataclass(frozen=True)
 class ModelPlan:
     """One model of a run, resolved: the agents it plays (the owner first), its settings with
-    the owner's overrides, and each of its agents' rollout settings with their own."""
+    the owner's overrides, each of its agents' rollout settings with their own, and where it
+    trains and serves on a cluster (the owner's ``resources``, read by ``kernel launch``'s
+    planner)."""
 
     owner: str
     agents: tuple[AgentSpec, ...]
     settings: ModelSettings
     rollouts: dict[str, RolloutConfig]  # agent name -> its rollout section
     adapters: dict[str, LoraConfig] = field(default_factory=dict)  # agent -> its LoRA adapter
+    resources: ResourceConfig = field(default_factory=ResourceConfig)  # the owner's, validated
 
     @property
     def owner_spec(self) -> AgentSpec:
@@ -469,6 +480,13 @@ class ModelPlan:
     @property
     def trained(self) -> bool:
         return any(s.trainable for s in self.agents)
+
+    @property
+    def trainer_parallel(self) -> tuple[int, int]:
+        """The trainer's tensor- and pipeline-parallel sizes: its megatron settings' (the one
+        place they are set); 1 x 1 on the torch backend, which is data parallel only."""
+        trainer = self.settings.trainer
+        return getattr(trainer, "tensor_parallel", 1), getattr(trainer, "pipeline_parallel", 1)
 
     @property
     def trained_adapters(self) -> dict[str, LoraConfig]:
@@ -515,10 +533,8 @@ class RunPlan:
         for m in self.models:
             if m.owner in placed or not m.trained:
                 continue
-            tp, pp = (
-                getattr(m.settings.trainer, f"{k}_parallel", 1) for k in ("tensor", "pipeline")
-            )
-            ranks = m.owner_spec.resources.get("train_gpus") or self.cfg.ray.ranks
+            tp, pp = m.trainer_parallel
+            ranks = m.resources.train_gpus or self.cfg.ray.ranks
             if ranks % (tp * pp):
                 raise ValueError(
                     f"agents[{m.owner!r}]: {ranks} trainer ranks (resources.train_gpus or "

@@ -559,7 +559,7 @@ def place_trainer(cfg: TrainConfig, model: RunningModel, where) -> Trainer | Non
     if where:
         options = where.trainer_options
     else:
-        ranks = model.plan.owner_spec.resources.get("train_gpus") or cfg.ray.ranks
+        ranks = model.plan.resources.train_gpus or cfg.ray.ranks
         # RunPlan.check_ray_ranks checked that tensor x pipeline parallel divides ranks
         options = {
             "world_size": ranks,

@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from kernel.cli import train_config
-from kernel.cluster.plan import ClusterConfig, ResourceConfig, make_placement
+from kernel.cluster.plan import ClusterConfig, make_placement
 from kernel.run.agents import AgentSpec
+from kernel.run.resources import ResourceConfig
 
 ROOT = Path(__file__).resolve().parents[2]
 ONE = ClusterConfig(nodes=1, gpus_per_node=8)
@@ -291,6 +292,29 @@ def test_deep_research_default_preset_shares_one_model():
     assert placement.gpu_roles()["node0/gpu4"] == ["agent engine 0"]
 
 
+# ------------------------------------------------------------------ the run plan
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [["math_solver_verifier"], ["takes_two"], ["deep_research", f"--agents={COLOCATED}"]],
+    ids=lambda flags: flags[0],
+)
+def test_the_planner_reads_the_plan_kernel_launch_resolved(flags):
+    """kernel launch hands the planner the plan it resolved (Ray training on): the placement is
+    the one of the config it came from, and a bare list of its agents places the same way."""
+    from dataclasses import replace
+
+    cfg = recipe_config(*flags)
+    launched = replace(cfg, ray=replace(cfg.ray, enabled=True)).plan()
+    owners = {s.name: replace(s, model=s.model or cfg.model) for s in cfg.agent_specs()}
+    bare = [s if s.share_model_with else owners[s.name] for s in cfg.agent_specs()]
+    for cluster in (ONE, TWO):
+        placement = make_placement(launched, cluster).to_dict()
+        assert make_placement(cfg, cluster).to_dict() == placement
+        assert make_placement(bare, cluster).to_dict() == placement
+
+
 # ------------------------------------------------------------------ parallel coordinates
 
 
@@ -365,13 +389,13 @@ def spec(trainer: dict | None = None, **resources):
         (
             [AgentSpec("solver", trainer={"tensor_parallel": 2})],
             ONE,
-            r"agents\['solver'\].trainer.tensor_parallel/pipeline_parallel: the torch backend "
-            "is data parallel only",
+            # the torch backend is data parallel only: its trainer section has no such field
+            r"agents\['solver'\].trainer: unknown key\(s\) \['tensor_parallel'\]",
         ),
         (
             spec({"pipeline_parallel": 0}),
             ONE,
-            r"agents\['solver'\].trainer.pipeline_parallel must be an int >= 1, got 0",
+            r"agents\['solver'\].trainer: pipeline_parallel must be >= 1, got 0",
         ),
         (
             spec(train_gpus=0, infer_gpus=8),
