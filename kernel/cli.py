@@ -46,6 +46,7 @@ from kernel.hooks import recipes_root
 from kernel.loss import AGG_MODES
 from kernel.models import MODEL_FORMS
 from kernel.plot import compare_runs, plot_metrics
+from kernel.run.agents import with_settings
 from kernel.run.checkpoint import checkpoints, export
 from kernel.run.collect import CollectConfig, collect
 from kernel.run.config import (
@@ -360,6 +361,16 @@ def _run_parser(
     for action in parser._actions:
         if action.dest == "advantage.estimator":
             action.metavar = "{" + ",".join(estimators()) + "}"
+    parser.add_argument(
+        "--agent",
+        type=str,
+        action="append",
+        default=[],
+        metavar="NAME.FIELD=VALUE",
+        help="Set one field of an agent's spec over the preset's (repeatable; VALUE is YAML): "
+        "alice.backend=megatron, alice.resources.train_gpus=4, bob.rollout.max_response_len=64. A "
+        "bare name in agents becomes its spec first. See kernel.run.agents.AgentSpec.",
+    )
     if preset:
         parser.add_argument("--preset", type=str | None, default=None, help=preset)
     if checkpoint:
@@ -542,14 +553,21 @@ def cmd_launch(plan: RunPlan, cluster, dry_run: bool, as_json: bool) -> None:
 # ---- the handlers: a command's parsed arguments -> its cmd_* function ------------------------
 
 
+def _run_config(args: Namespace) -> TrainConfig:
+    """The TrainConfig the arguments describe: its flags over the preset, then each ``--agent``
+    setting over its agents."""
+    cfg = _build(TrainConfig, args)
+    return dataclasses.replace(cfg, agents=with_settings(cfg.agents, args["agent"]))
+
+
 def _train_config(args: Namespace) -> TrainConfig:
-    return _build(TrainConfig, args).validate()
+    return _run_config(args).validate()
 
 
 def _run_plan(args: Namespace) -> RunPlan:
     """The run the arguments describe, resolved: the one resolution of train, sft and dpo
     (eval and collect resolve theirs once its models are frozen)."""
-    return _build(TrainConfig, args).plan()
+    return _run_config(args).plan()
 
 
 def train_config(argv: list[str]) -> TrainConfig:
@@ -573,7 +591,7 @@ def _expanded(argv: list[str]) -> list[str]:
 
 def _collect(args: Namespace, argv: list[str]) -> None:
     ccfg = CollectConfig(**vars(args["collect"]))
-    cmd_collect(_build(TrainConfig, args), ccfg.validate(), args["checkpoint"])
+    cmd_collect(_run_config(args), ccfg.validate(), args["checkpoint"])
 
 
 def _sft(args: Namespace, argv: list[str]) -> None:
@@ -609,7 +627,7 @@ def _env_serve(args: Namespace, argv: list[str]) -> None:
 
 def _launch(args: Namespace, argv: list[str]) -> None:
     cluster = ClusterConfig(**vars(args["cluster"]))
-    train_cfg = _build(TrainConfig, args)
+    train_cfg = _run_config(args)
     # a launched run trains on Ray: resolve it as one (each model its own processes)
     train_cfg.ray = dataclasses.replace(train_cfg.ray, enabled=True)
     cmd_launch(train_cfg.plan(), cluster, args["dry_run"], args["json"])
@@ -639,7 +657,7 @@ COMMANDS: dict[str, Command] = {
     ),
     "eval": Command(
         _eval_parser,
-        lambda args, argv: cmd_eval(_build(TrainConfig, args), args["checkpoint"]),
+        lambda args, argv: cmd_eval(_run_config(args), args["checkpoint"]),
         "Evaluate models or a checkpoint (avg@n, pass@k).",
     ),
     "collect": Command(_collect_parser, _collect, "Write a recipe's rollouts as JSONL (SFT, DPO)."),

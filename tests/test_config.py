@@ -1,6 +1,7 @@
 """Typed config: YAML and flags into dataclasses, validation naming the flag, the CLI."""
 
 import json
+import re
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -253,3 +254,46 @@ def test_info_lists_the_model_names_a_preset_may_use(capfd):
     main(["info"])
     out = " ".join(capfd.readouterr().out.split())
     assert "smollm2" in out and "tiny-<char|smollm2>[-<qwen2|qwen3|llama>]" in out
+
+
+def test_agent_flags_set_one_field_of_a_spec_over_the_preset():
+    """``--agent NAME.FIELD=VALUE`` (what the run.sh files pass instead of JSON built in bash):
+    a field, one key of a section or a whole section (VALUE is YAML), in order; a bare name
+    keeps sharing the first agent's model; the plan reads what was set."""
+    cfg = train_config(
+        [
+            "--recipe=debate",
+            "--preset=cpu",
+            "--agent=alice.resources={train_gpus: 2, infer_gpus: 2}",
+            "--agent=alice.resources.infer_gpus=3",
+            "--agent=alice.trainer.ppo_epochs=2",
+            "--agent=bob.trainable=false",
+            "--agent=bob.rollout.max_response_len=17",
+        ]
+    )
+    alice, bob = cfg.agent_specs()
+    assert alice.resources == {"train_gpus": 2, "infer_gpus": 3}
+    assert alice.trainer == {"ppo_epochs": 2}
+    assert bob.share_model_with == "alice" and not bob.trainable
+    (model,) = cfg.plan().models
+    assert model.resources.infer_gpus == 3 and model.settings.trainer.ppo_epochs == 2
+    assert model.rollouts["bob"].max_response_len == 17
+    assert model.rollouts["alice"].max_response_len == cfg.rollout.max_response_len
+
+
+@pytest.mark.parametrize(
+    "flag, needle",
+    [
+        ("carol.backend=torch", "--agent carol.backend=torch: no agent 'carol' in this run"),
+        ("alice.backend", "give NAME.FIELD=VALUE"),
+        ("alice=1", "give NAME.FIELD=VALUE"),
+        ("alice.backend.kind=x", "'backend' is not a section"),
+        ("alice.rollout=[1, 2", "VALUE is not YAML"),
+        ("alice.colour=red", "agents[0]: unknown key 'colour'"),
+        ("alice.rollout.concurrency=4", "agents['alice'].rollout.concurrency: rollout.concur"),
+        ("bob.optim.lr=1e-5", "agents['bob'].optim.lr: agents['bob'] shares the model of 'alice'"),
+    ],
+)
+def test_bad_agent_flags_fail_naming_the_flag_or_field(flag, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        train_config(["--recipe=debate", "--preset=cpu", f"--agent={flag}"])

@@ -13,7 +13,8 @@ their episodes from ``kernel.dialogue.Dialogue`` over these handles.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass, field, fields
+import copy
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from pydantic import TypeAdapter, ValidationError
@@ -216,6 +217,63 @@ def agent_specs(agents: list) -> list[AgentSpec]:
                 f"{other.share_model_with!r}: share with {other.share_model_with!r} directly"
             )
     return specs
+
+
+SECTIONS = tuple(f.name for f in fields(AgentSpec) if str(f.type).startswith("dict"))
+"""An AgentSpec's sections: the fields that hold settings by key (rollout, optim, ...)."""
+
+
+def with_settings(agents: list, settings: list[str]) -> list:
+    """``agents`` (``TrainConfig.agents``) with the CLI's ``--agent NAME.FIELD=VALUE`` settings
+    applied, in order: ``alice.backend=megatron``, ``alice.resources.train_gpus=4``,
+    ``alice.trainer={tensor_parallel: 2}``. VALUE is read as YAML (``4`` an int, ``true`` a
+    bool, ``{...}`` a mapping); a dotted FIELD sets one key of a section, a whole section
+    replaces it. A bare name becomes its spec first (sharing the first agent's model, as bare
+    names do). The result is validated like any spec; a setting without ``=``, an agent the run
+    does not have, or a FIELD that is not a section is refused naming the flag."""
+    import yaml
+
+    if not settings:
+        return agents
+    first = agents[0] if isinstance(agents[0], str) else _name_of(agents[0])
+    specs = [_as_dict(a, first) for a in agents]
+    by_name = {d["name"]: d for d in specs}
+    for item in settings:
+        where = f"--agent {item}"
+        path, eq, text = item.partition("=")
+        name, dot, key = path.partition(".")
+        if not eq or not dot or not key:
+            raise ValueError(f"{where}: give NAME.FIELD=VALUE (e.g. alice.backend=megatron)")
+        if name not in by_name:
+            raise ValueError(f"{where}: no agent {name!r} in this run ({list(by_name)})")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ValueError(f"{where}: VALUE is not YAML ({e.problem})") from None
+        *sections, last = key.split(".")
+        if sections and sections[0] not in SECTIONS:
+            raise ValueError(f"{where}: {sections[0]!r} is not a section (those are {SECTIONS})")
+        target = by_name[name]
+        for k in sections:
+            target = target.setdefault(k, {})
+            if not isinstance(target, dict):
+                raise ValueError(f"{where}: agents[{name!r}].{k} is not a section")
+        target[last] = value
+    return specs
+
+
+def _name_of(agent) -> str:
+    return agent["name"] if isinstance(agent, dict) else agent.name
+
+
+def _as_dict(agent, first: str) -> dict[str, Any]:
+    """One entry of ``TrainConfig.agents`` as a spec dict: a bare name as the spec it stands for
+    (sharing ``first``'s model unless it is ``first``), a spec as its fields."""
+    if isinstance(agent, str):
+        return {"name": agent} | ({} if agent == first else {"share_model_with": first})
+    if isinstance(agent, AgentSpec):
+        return asdict(agent)
+    return copy.deepcopy(agent)
 
 
 def spec_from_dict(i: int, value: dict[str, Any]) -> AgentSpec:

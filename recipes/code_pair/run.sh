@@ -30,13 +30,14 @@ fi
 HELPER_MODEL="${HELPER_MODEL:?set HELPER_MODEL to an HF checkpoint path for MODE=gpu}"
 MAIN_MODEL="${MAIN_MODEL:?set MAIN_MODEL to an HF checkpoint path for MODE=gpu}"
 
-spec() {  # spec NAME MODEL: one agent with its own model, placed by the plan (an even share)
-  local trainer=""
+# each agent its own model, placed by the plan (an even share): settings over the preset's specs
+agent=()
+for a in "helper=$HELPER_MODEL" "main=$MAIN_MODEL"; do
+  name=${a%%=*}
+  agent+=(--agent "$name.model=${a#*=}" --agent "$name.backend=${BACKEND:-megatron}")
   [ "${BACKEND:-megatron}" = megatron ] &&
-    trainer=",\"trainer\":{\"tensor_parallel\":${TP:-1},\"pipeline_parallel\":${PP:-1}}"
-  printf '{"name":"%s","model":"%s","backend":"%s"%s}' "$1" "$2" "${BACKEND:-megatron}" "$trainer"
-}
-agents="[$(spec helper "$HELPER_MODEL"),$(spec main "$MAIN_MODEL")]"
+    agent+=(--agent "$name.trainer={tensor_parallel: ${TP:-1}, pipeline_parallel: ${PP:-1}}")
+done
 dry=()
 case "${DRY_RUN:-}" in
   "") ;;
@@ -44,7 +45,7 @@ case "${DRY_RUN:-}" in
   *) dry=(--dry-run) ;;
 esac
 exec "$PY" -m kernel launch --recipe code_pair --preset cpu --model "$HELPER_MODEL" \
-  --output_dir "$OUT" --agents "$agents" --cluster.nodes "${NODES:-1}" \
+  --output_dir "$OUT" "${agent[@]}" --cluster.nodes "${NODES:-1}" \
   --cluster.gpus_per_node "${GPUS:-8}" ${RAY_ADDRESS:+--cluster.address "$RAY_ADDRESS"} \
   --optim.dtype bfloat16 --rollout.max_response_len 512 --rollout.max_context_len 2048 \
   --recipe_args '{"sandbox": {"concurrency": 16}}' \

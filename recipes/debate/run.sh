@@ -30,14 +30,12 @@ fi
 MODEL="${MODEL:?set MODEL to an HF checkpoint path for MODE=gpu}"
 GPUS="${GPUS:-8}" NODES="${NODES:-1}"
 train=${TRAIN_GPUS:-$((GPUS * NODES / 2))}
-resources="\"train_gpus\":$train,\"infer_gpus\":$((GPUS * NODES - train))"
-resources+=",\"engine_tensor_parallel\":${ENGINE_TP:-1}"
-trainer=""
+# alice's spec places the one model (bob shares it): settings over the preset's spec
+agent=(--agent "alice.backend=${BACKEND:-megatron}" --agent "alice.resources={train_gpus: $train,
+  infer_gpus: $((GPUS * NODES - train)), engine_tensor_parallel: ${ENGINE_TP:-1}}")
+# the Megatron trainer's parallel sizes (its trainer section: the one place they are set)
 [ "${BACKEND:-megatron}" = megatron ] &&
-  trainer=",\"trainer\":{\"tensor_parallel\":${TP:-1},\"pipeline_parallel\":${PP:-1}}"
-# alice's spec places the one model; bob shares it
-agents="[{\"name\":\"alice\",\"backend\":\"${BACKEND:-megatron}\",\"resources\":{$resources}$trainer},"
-agents+="\"bob\"]"
+  agent+=(--agent "alice.trainer={tensor_parallel: ${TP:-1}, pipeline_parallel: ${PP:-1}}")
 dry=()
 case "${DRY_RUN:-}" in
   "") ;;
@@ -45,6 +43,6 @@ case "${DRY_RUN:-}" in
   *) dry=(--dry-run) ;;
 esac
 exec "$PY" -m kernel launch --recipe debate --preset cpu --model "$MODEL" \
-  --output_dir "$OUT" --agents "$agents" --cluster.nodes "$NODES" --cluster.gpus_per_node "$GPUS" \
+  --output_dir "$OUT" "${agent[@]}" --cluster.nodes "$NODES" --cluster.gpus_per_node "$GPUS" \
   ${RAY_ADDRESS:+--cluster.address "$RAY_ADDRESS"} --optim.dtype bfloat16 \
   ${DATA:+--data.path "$DATA"} ${STEPS:+--num_steps "$STEPS"} "${dry[@]}" "$@"

@@ -42,17 +42,14 @@ if [ "$MODE" = gpu ]; then
   MODEL="${MODEL:?set MODEL to an HF checkpoint path for MODE=gpu}"
   GPUS="${GPUS:-8}" NODES="${NODES:-1}"
   train=${TRAIN_GPUS:-$((GPUS * NODES / 2))}
-  res="\"train_gpus\":$train,\"infer_gpus\":$((GPUS * NODES - train))"
-  res+=",\"engine_tensor_parallel\":${ENGINE_TP:-1}"
+  # the agent's spec places the one model (the searcher shares it): settings over the preset's
+  agent=(--agent "agent.backend=${BACKEND:-megatron}" --agent "agent.resources={train_gpus: $train,
+    infer_gpus: $((GPUS * NODES - train)), engine_tensor_parallel: ${ENGINE_TP:-1}}")
   # the Megatron trainer's parallel sizes (its trainer section: the one place they are set)
-  trainer=""
   [ "${BACKEND:-megatron}" = megatron ] &&
-    trainer=",\"trainer\":{\"tensor_parallel\":${TP:-1},\"pipeline_parallel\":${PP:-1}}"
-  # agent and searcher share one model: the agent's spec places it
-  agents="[{\"name\":\"agent\",\"backend\":\"${BACKEND:-megatron}\",\"resources\":{$res}$trainer},"
-  agents+="\"searcher\"]"
+    agent+=(--agent "agent.trainer={tensor_parallel: ${TP:-1}, pipeline_parallel: ${PP:-1}}")
   launch=("$PY" -m kernel launch --recipe deep_research --preset "$PRESET" --model "$MODEL"
-    --output_dir "$OUT" --agents "$agents" --cluster.nodes "$NODES" --cluster.gpus_per_node "$GPUS"
+    --output_dir "$OUT" "${agent[@]}" --cluster.nodes "$NODES" --cluster.gpus_per_node "$GPUS"
     ${RAY_ADDRESS:+--cluster.address "$RAY_ADDRESS"} --optim.dtype bfloat16
     ${DATA:+--data.path "$DATA"} ${STEPS:+--num_steps "$STEPS"})
   # Plan and validate before starting anything (the retriever included).

@@ -46,14 +46,13 @@ print(json.dumps({n: {"url": sys.argv[2]} for n in sys.argv[1].split(",")}))' "$
     MODEL="${MODEL:?set MODEL to an HF checkpoint path for MODE=gpu}"
     GPUS="${GPUS:-8}" NODES="${NODES:-1}"
     train=${TRAIN_GPUS:-$((GPUS * NODES / 2))}
-    resources="\"train_gpus\":$train,\"infer_gpus\":$((GPUS * NODES - train))"
-    trainer=""
+    agent=(--agent "default.backend=${BACKEND:-megatron}"
+      --agent "default.resources={train_gpus: $train, infer_gpus: $((GPUS * NODES - train))}")
     [ "${BACKEND:-megatron}" = megatron ] &&
-      trainer=",\"trainer\":{\"tensor_parallel\":${TP:-1},\"pipeline_parallel\":${PP:-1}}"
-    agents="[{\"name\":\"default\",\"backend\":\"${BACKEND:-megatron}\",\"resources\":{$resources}$trainer}]"
+      agent+=(--agent "default.trainer={tensor_parallel: ${TP:-1}, pipeline_parallel: ${PP:-1}}")
     dry=()
     case "${DRY_RUN:-}" in "") ;; json) dry=(--dry-run --json) ;; *) dry=(--dry-run) ;; esac
-    exec "$PY" -m kernel launch "${common[@]}" --agents "$agents" --cluster.nodes "$NODES" \
+    exec "$PY" -m kernel launch "${common[@]}" "${agent[@]}" --cluster.nodes "$NODES" \
       --cluster.gpus_per_node "$GPUS" ${RAY_ADDRESS:+--cluster.address "$RAY_ADDRESS"} \
       --optim.dtype bfloat16 "${dry[@]}" "$@" ;;
   *) echo "MODE must be cpu, remote or gpu, got '$MODE'" >&2; exit 2 ;;

@@ -32,21 +32,20 @@ fi
 [ "$MODE" = gpu ] || { echo "MODE must be cpu or gpu, got '$MODE'" >&2; exit 2; }
 MODEL="${MODEL:?set MODEL to an HF checkpoint path for MODE=gpu}"
 GPUS="${GPUS:-8}" NODES="${NODES:-1}"
-resources="\"engine_tensor_parallel\":${ENGINE_TP:-1}"
-# the Megatron trainer's parallel sizes (its trainer section: the one place they are set)
-trainer=""
-[ "${BACKEND:-megatron}" = megatron ] &&
-  trainer=",\"trainer\":{\"tensor_parallel\":${TP:-1},\"pipeline_parallel\":${PP:-1}}"
 case "${PLACEMENT:-split}" in
   split)
     train=${TRAIN_GPUS:-$((GPUS * NODES / 2))}
-    resources+=",\"train_gpus\":$train,\"infer_gpus\":$((GPUS * NODES - train))" ;;
-  colocate) resources+=",\"train_gpus\":$((GPUS * NODES)),\"colocate\":true" ;;
+    resources="train_gpus: $train, infer_gpus: $((GPUS * NODES - train))" ;;
+  colocate) resources="train_gpus: $((GPUS * NODES)), colocate: true" ;;
   *) echo "PLACEMENT must be split or colocate, got '$PLACEMENT'" >&2; exit 2 ;;
 esac
-# One model plays every role: the solver's spec places it, the other roles share it.
-agents="[{\"name\":\"solver\",\"backend\":\"${BACKEND:-megatron}\",\"resources\":{$resources}$trainer},"
-agents+="\"rewriter\",\"selector\"]"
+# One model plays every role: the solver's spec places it (settings over the preset's spec),
+# the other roles share it.
+agent=(--agent "solver.backend=${BACKEND:-megatron}"
+  --agent "solver.resources={$resources, engine_tensor_parallel: ${ENGINE_TP:-1}}")
+# the Megatron trainer's parallel sizes (its trainer section: the one place they are set)
+[ "${BACKEND:-megatron}" = megatron ] &&
+  agent+=(--agent "solver.trainer={tensor_parallel: ${TP:-1}, pipeline_parallel: ${PP:-1}}")
 dry=()
 case "${DRY_RUN:-}" in
   "") ;;
@@ -55,6 +54,6 @@ case "${DRY_RUN:-}" in
 esac
 # The plan is validated before anything starts; without DRY_RUN it then runs on Ray.
 exec "$PY" -m kernel launch --recipe math_solver_verifier --preset cpu --model "$MODEL" \
-  --output_dir "$OUT" --agents "$agents" --cluster.nodes "$NODES" --cluster.gpus_per_node "$GPUS" \
+  --output_dir "$OUT" "${agent[@]}" --cluster.nodes "$NODES" --cluster.gpus_per_node "$GPUS" \
   ${RAY_ADDRESS:+--cluster.address "$RAY_ADDRESS"} --optim.dtype bfloat16 \
   ${DATA:+--data.path "$DATA"} ${STEPS:+--num_steps "$STEPS"} "${dry[@]}" "$@"

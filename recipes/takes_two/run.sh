@@ -74,19 +74,20 @@ fi
 DOCTOR_MODEL="${DOCTOR_MODEL:?set DOCTOR_MODEL to an HF checkpoint path for MODE=gpu}"
 PATIENT_MODEL="${PATIENT_MODEL:?set PATIENT_MODEL to an HF checkpoint path for MODE=gpu}"
 
-# spec NAME MODEL TRAIN_GPUS INFER_GPUS: one agent with its own model, placed by the plan.
-spec() {
-  local res="" trainer=""
-  [ -n "$3" ] && res+="\"train_gpus\":$3"
-  [ -n "$4" ] && res+="${res:+,}\"infer_gpus\":$4"
+# place NAME MODEL TRAIN_GPUS INFER_GPUS: one agent with its own model, placed by the plan
+# (settings over the preset's spec; a GPU count left empty is the plan's even share)
+agent=()
+place() {
+  agent+=(--agent "$1.model=$2" --agent "$1.backend=${BACKEND:-megatron}")
+  [ -n "$3" ] && agent+=(--agent "$1.resources.train_gpus=$3")
+  [ -n "$4" ] && agent+=(--agent "$1.resources.infer_gpus=$4")
   # the Megatron trainer's parallel sizes (its trainer section: the one place they are set)
   [ "${BACKEND:-megatron}" = megatron ] &&
-    trainer=",\"trainer\":{\"tensor_parallel\":${TP:-1},\"pipeline_parallel\":${PP:-1}}"
-  printf '{"name":"%s","model":"%s","backend":"%s","resources":{%s}%s}' \
-    "$1" "$2" "${BACKEND:-megatron}" "$res" "$trainer"
+    agent+=(--agent "$1.trainer={tensor_parallel: ${TP:-1}, pipeline_parallel: ${PP:-1}}")
+  return 0
 }
-agents="[$(spec doctor "$DOCTOR_MODEL" "${DOCTOR_TRAIN_GPUS:-}" "${DOCTOR_INFER_GPUS:-}"),"
-agents+="$(spec patient "$PATIENT_MODEL" "${PATIENT_TRAIN_GPUS:-}" "${PATIENT_INFER_GPUS:-}")]"
+place doctor "$DOCTOR_MODEL" "${DOCTOR_TRAIN_GPUS:-}" "${DOCTOR_INFER_GPUS:-}"
+place patient "$PATIENT_MODEL" "${PATIENT_TRAIN_GPUS:-}" "${PATIENT_INFER_GPUS:-}"
 dry=()
 case "${DRY_RUN:-}" in
   "") ;;
@@ -95,7 +96,7 @@ case "${DRY_RUN:-}" in
 esac
 # The plan is validated before anything starts; without DRY_RUN it then runs on Ray.
 exec "$PY" -m kernel launch --recipe takes_two --preset cpu --model "$DOCTOR_MODEL" \
-  --output_dir "$OUT" --agents "$agents" --cluster.nodes "${NODES:-1}" \
+  --output_dir "$OUT" "${agent[@]}" --cluster.nodes "${NODES:-1}" \
   --cluster.gpus_per_node "${GPUS:-8}" ${RAY_ADDRESS:+--cluster.address "$RAY_ADDRESS"} \
   --optim.dtype bfloat16 --rollout.max_response_len 512 --rollout.max_context_len 4096 \
   --recipe_args '{"max_turns": 5}' \
