@@ -50,15 +50,17 @@ def bearer_ok(header: bytes | str | None, key: str | None) -> bool:
     return hmac.compare_digest(bytes(header), b"Bearer " + key.encode("utf-8"))
 
 
-def error_body(message: str) -> bytes:
-    """``{"error": {"message": ...}}`` as JSON bytes, whatever characters the message holds
-    (a lone surrogate is escaped, never an encoding error)."""
-    return json.dumps({"error": {"message": message}}, ensure_ascii=True).encode("ascii")
+def error_body(message: str, kind: str | None = None) -> bytes:
+    """``{"error": {"message": ...}}`` (and its ``type``, as OpenAI's errors have, when
+    ``kind`` is given) as JSON bytes, whatever characters the message holds (a lone surrogate
+    is escaped, never an encoding error)."""
+    error = {"message": message} | ({"type": kind} if kind else {})
+    return json.dumps({"error": error}, ensure_ascii=True).encode("ascii")
 
 
 async def send_error(send, status: int, message: str, headers: Iterable = ()) -> None:
-    """Answer an ASGI request with ``status`` and ``error_body(message)``."""
-    body = error_body(message)
+    """Answer an ASGI request with ``status`` (a 4xx) and ``error_body(message)``."""
+    body = error_body(message, "invalid_request_error")
     await send(
         {
             "type": "http.response.start",

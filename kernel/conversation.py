@@ -25,6 +25,7 @@ text through ``add_message``, which is right since it is not this agent's sample
 
 from __future__ import annotations
 
+import copy
 import functools
 import operator
 from collections.abc import Sequence
@@ -118,6 +119,18 @@ class Conversation:
         if n == 0:
             self.truncated = True
         return n
+
+    def fork(self) -> Conversation:
+        """An independent copy of the dialogue so far (ids, mask, logprobs, messages): several
+        continuations of one prompt (``n`` of them) each grow their own."""
+        other = copy.copy(self)
+        other._messages = [dict(m) for m in self._messages]
+        other._ids, other._mask = list(self._ids), list(self._mask)
+        other._logprobs, other._weight_versions = list(self._logprobs), list(self._weight_versions)
+        if self._rendered_ids is not None:
+            other._rendered_ids = list(self._rendered_ids)
+        other.template_kwargs = dict(self.template_kwargs)
+        return other
 
     # ---- adding turns --------------------------------------------------------------------------
 

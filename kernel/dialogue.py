@@ -92,6 +92,7 @@ class Dialogue:
         self.finish: str | None = None  # how its last turn ended; None until it has spoken
         self.turns = 0
         self.turn_start = 0  # where its last turn starts in ``conv.ids``
+        self.reply: Reply | None = None  # the engine's reply of its last turn (ids, logprobs)
 
     async def speak(self, sampling: dict[str, Any] | None = None, prefix: str = "") -> str | None:
         """The agent's next turn as text, starting with ``prefix`` (given, not sampled: see
@@ -100,7 +101,7 @@ class Dialogue:
         result = await self.agent.generate_turn(self.conv, sampling, prefix)
         if result is None:
             return None
-        self.turn_start = start
+        self.turn_start, self.reply = start, result
         self.finish, self.turns = result.finish_type, self.turns + 1
         decoded = self.agent.tokenizer.decode(result.output_ids, skip_special_tokens=True)
         self.text = prefix + decoded

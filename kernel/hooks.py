@@ -41,6 +41,9 @@ class RolloutContext:
     config: Any = None  # the recipe's own config (its RecipeConfig, or the recipe_args dict)
     step: int = 0
     envs: Mapping[str, Any] = field(default_factory=dict)  # name -> kernel.env.EnvSpec
+    closers: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    """What a hook started for the run (a server, a pool): each is awaited once when the run
+    ends, before its engines stop (``kernel.gateway`` closes its server so)."""
 
 
 class GenerateFn(Protocol):

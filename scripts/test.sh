@@ -16,7 +16,7 @@ case "${1:-}" in
   --slow) tier=(-m slow); shift ;;
   --all) tier=(); shift ;;
 esac
-bash scripts/setup.sh "${TANDEM_EXTRAS:-dev,math,code,dialogue,router,ray,models,logging,megatron,retriever,peers,lora,jobs}"
+bash scripts/setup.sh "${TANDEM_EXTRAS:-dev,math,code,dialogue,router,ray,models,logging,megatron,retriever,peers,lora,jobs,gateway}"
 cores=$(nproc)
 mem_gib=$(awk '/MemTotal/ {print int($2 / 1048576)}' /proc/meminfo)
 auto=$(( cores < 4 ? cores : 4 ))

@@ -29,15 +29,31 @@ ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "kernel" / "presets" / "toy.yaml"
 
 
+GATEWAY = [  # the toy's episode as a program behind the gateway (kernel.gateway)
+    "--generate_fn=tests.hook_fixtures.faults.gateway_generate",
+    "--reward_fn=kernel.gateway.hooks.reward",
+    "--recipe_config=kernel.gateway.hooks.GatewayConfig",
+    '--recipe_args={"program": "tests.hook_fixtures.faults.program"}',
+]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("transport", ["tensor", "distributed"])
-def test_engine_killed_mid_rollout_is_replaced_and_the_step_completes(tmp_path, transport):
+@pytest.mark.parametrize(
+    "transport, hooks",
+    [
+        ("tensor", ["--generate_fn=tests.hook_fixtures.faults.generate"]),
+        ("distributed", ["--generate_fn=tests.hook_fixtures.faults.generate"]),
+        ("tensor", GATEWAY),
+    ],
+    ids=["tensor", "distributed", "gateway"],
+)
+def test_engine_killed_mid_rollout_is_replaced_and_the_step_completes(tmp_path, transport, hooks):
     faults.seen.clear()
     cfg = train_config(
         [
             f"--config={TOY}",
             f"--output_dir={tmp_path}",
-            "--generate_fn=tests.hook_fixtures.faults.generate",
+            *hooks,
             "--num_steps=4",
             "--engine.num_engines=2",
             "--engine.start_router=true",

@@ -153,12 +153,17 @@ def test_import_kernel_stays_light():
 
 
 def test_the_recipe_api_imports_without_the_training_stack():
-    """A recipe's hooks (generate, reward, config) and the API they use (kernel.dialogue,
-    hooks, sample; kernel.run.results for reading a run's replies) load without torch,
-    transformers, the engine or the trainer."""
+    """A recipe's hooks (generate, reward, config, where it has one) and the API they use
+    (kernel.dialogue, hooks, sample; kernel.run.results for reading a run's replies), and the
+    gateway's hooks (--agent_program), load without torch, transformers, the engine or the
+    trainer."""
     recipes = sorted(p.name for p in (ROOT / "recipes").iterdir() if (p / "generate.py").exists())
-    modules = ["kernel.dialogue", "kernel.hooks", "kernel.sample", "kernel.run.results"] + [
-        f"recipes.{r}.{m}" for r in recipes for m in ("generate", "reward", "config")
+    modules = ["kernel.dialogue", "kernel.hooks", "kernel.sample", "kernel.run.results"]
+    modules += ["kernel.gateway.hooks"] + [
+        f"recipes.{r}.{m}"
+        for r in recipes
+        for m in ("generate", "reward", "config")
+        if (ROOT / "recipes" / r / f"{m}.py").exists()
     ]
     code = (
         f"import importlib, sys\nfor m in {modules!r}: importlib.import_module(m)\n"
@@ -193,7 +198,7 @@ LAYERS = {
         "auth",
         "",
     ),
-    "data and rollout": ("benchmarks", "buffer", "rollout", "env"),
+    "data and rollout": ("benchmarks", "buffer", "rollout", "env", "gateway"),
     "engine": ("engine",),
     "sync": ("sync",),
     "train": ("train",),

@@ -14,6 +14,7 @@ applied); each entry point (train, eval, collect, sft, dpo, launch) resolves it 
 
 from __future__ import annotations
 
+import shlex
 import typing
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields, replace
@@ -117,6 +118,10 @@ class EvalConfig:
         return self
 
 
+GATEWAY_HOOKS = ("kernel.gateway.hooks.generate", "kernel.gateway.hooks.reward")
+GATEWAY_CONFIG = "kernel.gateway.hooks.GatewayConfig"  # the settings of --agent_program
+
+
 @dataclass
 class TrainConfig:
     """A Tandem training run."""
@@ -128,6 +133,10 @@ class TrainConfig:
     """Dotted path of the generate hook (default: from the recipe)."""
     reward_fn: str | None = None
     """Dotted path of the reward hook (default: from the recipe)."""
+    agent_program: str | None = None
+    """Dotted path of a program written for an OpenAI-compatible API, ``f(base_url, api_key,
+    episode_id, row)``, trained unmodified through Tandem's gateway (docs/gateway.md): the run's
+    hooks become kernel.gateway's and recipe_args its settings (GatewayConfig)."""
     recipe_config: str | None = None
     """Dotted path of the recipe's config dataclass, built from recipe_args and handed to the
     hooks as ctx.config (default: recipes.<recipe>.config.RecipeConfig if that module exists)."""
@@ -266,10 +275,30 @@ class TrainConfig:
         if not self.data.path:
             raise ValueError("data.path is empty: give a .jsonl/.parquet file or a dataset name")
         self._check_jobs(specs, models)
-        recipe = load_recipe_config(
-            self.recipe_config or default_recipe_config(self.recipe), self.recipe_args
+        return RunPlan(self, tuple(models), tuple(specs), remote, self._recipe())
+
+    def hooks(self) -> tuple[str, str]:
+        """The dotted paths of the run's generate and reward hooks."""
+        if self.agent_program:
+            return GATEWAY_HOOKS
+        return (
+            self.generate_fn or f"recipes.{self.recipe}.generate.generate",
+            self.reward_fn or f"recipes.{self.recipe}.reward.reward",
         )
-        return RunPlan(self, tuple(models), tuple(specs), remote, recipe)
+
+    def _recipe(self) -> Any:
+        """The recipe's config (ctx.config), built from recipe_args and validated."""
+        if not self.agent_program:
+            return load_recipe_config(
+                self.recipe_config or default_recipe_config(self.recipe), self.recipe_args
+            )
+        given = [f for f in ("generate_fn", "reward_fn", "recipe_config") if getattr(self, f)]
+        if given:
+            raise ValueError(f"agent_program runs the gateway's hooks: drop {given}")
+        program = self.agent_program  # a dotted path, or a command ("python my_agents.py")
+        given = {"command": shlex.split(program)} if " " in program or "/" in program else {}
+        args = (given or {"program": program}) | self.recipe_args
+        return load_recipe_config(GATEWAY_CONFIG, args)
 
     def _check_jobs(self, specs: list[AgentSpec], models: list[ModelPlan]) -> None:
         """Agents as independent jobs: what a producing job (remote agents) and a consuming

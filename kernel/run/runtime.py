@@ -169,8 +169,8 @@ class Runtime:
         """Start the run ``plan`` resolved (``placement``: kernel launch's, per owner agent);
         stop everything it started on the way out."""
         cfg = plan.cfg  # its run-wide sections; per model and per agent, the plan
-        generate = load_generate(cfg.generate_fn or f"recipes.{cfg.recipe}.generate.generate")
-        reward = load_reward(cfg.reward_fn or f"recipes.{cfg.recipe}.reward.reward")
+        generate_path, reward_path = cfg.hooks()
+        generate, reward = load_generate(generate_path), load_reward(reward_path)
         out, found = output_dir(cfg)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
@@ -292,7 +292,8 @@ class Runtime:
         """Close every client, sync, trainer and the logger; each is closed even when closing
         another fails (a dead node's engines, a lost queue), so no trainer's ranks outlive the
         run holding their GPUs; the first failure is raised at the end."""
-        steps = [self.ctx.agents[agent].clients[0].aclose for agent in self.remote]
+        steps = list(self.ctx.closers)  # what the hooks started, while the engines still run
+        steps += [self.ctx.agents[agent].clients[0].aclose for agent in self.remote]
         if self.queue is not None:
             steps.append(self.queue.aclose)
         for m in self.models:
