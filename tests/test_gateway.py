@@ -159,6 +159,8 @@ def test_a_three_turn_two_agent_episode_with_a_tool_call_trains_the_sampled_ids(
     assert (w.metadata["gateway_reward"], c.metadata["gateway_reward"]) == (1.0, 0.5)
     assert w.status is Status.COMPLETED and w.metadata["episode"] == c.metadata["episode"]
     assert reward(ctx, samples) == [s.metadata["gateway_reward"] for s in samples]
+    # logged as episode/...: the critic's temperature was not used (it samples at its own)
+    assert samples[0].metadata["metrics"] == {"calls": 3, "threads": 2, "ignored_sampling": 1}
     # what re-tokenizing the text would have trained instead: other ids, fewer of them
     for ids in writer.sampled:
         text = tok.decode(ids[:-1])

@@ -90,7 +90,8 @@ def sampling_of(request: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """(the engine's sampling parameters, the request's fields not honoured). An agent samples
     at its run's temperature and top_p (its ``rollout`` settings: what it trains at, and the
     logprobs it trains on are those), so a request's own are not used; the reply's
-    ``X-Tandem-Ignored`` header names them and the run counts them."""
+    ``X-Tandem-Ignored`` header names them and the run counts such calls
+    (``episode/ignored_sampling``)."""
     sampling = {}
     limit = request.get("max_completion_tokens") or request.get("max_tokens")
     if limit is not None:
@@ -110,7 +111,6 @@ class Gateway:
     def __init__(self, agents: dict[str, Any], api_key: str | None) -> None:
         self.agents = agents
         self.episodes: dict[str, Episode] = {}
-        self.ignored: dict[str, int] = {}  # request field -> calls whose value was not used
         self.app = self._app(api_key)
 
     def open(self) -> Episode:
@@ -154,13 +154,13 @@ class Gateway:
             return error(status, str(e), e.param, e.code)
         except EpisodeAborted as e:
             return error(503, f"the engine aborted the call ({e}); the episode is rolled again")
-        for key in ignored:
-            self.ignored[key] = self.ignored.get(key, 0) + 1
+        episode.ignored += bool(ignored)
         headers = {"x-tandem-ignored": ",".join(ignored)} if ignored else {}
         return JSONResponse(result, headers=headers)
 
     async def _generate(self, episode, agent, messages, sampling, n) -> dict[str, Any]:
         thread, known = episode.thread_for(agent, messages)
+        threads = [thread]
         thread.busy = True
         try:
             for i, m in enumerate(messages[known:], start=known):
@@ -174,7 +174,7 @@ class Gateway:
                         "context_length_exceeded",
                     )
                 thread.seen.append(_canonical(m, i))
-            threads = [thread] + [thread.fork() for _ in range(n - 1)]
+            threads += [thread.fork() for _ in range(n - 1)]  # busy, as the thread is
             episode.threads[agent] += threads[1:]
             try:
                 texts = await _speak_all(threads, sampling)
@@ -182,7 +182,8 @@ class Gateway:
                 episode.aborted = str(e)
                 raise
         finally:
-            thread.busy = False
+            for t in threads:
+                t.busy = False
         episode.calls += 1
         choices, prompt_tokens, completion_tokens = [], 0, 0
         for i, (t, text) in enumerate(zip(threads, texts, strict=True)):

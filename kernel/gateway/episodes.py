@@ -162,6 +162,7 @@ class Episode:
     aborted: str | None = None  # an engine aborted a call: the group is rolled out again
     closed: bool = False  # ended (or timed out): later calls get 409
     calls: int = 0
+    ignored: int = 0  # calls whose own temperature or top_p was not used
 
     @staticmethod
     def new(agents: dict[str, Agent]) -> Episode:
@@ -192,4 +193,8 @@ class Episode:
             for k, t in enumerate(spoken):
                 s = t.dialogue.sample(seed, turn=k, gateway_reward=reward, episode=self.id)
                 out.append(s)
+        if out:  # the episode's own figures, logged as episode/<key>
+            threads = sum(len(t) for t in self.threads.values())
+            figures = {"calls": self.calls, "threads": threads, "ignored_sampling": self.ignored}
+            out[0].metadata["metrics"] = {k: float(v) for k, v in figures.items()}
         return out
