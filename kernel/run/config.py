@@ -134,9 +134,10 @@ class TrainConfig:
     reward_fn: str | None = None
     """Dotted path of the reward hook (default: from the recipe)."""
     agent_program: str | None = None
-    """Dotted path of a program written for an OpenAI-compatible API, ``f(base_url, api_key,
-    episode_id, row)``, trained unmodified through Tandem's gateway (docs/gateway.md): the run's
-    hooks become kernel.gateway's and recipe_args its settings (GatewayConfig)."""
+    """A program written for an OpenAI-compatible API, trained unmodified through Tandem's
+    gateway (docs/gateway.md): the dotted path of ``f(base_url, api_key, episode_id, row)``, or
+    a command started per episode (anything with a space or a /: "python my_agents.py"). The
+    run's hooks become kernel.gateway's and recipe_args its settings (GatewayConfig)."""
     recipe_config: str | None = None
     """Dotted path of the recipe's config dataclass, built from recipe_args and handed to the
     hooks as ctx.config (default: recipes.<recipe>.config.RecipeConfig if that module exists)."""
