@@ -298,6 +298,37 @@ def gives_up(base_url, api_key, episode_id, row):
     return 1.0
 
 
+def two_turns(base_url, api_key, episode_id, row):
+    """Two turns of one agent in one dialogue; the first turn's reward posted by its id."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    messages = [{"role": "user", "content": "hi"}]
+    first = client.chat.completions.create(model="a", messages=messages)
+    messages += [first.choices[0].message.model_dump(exclude_none=True)]
+    messages += [{"role": "user", "content": "and then?"}]
+    client.chat.completions.create(model="a", messages=messages)
+    root = base_url.split("/episodes/")[0]
+    body = {"completion_id": first.id, "reward": 0.25}
+    headers = {"Authorization": f"Bearer {api_key}"}
+    assert httpx.post(
+        f"{root}/v1/episodes/{episode_id}/reward", json=body, headers=headers
+    ).is_success
+    return {"a": 1.0}
+
+
+def test_credit_per_call_gives_each_turn_its_own_sample_and_reward(smollm2_tokenizer):
+    """recipe_args.credit: call: each call's turn is a sample that trains only it (the turns
+    before are its context), paid what was posted for its completion id, else the agent's."""
+    agents = {"a": Scripted("a", smollm2_tokenizer, ["one", "two"])}
+    cfg = GatewayConfig(program=f"{__name__}.two_turns", credit="call")
+    ctx = RolloutContext(agents=agents, config=cfg)
+    samples = asyncio.run(closed(ctx, episode(ctx, {"prompt": "p"})))
+    assert [(s.agent, s.turn) for s in samples] == [("a", 0), ("a", 1)]
+    assert [s.metadata["gateway_reward"] for s in samples] == [0.25, 1.0]
+    assert [_loss_spans(s) for s in samples] == [[ids] for ids in agents["a"].sampled]
+    first, second = samples
+    assert second.response_ids[: first.response_length] == first.response_ids  # its context
+
+
 SCRIPT = """
 import json, os
 from openai import OpenAI
@@ -400,6 +431,7 @@ def test_bad_requests_get_4xx_in_openais_error_shape_never_5xx(served):
         (f"/v1/episodes/{eid}/reward", {"reward": 1, "extra": 2}, None, 400, None),
         (f"/v1/episodes/{eid}/reward", {"agent": "nobody", "reward": 1}, None, 400, "agent"),
         ("/v1/episodes/nope/reward", {"reward": 1}, None, 404, None),
+        (f"/v1/episodes/{eid}/reward", {"completion_id": "x", "reward": 1}, None, 400, None),
         (f"/episodes/{eid}/v1/chat/completions", {"model": "a"}, None, 400, None),
     ]
     for where, body, raw, status, param in cases:

@@ -108,13 +108,14 @@ def sampling_of(request: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 class Gateway:
     """The episodes of a run and the app that serves them (``app``)."""
 
-    def __init__(self, agents: dict[str, Any], api_key: str | None) -> None:
-        self.agents = agents
+    def __init__(self, agents: dict[str, Any], api_key: str | None, per_call: bool = False):
+        self.agents, self.per_call = agents, per_call
         self.episodes: dict[str, Episode] = {}
         self.app = self._app(api_key)
 
-    def open(self) -> Episode:
-        episode = Episode.new(self.agents)
+    def open(self, seed=None) -> Episode:
+        """A new episode of ``seed`` (the data row's sample; needed for credit per call)."""
+        episode = Episode.new(self.agents, seed, self.per_call)
         self.episodes[episode.id] = episode
         return episode
 
@@ -198,6 +199,7 @@ class Gateway:
             if calls:
                 message["tool_calls"] = calls
             t.seen.append(_canonical(message, -1))
+            episode.record_turn(f"chatcmpl-{episode.id}-{episode.calls}", agent, t)
             finish = (
                 "tool_calls" if calls else ("stop" if t.dialogue.finish == "stop" else "length")
             )
@@ -219,8 +221,9 @@ class Gateway:
         return reply.model_dump(mode="json", exclude_none=True)
 
     async def reward(self, request: Request, episode_id: str) -> JSONResponse:
-        """``POST /v1/episodes/{id}/reward``: ``{"reward": x}`` for every agent, or
-        ``{"agent": name, "reward": x}`` for one; a later one replaces an earlier."""
+        """``POST /v1/episodes/{id}/reward``: ``{"reward": x}`` for every agent,
+        ``{"agent": name, "reward": x}`` for one, or (credit per call) ``{"completion_id": id,
+        "reward": x}`` for one call's turn; a later one replaces an earlier."""
         try:
             body = parse_json(await request.body())
             episode = self.episodes.get(episode_id)
@@ -228,16 +231,29 @@ class Gateway:
                 raise BadRequest(
                     f"episode {episode_id[:64]!r} is not open", None, "episode_not_open"
                 )
-            if not isinstance(body, dict) or set(body) - {"agent", "reward"}:
-                raise BadRequest('give {"reward": x} or {"agent": name, "reward": x}')
+            if not isinstance(body, dict) or set(body) - {"agent", "reward", "completion_id"}:
+                raise BadRequest(
+                    'give {"reward": x}, {"agent": name, "reward": x} or '
+                    '{"completion_id": id, "reward": x}'
+                )
             agent, value = body.get("agent", "*"), body.get("reward")
+            call = body.get("completion_id")
+            if call is not None and call not in {c for c, _ in episode.turns}:
+                raise BadRequest(
+                    f"completion_id {str(call)[:80]!r} is no call of this episode with credit "
+                    "per call (recipe_args.credit: call)",
+                    "completion_id",
+                )
             if agent != "*" and agent not in self.agents:
                 raise BadRequest(f"agent {str(agent)[:64]!r} is no agent of this run", "agent")
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise BadRequest("reward must be a number", "reward")
         except BadRequest as e:
             return error(404 if e.code == "episode_not_open" else 400, str(e), e.param, e.code)
-        episode.rewards[agent] = float(value)
+        if call is not None:
+            episode.call_rewards[call] = float(value)
+        else:
+            episode.rewards[agent] = float(value)
         return JSONResponse({"episode": episode_id, "agent": agent, "reward": float(value)})
 
     def _app(self, api_key: str | None) -> FastAPI:

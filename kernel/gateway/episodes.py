@@ -157,16 +157,29 @@ class Episode:
 
     id: str
     agents: dict[str, Agent]
+    seed: Sample | None = None  # the data row's sample the episode rolls out
+    per_call: bool = False  # credit "call": each call's turn a sample of its own, when it ends
     threads: dict[str, list[Thread]] = field(default_factory=dict)
     rewards: dict[str, float] = field(default_factory=dict)  # agent -> reward ("*": every agent)
+    turns: list[tuple[str, Sample]] = field(default_factory=list)  # per call: (its id, sample)
+    call_rewards: dict[str, float] = field(default_factory=dict)  # completion id -> reward
     aborted: str | None = None  # an engine aborted a call: the group is rolled out again
     closed: bool = False  # ended (or timed out): later calls get 409
     calls: int = 0
     ignored: int = 0  # calls whose own temperature or top_p was not used
 
     @staticmethod
-    def new(agents: dict[str, Agent]) -> Episode:
-        return Episode(uuid.uuid4().hex[:16], agents)
+    def new(agents: dict[str, Agent], seed: Sample | None, per_call: bool) -> Episode:
+        return Episode(uuid.uuid4().hex[:16], agents, seed, per_call)
+
+    def record_turn(self, completion_id: str, agent: str, thread: Thread) -> None:
+        """Credit per call: the turn the call just sampled, as a sample that trains only it
+        (its thread before it is context), numbered among the agent's turns."""
+        if not self.per_call or self.seed is None:
+            return
+        turn = sum(s.agent == agent for _, s in self.turns)
+        sample = thread.dialogue.sample(self.seed, turn=turn, last_turn_only=True)
+        self.turns.append((completion_id, sample))
 
     def thread_for(self, agent: str, messages: list[dict[str, Any]]) -> tuple[Thread, int]:
         """The thread these messages continue (its messages a prefix of them, not generating
@@ -184,15 +197,24 @@ class Episode:
 
     def samples(self, seed: Sample) -> list[Sample]:
         """Every thread an agent spoke in, as one sample (``turn``: its number among the
-        agent's threads), its reward in ``metadata["gateway_reward"]`` (None: no reward for
-        the agent)."""
+        agent's threads), or with credit per call every call's turn; its reward in
+        ``metadata["gateway_reward"]``: the call's posted one, else its agent's, else the
+        episode's (None: none, not trained)."""
+
+        def reward(agent: str) -> float | None:
+            return self.rewards.get(agent, self.rewards.get("*"))
+
         out = []
-        for agent, threads in self.threads.items():
+        for completion_id, s in self.turns:  # credit per call
+            given = self.call_rewards.get(completion_id, reward(s.agent))
+            s.metadata.update(gateway_reward=given, episode=self.id, call=completion_id)
+            out.append(s)
+        for agent, threads in ({} if self.per_call else self.threads).items():
             spoken = [t for t in threads if t.dialogue.finish is not None]
-            reward = self.rewards.get(agent, self.rewards.get("*"))
             for k, t in enumerate(spoken):
-                s = t.dialogue.sample(seed, turn=k, gateway_reward=reward, episode=self.id)
-                out.append(s)
+                out.append(
+                    t.dialogue.sample(seed, turn=k, gateway_reward=reward(agent), episode=self.id)
+                )
         if out:  # the episode's own figures, logged as episode/<key>
             threads = sum(len(t) for t in self.threads.values())
             figures = {"calls": self.calls, "threads": threads, "ignored_sampling": self.ignored}

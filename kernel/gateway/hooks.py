@@ -54,6 +54,11 @@ class GatewayConfig:
     """Dotted path of the program: ``f(base_url, api_key, episode_id, row)``, sync or async."""
     command: list[str] = field(default_factory=list)
     """Instead of ``program``: a command started per episode (the environment above)."""
+    credit: str = "thread"
+    """thread: each dialogue an agent's calls grew is one sample, one reward; call: each call's
+    turn is a sample of its own, trained in its whole context, paid what was posted for its
+    completion id (else its agent's or the episode's reward); with advantage.group_by
+    prompt_agent_turn each turn has its own baseline."""
     port: int = 0
     """The gateway's port on 127.0.0.1 (0: a free one)."""
     threads: int = 64
@@ -72,6 +77,8 @@ class GatewayConfig:
                     f"agent_program {self.program!r} must accept (base_url, api_key, episode_id, "
                     f"row): {e}"
                 ) from None
+        if self.credit not in ("thread", "call"):
+            raise ValueError(f"gateway credit must be thread or call, got {self.credit!r}")
         if not 0 <= self.port < 65536 or self.threads < 1:
             raise ValueError("gateway port must be in 0..65535 and threads >= 1")
         return self
@@ -108,7 +115,7 @@ _RUNNING: dict[int, asyncio.Future] = {}  # id(ctx) -> its Running, started by t
 async def start(ctx: RolloutContext, cfg: GatewayConfig) -> Running:
     """Start the gateway for the run of ``ctx``, closed with the run (``ctx.closers``)."""
     api_key = secrets.token_urlsafe(24)
-    gateway = Gateway(dict(ctx.agents), api_key)
+    gateway = Gateway(dict(ctx.agents), api_key, per_call=cfg.credit == "call")
     # IPPROTO_TCP named: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on sockets
     # that say so, and with it on every call waited 40 ms for a delayed ACK
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
@@ -251,7 +258,7 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     """One episode: the program run against the gateway, its calls as samples."""
     cfg = recipe_config(ctx.config, GatewayConfig)
     run = await running_for(ctx, cfg)
-    episode = run.gateway.open()
+    episode = run.gateway.open(sample)
     try:
         result = await _call(cfg, run, episode, row_of(sample))
     except Exception:
@@ -263,7 +270,7 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     if episode.aborted:
         raise EpisodeAborted(episode.aborted)
     episode.rewards |= _rewards(result, ctx.agents)
-    if not episode.rewards:
+    if not episode.rewards and not episode.call_rewards:
         raise ValueError("the program returned no reward and posted none")
     samples = episode.samples(sample)
     if not samples:
