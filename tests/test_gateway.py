@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 import httpx
+import openai
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -298,6 +299,29 @@ def gives_up(base_url, api_key, episode_id, row):
     return 1.0
 
 
+def loops(base_url, api_key, episode_id, row):
+    """A program that keeps calling: the episode's max_calls stops it with 429."""
+    client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+    answered = 0
+    while answered < 100:
+        try:
+            client.chat.completions.create(model="a", messages=[{"role": "user", "content": "x"}])
+        except openai.RateLimitError as e:
+            assert e.status_code == 429 and e.body["code"] == "too_many_calls"
+            break
+        answered += 1
+    SEEN[:] = [answered]
+    return 1.0
+
+
+def test_an_episode_cannot_make_more_calls_than_max_calls(smollm2_tokenizer):
+    agents = {"a": Scripted("a", smollm2_tokenizer)}
+    ctx = RolloutContext(agents=agents, config=GatewayConfig(program=f"{__name__}.loops"))
+    ctx.config.max_calls = 5
+    samples = asyncio.run(closed(ctx, episode(ctx, {"prompt": "p"})))
+    assert SEEN == [5] and len(agents["a"].sampled) == len(samples) == 5
+
+
 def two_turns(base_url, api_key, episode_id, row):
     """Two turns of one agent in one dialogue; the first turn's reward posted by its id."""
     client = OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
@@ -331,6 +355,7 @@ def test_credit_per_call_gives_each_turn_its_own_sample_and_reward(smollm2_token
 
 SCRIPT = """
 import json, os
+import openai
 from openai import OpenAI
 
 row = json.loads(os.environ["TANDEM_ROW"])
@@ -374,7 +399,8 @@ class LoopThread:
 def served(smollm2_tokenizer):
     """(base URL, key, an open episode's id, the gateway) on scripted agents."""
     agents = {"a": Scripted("a", smollm2_tokenizer, ["ok"] * 10_000)}
-    ctx = RolloutContext(agents=agents, config=GatewayConfig(program=f"{__name__}.gives_up"))
+    config = GatewayConfig(program=f"{__name__}.gives_up", max_calls=10_000)
+    ctx = RolloutContext(agents=agents, config=config)
     with LoopThread() as lt:
         run = lt.run(running_for(ctx, ctx.config))
         episode_ = run.gateway.open()

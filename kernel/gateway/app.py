@@ -108,8 +108,10 @@ def sampling_of(request: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
 class Gateway:
     """The episodes of a run and the app that serves them (``app``)."""
 
-    def __init__(self, agents: dict[str, Any], api_key: str | None, per_call: bool = False):
-        self.agents, self.per_call = agents, per_call
+    def __init__(
+        self, agents: dict[str, Any], api_key: str | None, per_call: bool = False, max_calls=64
+    ) -> None:
+        self.agents, self.per_call, self.max_calls = agents, per_call, max_calls
         self.episodes: dict[str, Episode] = {}
         self.app = self._app(api_key)
 
@@ -147,6 +149,9 @@ class Gateway:
                     "model",
                     "model_not_found",
                 )
+            if episode.calls + episode.pending >= self.max_calls:
+                message = f"the episode made {self.max_calls} calls, its limit (max_calls)"
+                return error(429, message, None, "too_many_calls")
             sampling, ignored = sampling_of(body)
             messages = with_tools(body["messages"], body.get("tools"))
             result = await self._generate(episode, agent, messages, sampling, body.get("n") or 1)
@@ -163,6 +168,7 @@ class Gateway:
         thread, known = episode.thread_for(agent, messages)
         threads = [thread]
         thread.busy = True
+        episode.pending += 1
         try:
             for i, m in enumerate(messages[known:], start=known):
                 role, text = rendered(m, f"messages[{i}]")
@@ -183,6 +189,7 @@ class Gateway:
                 episode.aborted = str(e)
                 raise
         finally:
+            episode.pending -= 1
             for t in threads:
                 t.busy = False
         episode.calls += 1

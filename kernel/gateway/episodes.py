@@ -166,6 +166,7 @@ class Episode:
     aborted: str | None = None  # an engine aborted a call: the group is rolled out again
     closed: bool = False  # ended (or timed out): later calls get 409
     calls: int = 0
+    pending: int = 0  # calls generating now
     ignored: int = 0  # calls whose own temperature or top_p was not used
 
     @staticmethod

@@ -59,6 +59,9 @@ class GatewayConfig:
     turn is a sample of its own, trained in its whole context, paid what was posted for its
     completion id (else its agent's or the episode's reward); with advantage.group_by
     prompt_agent_turn each turn has its own baseline."""
+    max_calls: int = 64
+    """Calls an episode may make (each is a turn to train on): past it, 429. A program that
+    loops on the API cannot turn one episode into thousands of samples."""
     port: int = 0
     """The gateway's port on 127.0.0.1 (0: a free one)."""
     threads: int = 64
@@ -79,8 +82,8 @@ class GatewayConfig:
                 ) from None
         if self.credit not in ("thread", "call"):
             raise ValueError(f"gateway credit must be thread or call, got {self.credit!r}")
-        if not 0 <= self.port < 65536 or self.threads < 1:
-            raise ValueError("gateway port must be in 0..65535 and threads >= 1")
+        if not 0 <= self.port < 65536 or min(self.threads, self.max_calls) < 1:
+            raise ValueError("gateway port must be in 0..65535, threads and max_calls >= 1")
         return self
 
 
@@ -115,7 +118,7 @@ _RUNNING: dict[int, asyncio.Future] = {}  # id(ctx) -> its Running, started by t
 async def start(ctx: RolloutContext, cfg: GatewayConfig) -> Running:
     """Start the gateway for the run of ``ctx``, closed with the run (``ctx.closers``)."""
     api_key = secrets.token_urlsafe(24)
-    gateway = Gateway(dict(ctx.agents), api_key, per_call=cfg.credit == "call")
+    gateway = Gateway(dict(ctx.agents), api_key, cfg.credit == "call", cfg.max_calls)
     # IPPROTO_TCP named: asyncio turns Nagle's algorithm off (TCP_NODELAY) only on sockets
     # that say so, and with it on every call waited 40 ms for a delayed ACK
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
