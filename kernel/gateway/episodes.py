@@ -164,7 +164,7 @@ class Episode:
     turns: list[tuple[str, Sample]] = field(default_factory=list)  # per call: (its id, sample)
     call_rewards: dict[str, float] = field(default_factory=dict)  # completion id -> reward
     aborted: str | None = None  # an engine aborted a call: the group is rolled out again
-    closed: bool = False  # ended (or timed out): later calls get 409
+    closed: bool = False  # ended (or timed out): later calls get 404
     calls: int = 0
     pending: int = 0  # calls generating now
     ignored: int = 0  # calls whose own temperature or top_p was not used
@@ -196,7 +196,7 @@ class Episode:
         threads.append(thread)
         return thread, 0
 
-    def samples(self, seed: Sample) -> list[Sample]:
+    def samples(self) -> list[Sample]:
         """Every thread an agent spoke in, as one sample (``turn``: its number among the
         agent's threads), or with credit per call every call's turn; its reward in
         ``metadata["gateway_reward"]``: the call's posted one, else its agent's, else the
@@ -214,7 +214,9 @@ class Episode:
             spoken = [t for t in threads if t.dialogue.finish is not None]
             for k, t in enumerate(spoken):
                 out.append(
-                    t.dialogue.sample(seed, turn=k, gateway_reward=reward(agent), episode=self.id)
+                    t.dialogue.sample(
+                        self.seed, turn=k, gateway_reward=reward(agent), episode=self.id
+                    )
                 )
         if out:  # the episode's own figures, logged as episode/<key>
             threads = sum(len(t) for t in self.threads.values())

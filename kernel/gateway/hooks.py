@@ -275,7 +275,7 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample]:
     episode.rewards |= _rewards(result, ctx.agents)
     if not episode.rewards and not episode.call_rewards:
         raise ValueError("the program returned no reward and posted none")
-    samples = episode.samples(sample)
+    samples = episode.samples()
     if not samples:
         raise ValueError("the program made no call through the gateway")
     return samples
