@@ -170,17 +170,7 @@ class Gateway:
         thread.busy = True
         episode.pending += 1
         try:
-            for i, m in enumerate(messages[known:], start=known):
-                role, text = rendered(m, f"messages[{i}]")
-                if not thread.dialogue.say(role, text):
-                    if not known:  # a thread that never held a turn: gone with the call
-                        episode.threads[agent].remove(thread)
-                    raise BadRequest(
-                        "the messages exceed the agent's context (rollout.max_context_len)",
-                        "messages",
-                        "context_length_exceeded",
-                    )
-                thread.seen.append(_canonical(m, i))
+            _extend(episode, agent, thread, messages, known)
             threads += [thread.fork() for _ in range(n - 1)]  # busy, as the thread is
             episode.threads[agent] += threads[1:]
             try:
@@ -295,6 +285,21 @@ class Gateway:
         app.add_middleware(BodyGuard, limit=MAX_BODY_MB << 20, too_large=too_large)
         app.add_middleware(BearerAuth, api_key=api_key)  # outermost: the key first
         return app
+
+
+def _extend(episode: Episode, agent: str, thread, messages: list, known: int) -> None:
+    """Add the messages new to ``thread`` (from ``known`` on) to its dialogue."""
+    for i, m in enumerate(messages[known:], start=known):
+        role, text = rendered(m, f"messages[{i}]")
+        if not thread.dialogue.say(role, text):
+            if not known:  # a thread that never held a turn: gone with the call
+                episode.threads[agent].remove(thread)
+            raise BadRequest(
+                "the messages exceed the agent's context (rollout.max_context_len)",
+                "messages",
+                "context_length_exceeded",
+            )
+        thread.seen.append(_canonical(m, i))
 
 
 def _canonical(message: dict[str, Any], i: int) -> tuple:
