@@ -16,14 +16,18 @@ at start-up (``load_function``) so a typo fails before any process or GPU is tou
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib
 import importlib.util
 import inspect
+import typing
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
+
+from pydantic import TypeAdapter, ValidationError
 
 from kernel.dialogue import Agent
 from kernel.sample import Sample
@@ -104,13 +108,39 @@ def load_recipe_config(path: str | None, args: Mapping[str, Any]) -> Any:
 
 
 def _built(cls: type, args: Mapping[str, Any], where: str) -> Any:
+    """``cls(**args)``, each value first read as its field's type (pydantic, lax: the flag
+    ``--recipe_args.max_turns 3`` arrives as the string "3" and is the int 3; a string field
+    keeps "1" a string), so a wrong type fails naming the key, not inside ``validate``."""
+    hints = _field_types(cls)
+    typed = dict(args)
+    for key, value in args.items():
+        if key in hints:
+            try:
+                typed[key] = TypeAdapter(hints[key]).validate_python(value)
+            except ValidationError as e:
+                reason = e.errors()[0]["msg"]
+                raise HookError(
+                    f"recipe_args.{key}: {value!r} does not fit {where}.{key} ({reason})"
+                ) from None
     try:
-        config = cls(**args)
+        config = cls(**typed)
     except TypeError as e:  # an unknown or missing key, named by the dataclass
         raise HookError(f"recipe_args do not fit {where}: {e}") from e
     if hasattr(config, "validate"):
         config.validate()
     return config
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    """A dataclass's field types, resolved (None for a class that is not one or whose hints
+    do not resolve: its values are passed as given)."""
+    if not dataclasses.is_dataclass(cls):
+        return {}
+    try:
+        hints = typing.get_type_hints(cls)
+    except Exception:  # a hint naming what the module cannot resolve at run time
+        return {}
+    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name in hints}
 
 
 def recipe_config(value: Any, cls: type) -> Any:

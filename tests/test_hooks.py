@@ -75,3 +75,17 @@ def test_recipes_and_their_data_are_found_by_import_not_by_the_working_directory
     assert package_file("recipes/train.jsonl") == "recipes/train.jsonl"
     assert package_file("nowhere/x.jsonl") == "nowhere/x.jsonl"  # the buffer names it
     assert package_file(str(found)) == str(found)
+
+
+def test_recipe_args_are_read_as_their_fields_types_or_refused_naming_the_key():
+    """``--recipe_args.max_turns 3`` arrives as the string "3": a recipe config dataclass gets
+    the int (it crashed inside validate with a TypeError); a string field keeps "1" a string;
+    a value that does not fit its field is refused naming the key."""
+    from kernel.hooks import load_recipe_config
+
+    cfg = load_recipe_config("recipes.deep_research.config.RecipeConfig", {"max_turns": "3"})
+    assert cfg.max_turns == 3
+    pair = load_recipe_config("recipes.code_pair.config.RecipeConfig", {"workflow": "single"})
+    assert pair.workflow == "single"
+    with pytest.raises(HookError, match=r"recipe_args\.max_turns: 'three' does not fit"):
+        load_recipe_config("recipes.deep_research.config.RecipeConfig", {"max_turns": "three"})
