@@ -295,7 +295,7 @@ def gives_up(base_url, api_key, episode_id, row):
             headers={"Authorization": f"Bearer {api_key}"},
             timeout=0.2,
         )
-    time.sleep(1.5)  # the engine's turn finishes meanwhile
+    time.sleep(3)  # the agent's turn (1 s) finishes meanwhile, with room on a busy machine
     return 1.0
 
 
