@@ -28,13 +28,34 @@ WRITER = "You are a writer. Answer the task in one or two sentences."
 CRITIC = "You are a critic. Say in one sentence what the draft misses from the task."
 
 
+QUOTED = re.compile(r"""(?<!\w)(['"‘“])[^'"‘’“”]*['"’”](?!\w)""")  # 'red', "red", “red”
+MIN_WORDS, MAX_WORDS = 4, 60  # a sentence or two, not a bare list of words nor a dump
+ECHO = 6  # this many words of the task in a row: the task copied, not answered
+
+
+def _words(text: str) -> list[str]:
+    return re.findall(r"[a-z0-9]+", text.lower())
+
+
 def score(text: str, row: dict) -> float:
-    """The share of the row's keywords in ``text``; without keywords, its share of digits."""
+    """The share of the row's keywords ``text`` uses (whole words, any case, each once);
+    without keywords, its share of digits. A keyword in quotes is mentioned, not used; a text
+    of fewer than 4 or more than 60 words, or one that repeats 6 words of the task in a row,
+    scores 0."""
     keywords = row.get("keywords") or []
-    if keywords:
-        words = set(re.findall(r"[a-z0-9]+", text.lower()))
-        return sum(k.lower() in words for k in keywords) / len(keywords)
-    return sum(c.isdigit() for c in text) / len(text) if text else 0.0
+    if not keywords:
+        return sum(c.isdigit() for c in text) / len(text) if text else 0.0
+    words = _words(text)
+    if not MIN_WORDS <= len(words) <= MAX_WORDS or _echoes(words, _words(row.get("prompt", ""))):
+        return 0.0
+    used = set(_words(QUOTED.sub(" ", text)))
+    return sum(k.lower() in used for k in keywords) / len(keywords)
+
+
+def _echoes(words: list[str], task: list[str]) -> bool:
+    """Whether ``words`` hold ECHO consecutive words of the task."""
+    spans = {tuple(task[i : i + ECHO]) for i in range(len(task) - ECHO + 1)}
+    return any(tuple(words[i : i + ECHO]) in spans for i in range(len(words) - ECHO + 1))
 
 
 def run(base_url: str, api_key: str, episode_id: str, row: dict) -> dict[str, float]:

@@ -11,4 +11,4 @@ from .program import score
 
 def reward(ctx: RolloutContext, samples: list[Sample]) -> float:
     writer = next(s for s in samples if s.agent == "writer")
-    return score(writer.metadata["final"], writer.metadata)
+    return score(writer.metadata["final"], {"prompt": writer.prompt, **writer.metadata})
