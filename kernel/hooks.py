@@ -108,20 +108,15 @@ def load_recipe_config(path: str | None, args: Mapping[str, Any]) -> Any:
 
 
 def _built(cls: type, args: Mapping[str, Any], where: str) -> Any:
-    """``cls(**args)``, each value first read as its field's type (pydantic, lax: the flag
+    """``cls(**args)``, each value first read as its field's type (``as_field_types``: the flag
     ``--recipe_args.max_turns 3`` arrives as the string "3" and is the int 3; a string field
     keeps "1" a string), so a wrong type fails naming the key, not inside ``validate``."""
-    hints = _field_types(cls)
-    typed = dict(args)
-    for key, value in args.items():
-        if key in hints:
-            try:
-                typed[key] = TypeAdapter(hints[key]).validate_python(value)
-            except ValidationError as e:
-                reason = e.errors()[0]["msg"]
-                raise HookError(
-                    f"recipe_args.{key}: {value!r} does not fit {where}.{key} ({reason})"
-                ) from None
+    try:
+        typed = as_field_types(cls, args)
+    except FieldTypeError as e:
+        raise HookError(
+            f"recipe_args.{e.key}: {e.value!r} does not fit {where}.{e.key} ({e.reason})"
+        ) from None
     try:
         config = cls(**typed)
     except TypeError as e:  # an unknown or missing key, named by the dataclass
@@ -131,16 +126,36 @@ def _built(cls: type, args: Mapping[str, Any], where: str) -> Any:
     return config
 
 
-def _field_types(cls: type) -> dict[str, Any]:
-    """A dataclass's field types, resolved (None for a class that is not one or whose hints
-    do not resolve: its values are passed as given)."""
-    if not dataclasses.is_dataclass(cls):
-        return {}
-    try:
-        hints = typing.get_type_hints(cls)
-    except Exception:  # a hint naming what the module cannot resolve at run time
-        return {}
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.name in hints}
+class FieldTypeError(ValueError):
+    """A value that does not fit its dataclass field's type: the field's ``key``, the
+    ``value``, the type ``expected`` (as written) and pydantic's ``reason``."""
+
+    def __init__(self, key: str, value: Any, expected: str, reason: str) -> None:
+        super().__init__(f"{key}: {value!r} is not a valid {expected} ({reason})")
+        self.key, self.value, self.expected, self.reason = key, value, expected, reason
+
+
+def as_field_types(cls: type, values: Mapping[str, Any]) -> dict[str, Any]:
+    """``values`` each read as the type of ``cls``'s field of that key (pydantic, lax: the YAML
+    or flag string "1e-5" is a float, "fast" is not); a key that is no field, or a class whose
+    hints do not resolve, passes its value as given. FieldTypeError names the first misfit."""
+    hints: dict[str, Any] = {}
+    if dataclasses.is_dataclass(cls):
+        try:
+            hints = typing.get_type_hints(cls)
+        except Exception:  # a hint naming what the module cannot resolve at run time
+            hints = {}
+    typed = dict(values)
+    for key, value in values.items():
+        if key not in hints:
+            continue
+        try:
+            typed[key] = TypeAdapter(hints[key]).validate_python(value)
+        except ValidationError as e:
+            hint = hints[key]
+            expected = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
+            raise FieldTypeError(key, value, expected, e.errors()[0]["msg"]) from None
+    return typed
 
 
 def recipe_config(value: Any, cls: type) -> Any:

@@ -109,7 +109,7 @@ class Gateway:
     """The episodes of a run and the app that serves them (``app``)."""
 
     def __init__(
-        self, agents: dict[str, Any], api_key: str | None, per_call: bool = False, max_calls=64
+        self, agents: dict[str, Any], api_key: str | None, per_call: bool, max_calls: int
     ) -> None:
         self.agents, self.per_call, self.max_calls = agents, per_call, max_calls
         self.episodes: dict[str, Episode] = {}

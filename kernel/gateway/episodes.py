@@ -70,15 +70,19 @@ def _arguments(text: Any) -> Any:
     return text
 
 
+def _calls(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A message's tool calls as ``{"name", "arguments"}``, the arguments by value."""
+    return [
+        {"name": c["function"]["name"], "arguments": _arguments(c["function"]["arguments"])}
+        for c in message.get("tool_calls") or ()
+    ]
+
+
 def canonical(message: dict[str, Any], where: str) -> tuple:
     """What identifies a message when a client echoes it back (content, tool calls by name and
     argument values; their ids and formatting aside)."""
-    role = message["role"]
-    calls = tuple(
-        (c["function"]["name"], json.dumps(_arguments(c["function"]["arguments"]), sort_keys=True))
-        for c in message.get("tool_calls") or ()
-    )
-    return (role, text_of(message.get("content"), where), calls)
+    calls = tuple(json.dumps(call, sort_keys=True) for call in _calls(message))
+    return (message["role"], text_of(message.get("content"), where), calls)
 
 
 def rendered(message: dict[str, Any], where: str) -> tuple[str, str]:
@@ -86,12 +90,8 @@ def rendered(message: dict[str, Any], where: str) -> tuple[str, str]:
     message as a system one."""
     role = "system" if message["role"] == "developer" else message["role"]
     text = text_of(message.get("content"), where)
-    for call in message.get("tool_calls") or ():
-        body = {
-            "name": call["function"]["name"],
-            "arguments": _arguments(call["function"]["arguments"]),
-        }
-        text += f"{chr(10) if text else ''}<tool_call>\n{json.dumps(body)}\n</tool_call>"
+    for call in _calls(message):
+        text += f"{chr(10) if text else ''}<tool_call>\n{json.dumps(call)}\n</tool_call>"
     return role, text
 
 

@@ -17,6 +17,7 @@ import copy
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
+import yaml
 from pydantic import TypeAdapter, ValidationError
 
 from kernel.conversation import Conversation
@@ -231,11 +232,9 @@ def with_settings(agents: list, settings: list[str]) -> list:
     replaces it. A bare name becomes its spec first (sharing the first agent's model, as bare
     names do). The result is validated like any spec; a setting without ``=``, an agent the run
     does not have, or a FIELD that is not a section is refused naming the flag."""
-    import yaml
-
     if not settings:
         return agents
-    first = agents[0] if isinstance(agents[0], str) else _name_of(agents[0])
+    first = _name_of(agents[0])
     specs = [_as_dict(a, first) for a in agents]
     by_name = {d["name"]: d for d in specs}
     for item in settings:
@@ -263,6 +262,9 @@ def with_settings(agents: list, settings: list[str]) -> list:
 
 
 def _name_of(agent) -> str:
+    """The name of one entry of ``TrainConfig.agents``: a bare name, a dict or a spec."""
+    if isinstance(agent, str):
+        return agent
     return agent["name"] if isinstance(agent, dict) else agent.name
 
 

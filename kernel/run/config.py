@@ -15,20 +15,23 @@ applied); each entry point (train, eval, collect, sft, dpo, launch) resolves it 
 from __future__ import annotations
 
 import shlex
-import typing
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import TypeAdapter, ValidationError
 
 from kernel.advantages import AdvantageConfig, get_estimator
 from kernel.buffer import DataConfig
 from kernel.engine.pool import EngineConfig
 from kernel.env.spec import env_specs
-from kernel.hooks import default_recipe_config, load_recipe_config
+from kernel.hooks import (
+    FieldTypeError,
+    as_field_types,
+    default_recipe_config,
+    load_recipe_config,
+)
 from kernel.loss import LossConfig
 from kernel.metrics import LogConfig
 from kernel.rewards import RewardConfig
@@ -607,18 +610,10 @@ def _override(section, overrides: dict[str, Any], where: str):
     unknown = sorted(set(overrides) - names)
     if unknown:
         raise ValueError(f"{where}: unknown key(s) {unknown}; valid keys: {sorted(names)}")
-    hints = typing.get_type_hints(type(section))
-    typed = {}
-    for key, value in overrides.items():
-        try:
-            typed[key] = TypeAdapter(hints[key]).validate_python(value)
-        except ValidationError as e:
-            hint = hints[key]
-            expected = hint.__name__ if isinstance(hint, type) else str(hint).replace("typing.", "")
-            reason = e.errors()[0]["msg"]
-            raise ValueError(
-                f"{where}.{key}: {value!r} is not a valid {expected} ({reason})"
-            ) from None
+    try:
+        typed = as_field_types(type(section), overrides)
+    except FieldTypeError as e:
+        raise ValueError(f"{where}.{e}") from None
     result = replace(section, **typed)
     try:
         result.validate()
