@@ -47,6 +47,7 @@ failed or the code raised), ``syntax_error``, ``timeout`` (wall clock or CPU lim
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import contextlib
 import ctypes
@@ -168,6 +169,22 @@ else:
 out.write(json.dumps(report))
 out.flush()
 """
+
+
+_PARSE_LOCK = threading.Lock()
+
+
+def parse_python(source: str, mode: str = "exec") -> ast.AST:
+    """``ast.parse(source, mode=mode)``, safe to call from several threads at once.
+
+    CPython before 3.11.8 / 3.12.2 keeps the AST builder's recursion depth in state shared by
+    all threads (gh-106905): when a garbage collection inside one thread's parse runs Python
+    code and another thread parses meanwhile, the parse fails with ``SystemError: AST
+    constructor recursion depth mismatch``. Scorers and tools parse model-written code in
+    worker threads (``asyncio.to_thread``), so every parse of it goes through this one lock;
+    tests/test_sandbox.py::test_parsing_from_many_threads_never_fails reproduces the race."""
+    with _PARSE_LOCK:
+        return ast.parse(source, mode=mode)
 
 
 class SandboxUnavailable(RuntimeError):

@@ -11,6 +11,8 @@ import asyncio
 import contextlib
 import os
 import socket
+import subprocess
+import sys
 import threading
 
 import pytest
@@ -206,3 +208,63 @@ def test_config_names_the_bad_field():
 def test_zz_escape_count():
     print(f"sandbox escapes tried: {len(ESCAPES)}, all failed")
     assert len(ESCAPES) >= 20
+
+
+# ---- parsing model-written code from worker threads -------------------------------------------
+
+_PARSE_RACE = r"""
+import ast, gc, sys, threading
+from kernel.sandbox import parse_python
+
+sys.setswitchinterval(1e-6)  # switch threads as often as possible
+gc.set_threshold(10, 1, 1)  # collect inside the AST builder's allocations
+
+
+class Finalized:  # a collection runs Python code, so another thread may parse meanwhile
+    def __del__(self):
+        sum(range(1000))
+
+
+SOURCE = "def check(f):\n" + "".join(
+    f"    assert f({i} * 19 * (19 + 3)) == [3, 19, [1, [2, [3]]]]\n" for i in range(100)
+)
+
+
+def failures(parse):
+    found = []
+
+    def work():
+        for _ in range(100):
+            a, b = Finalized(), Finalized()
+            a.other, b.other = b, a
+            del a, b
+            try:
+                parse(SOURCE)
+            except SystemError as exc:
+                found.append(exc)
+                return
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return len(found)
+
+
+print(failures(ast.parse), failures(parse_python))
+"""
+
+
+def test_parsing_from_many_threads_never_fails():
+    """code_pair's checks and the calculator tool parse in worker threads; CPython 3.11.7's
+    ``ast.parse`` fails there with "AST constructor recursion depth mismatch" when a garbage
+    collection runs Python code mid-parse (gh-106905: it failed the README's test command on
+    CI). ``parse_python`` serialises the parses; the raw count is printed for comparison."""
+    out = subprocess.run(
+        [sys.executable, "-c", _PARSE_RACE], capture_output=True, text=True, timeout=120
+    )
+    assert out.returncode == 0, out.stderr
+    raw, ours = map(int, out.stdout.split())
+    print(f"threads failing a parse: ast.parse {raw} of 4, parse_python {ours} of 4")
+    assert ours == 0

@@ -52,7 +52,7 @@ import httpx
 from kernel.answers import doubt
 from kernel.auth import read_key_file
 from kernel.env import BadAction, Observation
-from kernel.sandbox import Sandbox, SandboxConfig
+from kernel.sandbox import Sandbox, SandboxConfig, parse_python
 
 TAGS = ("calculator", "python", "search", "read", "answer")
 # Where a tag opens; a path holds no '"' or '<', so each try stops at the next '<' (the scan is
@@ -126,7 +126,7 @@ def calculate(expression: str) -> int | float:
     if len(text) > MAX_EXPRESSION_CHARS:
         raise ValueError(f"an expression has at most {MAX_EXPRESSION_CHARS} characters")
     try:
-        tree = ast.parse(text, mode="eval").body
+        tree = parse_python(text, mode="eval").body
     except SyntaxError:
         raise ValueError(f"not an arithmetic expression: {text[:80]!r}") from None
     except (RecursionError, MemoryError):

@@ -9,6 +9,8 @@ from __future__ import annotations
 import ast
 import re
 
+from kernel.sandbox import parse_python
+
 _FENCE = re.compile(r"```(?:python|py)?[ \t]*\n(.*?)(?:```|$)", re.DOTALL)
 
 
@@ -22,7 +24,7 @@ def extract_code(reply: str) -> str:
 def parse(code: str) -> ast.Module | None:
     """The module's syntax tree, or None when it does not parse."""
     try:
-        return ast.parse(code)
+        return parse_python(code)
     except (SyntaxError, ValueError, RecursionError, MemoryError):  # nested past the parser
         return None
 

@@ -50,10 +50,12 @@ def dump(value: object) -> str:
 def load(text: str) -> object:
     """The value ``dump`` wrote, built from the text's syntax tree (nothing is evaluated);
     ValueError for anything but plain-data literals."""
-    import ast  # here, not at the top: the sandboxed children only dump
+    import ast  # here, not at the top: the sandboxed children only dump (standard library only)
+
+    from kernel.sandbox import parse_python
 
     try:
-        tree = ast.parse(text, mode="eval")
+        tree = parse_python(text, mode="eval")
     except (SyntaxError, ValueError, RecursionError, MemoryError) as exc:
         raise ValueError(f"not plain data: {type(exc).__name__}") from None
 

@@ -30,6 +30,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from kernel.buffer import DataError, RowError, dedup, is_data_file, open_dataset
+from kernel.sandbox import parse_python
 from recipes.math_solver_verifier.reward import extract_answer, score
 
 OFFLINE = ", or use the offline source 'reasoning_gym'"
@@ -354,7 +355,7 @@ def canonical_key(row: Mapping[str, Any]) -> str:
     words_around = len(prompt.replace(expr, " ").split()) if expr else 0
     if any(op in expr for op in "+-*/") and words_around <= _MAX_INSTRUCTION_WORDS:
         try:
-            return "arith:" + _text(*_signed(ast.parse(expr, mode="eval")))
+            return "arith:" + _text(*_signed(parse_python(expr, mode="eval")))
         except (SyntaxError, ValueError):
             pass
     return "text:" + " ".join(prompt.lower().split())
