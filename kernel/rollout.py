@@ -27,11 +27,18 @@ prompt_agent``) then give CoMLRL's cross-mode advantages.
 Dynamic sampling (DAPO) is a group filter: with ``drop_constant_groups`` a group whose
 trainable samples all have the same reward (per agent) carries no signal and is dropped; the
 loop refills from the buffer.
+
+Partial rollouts (``rollout.over_sample``): ``start`` rolls one group out on its own, as a
+``Flight`` the runtime waits for, carries into the next step or cancels; what its episodes
+have generated so far is counted in ``Flight.tokens`` (through ``EPISODE_TOKENS``), so a
+cancelled group's cost is known.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import copy
 import dataclasses
 import itertools
@@ -44,6 +51,13 @@ from kernel.rewards import RewardConfig, apply_weighting, assign_rewards
 from kernel.sample import Sample, Status
 
 log = logging.getLogger(__name__)
+
+
+EPISODE_TOKENS: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "episode_tokens", default=None
+)
+"""In a ``Flight``'s episodes: a one-element list, the tokens its engine replies have held so far
+(``AgentHandle.generate`` adds to it); None elsewhere."""
 
 
 class EpisodeAborted(Exception):
@@ -89,6 +103,25 @@ class RolloutStats:
 
     def as_metrics(self) -> dict[str, float]:
         return {f"rollout/{k}": float(v) for k, v in dataclasses.asdict(self).items()}
+
+
+@dataclass
+class Flight:
+    """One prompt group rolling out on its own (``RolloutManager.start``): awaiting ``task``
+    gives its ``GroupResult`` and ``RolloutStats``."""
+
+    group: list[Sample]  # the PENDING seeds, as handed out by the buffer
+    step: int  # the step that started it
+    task: asyncio.Future
+    tokens: list[int]  # [tokens its episodes' engine replies held so far]
+
+    async def cancel(self) -> int:
+        """Stop it (its episodes' requests end at their current turn); the tokens it had
+        generated, now discarded."""
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        return self.tokens[0]
 
 
 def _copy(s: Sample) -> Sample:
@@ -233,6 +266,18 @@ class RolloutManager:
                 log.warning("reward weighting of episode %s failed: %r", ep[0].key, e)
                 for s in ep:
                     s.raw_reward = s.reward = None
+
+    def start(self, ctx: RolloutContext, group: list[Sample], step: int) -> Flight:
+        """Roll ``group`` out in a task of its own (partial rollouts); ``step``: the step it
+        starts in. Its stats count its episodes, failures and reward time (not ``seconds``)."""
+        tokens = [0]
+
+        async def fly() -> tuple[GroupResult, RolloutStats]:
+            EPISODE_TOKENS.set(tokens)  # this task's context, which its episodes copy
+            stats = RolloutStats()
+            return await self._group(ctx, group, stats), stats
+
+        return Flight(group, step, asyncio.ensure_future(fly()), tokens)
 
     async def run(
         self, ctx: RolloutContext, groups: list[list[Sample]], drop_constant_groups: bool = False

@@ -51,6 +51,7 @@ SECTIONS = {
 # dict gives the fields that must come with it (an engine's lora_paths needs enable_lora).
 VALUES = {
     ("rollout", "top_p"): 0.9,
+    ("rollout", "leftover"): "abort",
     ("optim", "betas"): (0.8, 0.99),
     ("optim", "decay"): "cosine",
     ("optim", "dtype"): "bfloat16",

@@ -23,7 +23,7 @@ from pydantic import TypeAdapter, ValidationError
 from kernel.conversation import Conversation
 from kernel.engine.batcher import RequestBatcher
 from kernel.engine.pool import EnginePool
-from kernel.rollout import EpisodeAborted
+from kernel.rollout import EPISODE_TOKENS, EpisodeAborted
 from kernel.train.trainer import BACKENDS
 
 
@@ -47,6 +47,8 @@ RUN_WIDE: dict[str, dict[str, str]] = {
     "rollout": {
         "concurrency": "it bounds the episodes in flight, and one episode plays every agent",
         "timeout_s": "it bounds one episode, every agent's turns in it together",
+        "over_sample": "a step keeps or carries whole prompt groups, every agent's samples",
+        "leftover": "a step keeps or carries whole prompt groups, every agent's samples",
     },
 }
 """Per section, the fields only the run's own section sets (field -> why): an agent's spec
@@ -91,7 +93,8 @@ class AgentSpec:
     rollout: dict[str, Any] = field(default_factory=dict)
     """Overrides of the run's rollout section for this agent, also on a shared model: its
     sampling (temperature, top_p) and lengths (max_response_len, max_context_len).
-    concurrency and timeout_s are run-wide (one episode plays every agent): refused here."""
+    concurrency, timeout_s, over_sample and leftover are run-wide (one episode plays every
+    agent): refused here."""
     optim: dict[str, Any] = field(default_factory=dict)
     """Overrides of the run's optim section for this agent's model, every field (lr,
     weight_decay, betas, warm-up and decay, grad_clip, dtype): its trainer's."""
@@ -336,9 +339,12 @@ class AgentHandle:
         engine could serve it (the prompt group is then rolled out again later)."""
         params = {"max_new_tokens": self.max_response_len, **self.sampling, **(sampling or {})}
         try:
-            return await self.batcher.submit(input_ids, params, lora_path=self.lora_path)
+            result = await self.batcher.submit(input_ids, params, lora_path=self.lora_path)
         except EpisodeAborted as e:
             raise EpisodeAborted(f"agent {self.name!r}: {e}") from e
+        if (count := EPISODE_TOKENS.get()) is not None:  # a partial rollout's episode
+            count[0] += len(result.output_ids)
+        return result
 
     async def generate_group(
         self, input_ids: list[int], n: int, sampling: dict[str, Any] | None = None

@@ -18,7 +18,7 @@ import shlex
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 
@@ -64,6 +64,15 @@ class RolloutConfig:
     timeout_s: float = 600.0
     """Per-episode timeout; a timed-out episode is marked failed and masked out (run-wide: an
     agent's spec cannot set it)."""
+    over_sample: int = 0
+    """Partial rollouts: start this many prompt groups beyond data.prompts_per_step each step
+    and train on the first prompts_per_step that finish, so a step does not wait for its
+    slowest episodes (0: off, every group handed out is waited for; run-wide)."""
+    leftover: Literal["carry", "abort"] = "carry"
+    """With over_sample, the groups still running when a step has its groups: carry -- they
+    run on into the next step, each turn tagged with the weight version that made it (TIS
+    corrects them, max_staleness bounds them); abort -- they are cancelled, their prompts
+    requeued and what they generated discarded (counted)."""
 
     def validate(self) -> None:
         if self.temperature < 0:
@@ -79,6 +88,10 @@ class RolloutConfig:
             )
         if self.concurrency < 1 or self.timeout_s <= 0:
             raise ValueError("rollout.concurrency must be >= 1 and rollout.timeout_s > 0")
+        if self.over_sample < 0:
+            raise ValueError(f"rollout.over_sample must be >= 0, got {self.over_sample}")
+        if self.leftover not in ("carry", "abort"):
+            raise ValueError(f"rollout.leftover must be carry or abort, got {self.leftover!r}")
 
 
 @dataclass
@@ -276,6 +289,16 @@ class TrainConfig:
             raise ValueError(f"replay_groups must be >= 0, got {self.replay_groups}")
         if self.async_mode and self.max_staleness < 1:
             raise ValueError("async_mode needs max_staleness >= 1 (its samples are one step old)")
+        if self.async_mode and self.rollout.over_sample:
+            raise ValueError(
+                "async_mode with rollout.over_sample: choose one (both overlap the next step's "
+                "rollout with this one's training; carried groups already run on into it)"
+            )
+        if self.rollout.over_sample and self.rollout.leftover == "carry" and self.max_staleness < 1:
+            raise ValueError(
+                "rollout.leftover carry needs max_staleness >= 1: a carried group finishes on "
+                "the next step's weights, one version after it started"
+            )
         if not self.data.path:
             raise ValueError("data.path is empty: give a .jsonl/.parquet file or a dataset name")
         self._check_jobs(specs, models)
@@ -319,6 +342,11 @@ class TrainConfig:
             raise ValueError(
                 "max_minutes with agents as independent jobs: the jobs of a run take the same "
                 "num_steps (a partner would wait for batches that never come)"
+            )
+        if remote and self.rollout.over_sample:
+            raise ValueError(
+                "rollout.over_sample with remote agents: a producing job commits each step's "
+                "groups to its partners; use queue.max_lag to let it run ahead"
             )
         if remote and self.async_mode:
             raise ValueError(

@@ -21,6 +21,9 @@ Read ``_train`` top to bottom. Per step:
 ``max_minutes`` ends a run early: the step whose rollout ends past the limit is the last one,
 evaluated and checkpointed as such.
 
+With ``rollout.over_sample`` (partial rollouts, ``Runtime.rollout``) a step trains on the first
+prompt groups that finish; the others run on into the next step or are cancelled and requeued.
+
 In ``async_mode`` the rollout of step k+1 runs while step k trains (one step off-policy): the
 samples carry the weight versions that made them, the staleness is logged and bounded, and
 truncated importance sampling (``loss.tis_cap``, else ``loss.stale_tis_cap`` for batches with

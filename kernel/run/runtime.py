@@ -49,7 +49,7 @@ from kernel.hooks import (
 from kernel.metrics import MetricsLogger
 from kernel.models import check_model, load_tokenizer, materialize_model
 from kernel.redact import redact
-from kernel.rollout import GroupResult, RolloutManager, RolloutStats
+from kernel.rollout import Flight, GroupResult, RolloutManager, RolloutStats
 from kernel.run.agents import AgentHandle, AgentSpec
 from kernel.run.checkpoint import checkpoints, resume_from, rng_state, save
 from kernel.run.config import ModelPlan, ModelSettings, RunPlan, TrainConfig
@@ -162,6 +162,7 @@ class Runtime:
     queue: JobQueue | None = None  # agents as independent jobs (kernel.run.jobs): the run's Redis
     remote: tuple[str, ...] = ()  # the agents other jobs play (kernel.run.jobs)
     critic: Critic | None = None  # critic.scope run (MAAC): the run's one value model
+    carried: list[Flight] = field(default_factory=list)  # over_sample: groups still rolling out
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -292,7 +293,8 @@ class Runtime:
         """Close every client, sync, trainer and the logger; each is closed even when closing
         another fails (a dead node's engines, a lost queue), so no trainer's ranks outlive the
         run holding their GPUs; the first failure is raised at the end."""
-        steps = list(self.ctx.closers)  # what the hooks started, while the engines still run
+        steps = [f.cancel for f in self.carried]  # partial rollouts still in flight
+        steps += self.ctx.closers  # what the hooks started, while the engines still run
         steps += [self.ctx.agents[agent].clients[0].aclose for agent in self.remote]
         if self.queue is not None:
             steps.append(self.queue.aclose)
@@ -320,6 +322,8 @@ class Runtime:
     async def rollout(self, step: int) -> Batch:
         """Roll out prompts_per_step groups; refill groups dropped (DAPO) or aborted."""
         cfg = self.cfg
+        if cfg.rollout.over_sample:
+            return await self._partial_rollout(step)
         want = cfg.data.prompts_per_step
         results: list[GroupResult] = []
         handed_out: list[list[Sample]] = []
@@ -335,6 +339,73 @@ class Runtime:
             if len(results) >= want:
                 break
         return Batch(results, handed_out, total, {"rollout/groups": float(len(results))})
+
+    async def _partial_rollout(self, step: int) -> Batch:
+        """Partial rollouts (``rollout.over_sample``, slime's APRIL): keep prompts_per_step +
+        over_sample groups rolling out (those carried from the last step first) and return the
+        first prompts_per_step that finish; each dropped (DAPO) or aborted group is replaced, up
+        to max_refill_rounds x prompts_per_step times. The groups still running then carry on
+        into the next step (``leftover: carry``; a checkpoint saves them as requeued) or are
+        cancelled and requeued (``abort``). No prompt is lost or trained on twice."""
+        cfg = self.cfg
+        want, refills = cfg.data.prompts_per_step, cfg.data.prompts_per_step * cfg.max_refill_rounds
+        flights, self.carried = self.carried, []
+        handed_out: list[list[Sample]] = []
+
+        def launch(n: int) -> None:
+            for group in self.buffer.next_groups(n):
+                handed_out.append(group)
+                flights.append(self.manager.start(self.ctx, group, step))
+
+        launch(max(0, want + cfg.rollout.over_sample - len(flights)))
+        results: list[GroupResult] = []
+        ages: list[int] = []  # of the kept groups, the steps since each started
+        total, t0 = RolloutStats(), time.perf_counter()
+        try:
+            while len(results) < want and flights:
+                await asyncio.wait([f.task for f in flights], return_when=asyncio.FIRST_COMPLETED)
+                for f in [f for f in flights if f.task.done()]:
+                    flights.remove(f)
+                    if len(results) == want:  # finished beyond this step's need: the next's
+                        self.carried.append(f)
+                        continue
+                    result, stats = f.task.result()
+                    total.add(stats)
+                    if result.aborted:
+                        total.aborted_groups += 1
+                        self.buffer.requeue(result.group)
+                    elif cfg.dynamic_sampling and result.constant_reward():
+                        total.dropped_groups += 1
+                    else:
+                        results.append(result)
+                        ages.append(step - f.step)
+                        continue
+                    if refills:
+                        refills -= 1
+                        launch(1)
+        except BaseException:
+            for f in flights:  # the step failed: nothing of it runs on
+                await f.cancel()
+            raise
+        discarded, cancelled = 0, 0
+        if cfg.rollout.leftover == "abort":
+            cancelled = len(flights)
+            for f in flights:
+                discarded += await f.cancel()
+                self.buffer.requeue(f.group)
+        else:
+            self.carried += flights
+        total.seconds = time.perf_counter() - t0
+        carried = [a for a in ages if a > 0]
+        metrics = {
+            "rollout/groups": float(len(results)),
+            "rollout/carried_groups": float(len(carried)),  # kept, started in an earlier step
+            "rollout/carried_age": sum(carried) / len(carried) if carried else 0.0,
+            "rollout/in_flight_groups": float(len(self.carried)),  # carried on into the next
+            "rollout/cancelled_groups": float(cancelled),
+            "rollout/discarded_tokens": float(discarded),
+        }
+        return Batch(results, handed_out, total, metrics)
 
     async def critic_step(self, samples: list[Sample]) -> dict[str, float]:
         """MAAC (``critic.scope: run``): the run's one critic values the samples of every
@@ -411,10 +482,13 @@ class Runtime:
                 # checked on the first prompt it trained on (SyncConfig.check_tokens)
                 first = next(iter(m.own(samples)), None)
                 probe, agent = (first.prompt_ids, first.agent) if first else (None, None)
-                # no rollout runs beside a synchronous sync; colocated engines were paused
+                # no rollout runs beside a synchronous sync (but carried partial rollouts
+                # do, and async mode's next one); colocated engines were paused
                 # for their release (train_step) and wait for this push's continue; a
                 # consuming job's engines serve another job's rollouts (kernel.run.jobs)
-                idle = not (self.cfg.async_mode or m.colocate or self.cfg.queue.consume)
+                idle = not (
+                    self.cfg.async_mode or self.carried or m.colocate or self.cfg.queue.consume
+                )
                 metrics.append(
                     await m.sync.push(m.trainer, m.version, probe, idle=idle, agent=agent)
                 )
@@ -436,6 +510,7 @@ class Runtime:
         checkpoint before it. The groups of a rollout in flight (async mode) are requeued by
         it: that rollout finishes quickly once training is done; simplest and exact."""
         in_flight = [] if next_batch is None else (await next_batch).handed_out
+        in_flight += [f.group for f in self.carried]  # partial rollouts running on
         state = {
             "step": step,
             "weight_versions": {m.owner: m.version for m in self.models},

@@ -1,0 +1,110 @@
+"""What partial rollouts buy: a recipe's preset trained with ``rollout.over_sample`` (the first
+groups that finish are trained on; the rest carry on into the next step, or are cancelled with
+``--leftover abort``) against the same preset waiting for every group, as a user runs it.
+
+Both arms are ``MODE=cpu PRESET=P bash recipes/R/run.sh --num_steps N`` with no evaluation: the
+same model, data, seed and steps; whole processes, one after the other. The figures are over
+steps 2..N (the first warms up): episodes trained per second of step time (the step's groups x
+episodes per group ÷ ``time/step_s``), the step and rollout times, and for the partial arm how
+many groups it carried, how old they were (steps) and how stale their samples (weight
+versions). The ratio partial ÷ full of episodes/s is the speed-up; the held-out skill at equal
+steps is a learning run's question (scripts/bench_learning.py, one arm each), not this one's.
+
+    .venv/bin/python scripts/bench_partial.py --recipe takes_two --preset learn --steps 5
+    .venv/bin/python scripts/bench_partial.py --recipe deep_research --preset learn
+    .venv/bin/python scripts/bench_partial.py --recipe gym --preset tools
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scripts.provenance import add_output_flags, stamp, write_outputs  # noqa: E402
+
+
+def run_arm(recipe: str, preset: str, steps: int, flags: list[str], out: Path) -> dict:
+    """One training run of the preset with ``flags``; its figures over steps 2..N."""
+    cmd = ["bash", f"recipes/{recipe}/run.sh", "--num_steps", str(steps), "--seed", "0"]
+    cmd += ["--eval.every", "0", "--eval.at_start", "false", *flags]
+    env = os.environ | {"MODE": "cpu", "PRESET": preset, "OUT": str(out)}
+    t0 = time.perf_counter()
+    done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed:\n{done.stderr[-3000:]}")
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    config = json.loads((out / "config.json").read_text())
+    per_group = config["data"]["n_samples_per_prompt"]
+    timed = rows[1:]
+    step_s = sum(r["time/step_s"] for r in timed)
+    stale = [v for r in timed for k, v in r.items() if k.endswith("/staleness")]
+    return {
+        "flags": flags,
+        "episodes_per_s": sum(r["rollout/groups"] * per_group for r in timed) / step_s,
+        "step_s": step_s / len(timed),
+        "rollout_s": sum(r["time/rollout_s"] for r in timed) / len(timed),
+        "train_s": sum(r["time/train_s"] for r in timed) / len(timed),
+        "carried_groups": sum(r.get("rollout/carried_groups", 0.0) for r in timed),
+        "carried_age": max((r.get("rollout/carried_age", 0.0) for r in timed), default=0.0),
+        "staleness": sum(stale) / len(stale) if stale else 0.0,
+        "cancelled_groups": sum(r.get("rollout/cancelled_groups", 0.0) for r in timed),
+        "discarded_tokens": sum(r.get("rollout/discarded_tokens", 0.0) for r in timed),
+        "wall_s": time.perf_counter() - t0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--recipe", required=True, help="takes_two | deep_research | gym | ...")
+    parser.add_argument("--preset", default="learn", help="the recipe's preset (default learn)")
+    parser.add_argument("--steps", type=int, default=5, help="steps per run (the first warms up)")
+    parser.add_argument(
+        "--over", type=int, default=None, help="rollout.over_sample (default: prompts_per_step)"
+    )
+    parser.add_argument("--leftover", default="carry", choices=("carry", "abort"))
+    add_output_flags(parser)
+    args = parser.parse_args()
+    if args.steps < 2:
+        parser.error("--steps must be >= 2 (the first step is a warm-up)")
+    if not (ROOT / "recipes" / args.recipe / "presets" / f"{args.preset}.yaml").exists():
+        parser.error(f"--recipe/--preset: no recipes/{args.recipe}/presets/{args.preset}.yaml")
+    runs = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        full = run_arm(args.recipe, args.preset, args.steps, [], Path(tmp) / "full")
+        config = json.loads((Path(tmp) / "full" / "config.json").read_text())
+        over = args.over or int(config["data"]["prompts_per_step"])
+        partial = ["--rollout.over_sample", str(over), "--rollout.leftover", args.leftover]
+        runs["full"] = full
+        runs["partial"] = run_arm(args.recipe, args.preset, args.steps, partial, Path(tmp) / "p")
+    for arm, r in runs.items():
+        print(
+            f"{arm:8s} {r['episodes_per_s']:6.3f} episodes/s  step {r['step_s']:6.1f} s "
+            f"(rollout {r['rollout_s']:6.1f} s, train {r['train_s']:6.1f} s)  carried "
+            f"{r['carried_groups']:.0f} groups (oldest {r['carried_age']:.0f} steps), "
+            f"staleness {r['staleness']:.2f}, cancelled {r['cancelled_groups']:.0f} "
+            f"({r['discarded_tokens']:.0f} tokens)  [{r['wall_s']:.0f} s]"
+        )
+    ratio = runs["partial"]["episodes_per_s"] / runs["full"]["episodes_per_s"]
+    step_ratio = runs["partial"]["step_s"] / runs["full"]["step_s"]
+    name = f"{args.recipe} --preset {args.preset}"
+    print(
+        f"{name}, over_sample {over} ({args.leftover}), steps 2..{args.steps}: partial ÷ full "
+        f"{ratio:.2f}x episodes/s, step time {step_ratio:.2f}x"
+    )
+    record = stamp() | {"recipe": args.recipe, "preset": args.preset, "steps": args.steps}
+    record |= {"over_sample": over, "leftover": args.leftover, "runs": runs}
+    record["headline"] = {f"{name} episodes/s, partial ÷ full": ratio}
+    write_outputs(args, record)
+
+
+if __name__ == "__main__":
+    main()
