@@ -25,6 +25,10 @@ label with neither is refused, naming it.
 Held-out files are kept apart from their training files by ``canonical_key`` (condition plus
 the set of facts: age, sex, duration and the order of facts do not make another case), and the
 synthetic held-out files also hold conditions no training file has (``HELD_OUT_CONDITIONS``).
+The balanced synthetic cases (``balanced_cases``) are the exception: only their facts give
+their answer (each condition of a group equally often, the true one at each place of the
+candidate list equally often, facts from ``BALANCED_FACTS``, held-out cases on trained
+conditions); ``facts_oracle`` shows the facts decide them.
 
 MTMedDialog (``MTMedDialog_RL.parquet`` of DoctorAgent-RL, or its JSONL export) rows look like::
 
@@ -390,6 +394,11 @@ CONDITIONS_FILE = Path(__file__).with_name("data") / "conditions.yaml"
 read once at import; its comments say what each part is for."""
 
 
+BALANCED_KEY = "balanced_facts"
+"""The part of ``CONDITIONS_FILE`` that says what a balanced case may report
+(``load_balanced_facts``); ``load_conditions`` leaves it alone."""
+
+
 class ConditionTable(NamedTuple):
     """``CONDITIONS_FILE`` as read: the values of the four constants below."""
 
@@ -399,19 +408,27 @@ class ConditionTable(NamedTuple):
     shared_complaints: dict[str, tuple[str, ...]]
 
 
+def _strings(value: Any, where: str) -> tuple[str, ...]:
+    """``value``, a list of non-empty strings, as a tuple; else a ValueError naming ``where``."""
+    if not isinstance(value, list) or not all(isinstance(x, str) and x for x in value):
+        raise ValueError(f"{where} must be a list of non-empty strings")
+    return tuple(value)
+
+
 def load_conditions(path: str | os.PathLike = CONDITIONS_FILE) -> ConditionTable:
     """Read a condition table file (YAML, as ``data/conditions.yaml``); a ValueError names the
     file and the entry that is not as this module expects."""
 
     def strings(value: Any, where: str) -> tuple[str, ...]:
-        if not isinstance(value, list) or not all(isinstance(x, str) and x for x in value):
-            raise ValueError(f"{path}: {where} must be a list of non-empty strings")
-        return tuple(value)
+        return _strings(value, f"{path}: {where}")
 
     table = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
     parts = ("conditions", "durations", "held_out_conditions", "shared_complaints")
-    if not isinstance(table, dict) or set(table) != set(parts):
-        raise ValueError(f"{path}: the table must have exactly the keys {parts}")
+    if not isinstance(table, dict) or set(table) - {BALANCED_KEY} != set(parts):
+        raise ValueError(
+            f"{path}: the table must have exactly the keys {parts} (and may have "
+            f"{BALANCED_KEY!r}: load_balanced_facts)"
+        )
     conditions = []
     for i, entry in enumerate(table["conditions"] or ()):
         if not isinstance(entry, dict) or set(entry) != set(Condition._fields):
@@ -455,6 +472,76 @@ label that is neither here nor gives its own ``label.synonyms``."""
 COMPLAINTS = ("specific", "shared")
 
 
+class BalancedFacts(NamedTuple):
+    """``CONDITIONS_FILE``'s ``balanced_facts`` as read (``load_balanced_facts``)."""
+
+    pools: dict[str, tuple[str, ...]]
+    """Condition (each of the table) -> what a balanced case on it may report: its facts less
+    those with a duration ("{d}") and less its ``drop``, plus its ``add``. No two conditions of
+    a group share one (tests/recipes/test_takes_two_balanced.py)."""
+    added: dict[str, tuple[str, ...]]
+    """Condition -> its ``add`` (empty for none)."""
+
+
+def load_balanced_facts(path: str | os.PathLike = CONDITIONS_FILE) -> BalancedFacts:
+    """Read the ``balanced_facts`` part of a condition table file (as ``data/conditions.yaml``:
+    condition -> {drop: [its facts a balanced case leaves out], add: [new facts]}); a ValueError
+    names the file and the entry that is not as this module expects."""
+    known = {c.diagnosis: c for c in load_conditions(path).conditions}  # a table: a dict
+    entries = yaml.safe_load(Path(path).read_text(encoding="utf-8")).get(BALANCED_KEY) or {}
+    if not isinstance(entries, dict):
+        raise ValueError(f"{path}: {BALANCED_KEY} must map conditions to {{drop, add}}")
+    unknown = sorted(set(entries) - set(known))
+    if unknown:
+        raise ValueError(f"{path}: {BALANCED_KEY} names conditions the table lacks: {unknown}")
+    pools, added = {}, {}
+    for name, condition in known.items():
+        where = f"{path}: {BALANCED_KEY}[{name!r}]"
+        entry = entries.get(name) or {}
+        if not isinstance(entry, dict) or not set(entry) <= {"drop", "add"}:
+            raise ValueError(f"{where} may have the keys 'drop' and 'add' only")
+        drop = _strings(entry.get("drop") or [], f"{where}.drop")
+        add = _strings(entry.get("add") or [], f"{where}.add")
+        if missing := [f for f in drop if f not in condition.facts]:
+            raise ValueError(f"{where}.drop: not facts of {name!r}: {missing}")
+        kept = tuple(f for f in condition.facts if "{d}" not in f and f not in drop)
+        pools[name], added[name] = kept + add, add
+    return BalancedFacts(pools, added)
+
+
+BALANCED_FACTS, ADDED_FACTS = load_balanced_facts()
+"""``BALANCED_FACTS``: condition -> what a balanced case on it may report
+(``BalancedFacts.pools``). ``ADDED_FACTS``: condition -> the facts the table adds for them."""
+
+
+def facts_of(diagnosis: str) -> tuple[str, ...]:
+    """Every fact the table gives a condition ("{d}" for a duration): its seven facts and
+    those added for the balanced set; a ValueError for a condition the table lacks."""
+    for condition in CONDITIONS:
+        if condition.diagnosis == diagnosis:
+            return condition.facts + ADDED_FACTS[diagnosis]
+    raise ValueError(f"condition {diagnosis!r} is not in {CONDITIONS_FILE.name}")
+
+
+def facts_oracle(row: Mapping[str, Any]) -> float:
+    """The expected score of the facts oracle on a synthetic row: given ALL the row's facts, it
+    names the candidate (``candidates``) whose table facts (``facts_of``; compared as
+    ``_fact_key``s, so the duration does not count) hold the most of them, a random one of the
+    tied when several hold as many. 1.0 where every case's facts decide it."""
+    candidates = list(row.get("candidates") or ())
+    if not candidates:
+        raise ValueError("the facts oracle picks among the row's candidates: it has none")
+    told = {_fact_key(str(f)) for f in row.get("facts") or ()}
+    held = {
+        c: len(told & {_fact_key(f.format(d=DURATIONS[0])) for f in facts_of(c)})
+        for c in candidates
+    }
+    tied = [c for c, k in held.items() if k == max(held.values())]
+    label = row.get("label")
+    synonyms = (label.get("synonyms") if isinstance(label, Mapping) else None) or ()
+    return sum(diagnosis_matches(c, _diagnosis_of(row), synonyms) for c in tied) / len(tied)
+
+
 def generate_synthetic(
     n: int,
     seed: int = 0,
@@ -462,6 +549,7 @@ def generate_synthetic(
     exclude: Iterable[Mapping[str, Any]] = (),
     complaints: str = "specific",
     conditions: Sequence[str] | None = None,
+    balanced: bool = False,
 ) -> list[Row]:
     """``n`` synthetic cases, deterministic in ``seed``; case i is on condition
     ``conditions[i % len(conditions)]`` (default: every condition of ``CONDITIONS``, in table
@@ -470,7 +558,8 @@ def generate_synthetic(
     with ``exclude`` given, every row also gets ``unseen_condition`` (``mark_unseen``).
     ``complaints``: "specific" (each condition its own opening complaint) or "shared" (a group's
     conditions open alike: ``SHARED_COMPLAINTS``). Every row names the conditions of its
-    condition's group as ``candidates`` (what a doctor may be told the case is one of)."""
+    condition's group as ``candidates`` (what a doctor may be told the case is one of).
+    ``balanced``: the cases of ``balanced_cases`` instead (with ``complaints="shared"``)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     if not 1 <= facts_per_case <= 7:
@@ -486,6 +575,14 @@ def generate_synthetic(
     groups = {d: list(group) for group in SHARED_COMPLAINTS.values() for d in group}
     exclude = list(exclude)
     seen = {canonical_key(r) for r in exclude}
+    if balanced:
+        if complaints != "shared":
+            raise ValueError(
+                "balanced cases open with their group's shared complaint: "
+                "complaints must be 'shared'"
+            )
+        rows = balanced_cases(n, seed, facts_per_case, names, seen)
+        return mark_unseen(rows, exclude) if exclude else rows
     rng = random.Random(seed)
     rows: list[Row] = []
     for i in range(n):
@@ -518,3 +615,80 @@ def generate_synthetic(
         seen.add(canonical_key(row))
         rows.append(row)
     return mark_unseen(rows, exclude) if exclude else rows
+
+
+def _new_facts(
+    diagnosis: str, facts_per_case: int, rng: random.Random, seen: set[str], made: int, n: int
+) -> list[str]:
+    """``facts_per_case`` of ``BALANCED_FACTS[diagnosis]``, drawn with ``rng`` until their
+    ``canonical_key`` is not in ``seen``; a ValueError when every combination is taken."""
+    pool = BALANCED_FACTS[diagnosis]
+    prefix = normalise_diagnosis(diagnosis) + " | "
+    keys = {_fact_key(f) for f in pool}
+
+    def taken(key: str) -> bool:  # a case on this condition with as many of these facts
+        facts = key[len(prefix) :].split(" + ")
+        return key.startswith(prefix) and len(facts) == facts_per_case and set(facts) <= keys
+
+    if sum(map(taken, seen)) >= math.comb(len(pool), facts_per_case):
+        raise ValueError(
+            f"n: only {made} distinct new cases could be made, {n} asked (every combination "
+            f"of {facts_per_case} of the {len(pool)} balanced facts of {diagnosis!r} is taken)"
+        )
+    while True:  # a combination is left, so this ends
+        facts = rng.sample(pool, facts_per_case)
+        if canonical_key({"label": {"diagnosis": diagnosis}, "facts": facts}) not in seen:
+            return facts
+
+
+def balanced_cases(
+    n: int, seed: int, facts_per_case: int, conditions: Sequence[str], seen: set[str]
+) -> list[Row]:
+    """``n`` cases whose answer only their facts give (``generate_synthetic(balanced=True)``):
+    case i is on ``conditions[i % len(conditions)]``, so ``n`` must be a multiple of their
+    number and each occurs equally often (a group's most common answer is any of its
+    conditions). Each case has its own RNG (seeded by ``seed`` and i) and draws from it, in
+    turn, the opening (age and sex, then its group's shared complaint: nothing of the
+    condition), ``facts_per_case`` of its condition's ``BALANCED_FACTS`` (each tells it apart
+    from every other condition of its group; its ``canonical_key`` not in ``seen``, which
+    gains it) and the order of the other ``candidates`` (its group's conditions among
+    ``conditions``). The true one's place among them is dealt so that, within a group, each
+    place is taken equally often (exactly), and within a condition within one: the j-th case
+    of the c-th condition of a k-condition group takes place ``turn[(c + j) % k]``, ``turn``
+    a seeded shuffle of the group's places."""
+    if n % len(conditions) or len(set(conditions)) != len(conditions):
+        raise ValueError(
+            f"n: balanced cases take each of the {len(conditions)} conditions equally often: "
+            f"n must be a multiple of {len(conditions)} (and no condition named twice), got {n}"
+        )
+    if facts_per_case < 2:
+        raise ValueError("facts_per_case: a balanced case tells its condition apart twice over")
+    table = {c.diagnosis: c for c in CONDITIONS}
+    complaint_of = {d: c for c, group in SHARED_COMPLAINTS.items() for d in group}
+    members = {c: [d for d in g if d in conditions] for c, g in SHARED_COMPLAINTS.items()}
+    turn = {
+        c: random.Random(f"takes_two balanced {seed} {c}").sample(range(len(g)), len(g))
+        for c, g in members.items()
+    }
+    rows: list[Row] = []
+    for i in range(n):
+        cond = table[conditions[i % len(conditions)]]
+        complaint = complaint_of[cond.diagnosis]
+        group = members[complaint]
+        rng = random.Random(f"takes_two balanced {seed} {i}")
+        chief = f"I am a {rng.randint(18, 80)}-year-old {rng.choice(('man', 'woman'))}. {complaint}"
+        facts = _new_facts(cond.diagnosis, facts_per_case, rng, seen, len(rows), n)
+        others = rng.sample([d for d in group if d != cond.diagnosis], len(group) - 1)
+        place = turn[complaint][(group.index(cond.diagnosis) + i // len(conditions)) % len(group)]
+        row = make_row(
+            chief,
+            facts,
+            cond.diagnosis,
+            cond.recommendation,
+            source="synthetic",
+            case=i,
+            candidates=[*others[:place], cond.diagnosis, *others[place:]],
+        )
+        seen.add(canonical_key(row))
+        rows.append(row)
+    return rows

@@ -12,6 +12,11 @@ excludes its training file's cases by ``data.canonical_key`` and marks ``unseen_
     python -m recipes.takes_two.prepare_data --source synthetic --complaints shared --n 128 \\
         --seed 1 --exclude recipes/takes_two/data/train_shared.jsonl \\
         --out recipes/takes_two/data/test_shared.jsonl
+    python -m recipes.takes_two.prepare_data --source synthetic --balanced --n 88 --seed 0 \\
+        --out recipes/takes_two/data/train_balanced.jsonl
+    python -m recipes.takes_two.prepare_data --source synthetic --balanced --n 132 --seed 1 \\
+        --exclude recipes/takes_two/data/train_balanced.jsonl \\
+        --out recipes/takes_two/data/test_balanced.jsonl
     python -m recipes.takes_two.prepare_data --source mtmeddialog \\
         --path MTMedDialog_RL.parquet --out mtmeddialog.jsonl
 
@@ -60,10 +65,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--complaints",
         choices=data.COMPLAINTS,
-        default="specific",
+        default=None,
         help="synthetic: 'specific' (each condition its own opening complaint, which names it "
-        "all but) or 'shared' (conditions of a group open alike; only the patient's facts tell "
-        "them apart)",
+        "all but; the default) or 'shared' (conditions of a group open alike; only the "
+        "patient's facts tell them apart; the default with --balanced)",
+    )
+    p.add_argument(
+        "--balanced",
+        action="store_true",
+        help="synthetic: cases only their facts decide (data.balanced_cases): each condition "
+        "equally often (--n a multiple of the conditions' number), the true condition at each "
+        "place of the candidates equally often, facts that tell it from the rest of its group",
     )
     p.add_argument(
         "--conditions",
@@ -98,8 +110,9 @@ def collect(args: argparse.Namespace) -> list[data.Row]:
     if args.source == "synthetic":
         n = 60 if args.n is None else args.n
         conditions = data.TRAIN_CONDITIONS if args.conditions == "train" else None
+        complaints = args.complaints or ("shared" if args.balanced else "specific")
         return data.generate_synthetic(
-            n, args.seed, args.facts_per_case, exclude, args.complaints, conditions
+            n, args.seed, args.facts_per_case, exclude, complaints, conditions, args.balanced
         )
     if not args.path:
         raise ValueError("--path: --source mtmeddialog needs a .parquet/.jsonl/.json file")
