@@ -18,7 +18,10 @@ Faults stay with the caller they belong to:
 - an engine that fails (5xx, connection) is taken out of rotation (``pool.mark_down``) and the
   batch goes to the next engine; through a router, or with no engine left, every caller of the
   batch gets ``EpisodeAborted`` (its prompt group is rolled out again);
-- a row the engine aborted (weight update in abort mode, shutdown) aborts its own caller only.
+- a row the engine aborted (weight update in abort mode, shutdown) aborts its own caller only;
+- a request whose every caller gave up (an episode timed out, a partial rollout cancelled its
+  group) is cancelled: its connection closes and the engine aborts it, so it stops generating
+  for no one.
 """
 
 from __future__ import annotations
@@ -130,7 +133,9 @@ class RequestBatcher:
             if self.pool is not None and client.base_url in self.pool.down:
                 continue
             try:
-                results = await self._post(client, units)
+                results = await _unless_abandoned(self._post(client, units), units)
+            except _Abandoned:
+                return
             except EngineError as e:
                 if e.status is not None and e.status < 500:
                     if len(units) > 1:  # find the prompt the server refused; the rest go on
@@ -181,6 +186,34 @@ class RequestBatcher:
                 client.base_url,
             )
         return [flat[i * k : (i + 1) * k] for i in range(len(units))]
+
+
+class _Abandoned(Exception):
+    """Every caller of a request gave up on it before it was answered."""
+
+
+async def _unless_abandoned(post, units: list[_Unit]):
+    """Await ``post`` (one request for ``units``), cancelling it as soon as every caller's future
+    is done (cancelled: their episodes were); raises _Abandoned then."""
+    task = asyncio.ensure_future(post)
+    futures = [call.future for unit in units for call in unit.calls]
+
+    def check(_) -> None:
+        if all(f.done() for f in futures) and not task.done():
+            task.cancel()
+
+    for f in futures:
+        f.add_done_callback(check)
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if task.cancelled() and not asyncio.current_task().cancelling():
+            raise _Abandoned from None
+        raise
+    finally:
+        for f in futures:
+            f.remove_done_callback(check)
+        task.cancel()  # this task itself was cancelled: the request with it
 
 
 def _fail(units: list[_Unit], exc: BaseException) -> None:

@@ -151,3 +151,36 @@ def test_an_idle_engine_gathers_requests_sent_apart_into_one_prefill(patient_ser
     assert all(len(r.output_ids) == 6 for r in results)
     assert after["num_prefills"] - before["num_prefills"] == 1
     assert after["num_prefill_rows"] - before["num_prefill_rows"] == 3
+
+
+def test_a_request_every_caller_gave_up_on_is_aborted_on_the_engine(server_a):
+    """A timed-out episode, or a group a partial rollout cancelled, must not keep the engine
+    generating for no one: once every caller of a batched request is cancelled, the batcher
+    closes the request and the engine aborts its rows (one cancelled caller of two is not
+    enough: the other still gets its result)."""
+
+    def state() -> dict:
+        return _state(server_a)
+
+    async def main():
+        async with EngineClient(server_a) as client:
+            batcher = RequestBatcher([client])
+            short, long = ({"max_new_tokens": n, "ignore_eos": True} for n in (300, 1900))
+            aborted = state()["num_aborted_reqs"]
+            kept, dropped = [batcher.submit([1, 2, 3 + i], short) for i in range(2)]
+            while state()["num_running_reqs"] < 2:
+                await asyncio.sleep(0.02)  # both are decoding, in one request
+            dropped.cancel()
+            result = await kept  # the request went on for the caller that waits
+            assert len(result.output_ids) == 300 and state()["num_aborted_reqs"] == aborted
+            both = [batcher.submit([7, 8, 9 + i], long) for i in range(2)]
+            while state()["num_running_reqs"] < 2:
+                await asyncio.sleep(0.02)
+            for call in both:
+                call.cancel()
+            while state()["num_running_reqs"]:
+                await asyncio.sleep(0.05)
+            return state()["num_aborted_reqs"] - aborted, state()["num_finished_reqs"]
+
+    newly_aborted, _ = asyncio.run(main())
+    assert newly_aborted == 2
