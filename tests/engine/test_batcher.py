@@ -153,6 +153,7 @@ def test_an_idle_engine_gathers_requests_sent_apart_into_one_prefill(patient_ser
     assert after["num_prefill_rows"] - before["num_prefill_rows"] == 3
 
 
+@pytest.mark.slow  # 1900 tokens must still be decoding when the callers give up
 def test_a_request_every_caller_gave_up_on_is_aborted_on_the_engine(server_a):
     """A timed-out episode, or a group a partial rollout cancelled, must not keep the engine
     generating for no one: once every caller of a batched request is cancelled, the batcher
