@@ -171,7 +171,9 @@ out.flush()
 """
 
 
-_PARSE_LOCK = threading.Lock()
+PARSE_LOCK = threading.Lock()
+"""Held by every parse of model-written Python in this process (``parse_python``); a caller
+whose library parses Python itself (math-verify's sympy ``parse_expr``) holds it around that."""
 
 
 def parse_python(source: str, mode: str = "exec") -> ast.AST:
@@ -183,7 +185,7 @@ def parse_python(source: str, mode: str = "exec") -> ast.AST:
     constructor recursion depth mismatch``. Scorers and tools parse model-written code in
     worker threads (``asyncio.to_thread``), so every parse of it goes through this one lock;
     tests/test_sandbox.py::test_parsing_from_many_threads_never_fails reproduces the race."""
-    with _PARSE_LOCK:
+    with PARSE_LOCK:
         return ast.parse(source, mode=mode)
 
 

@@ -69,6 +69,7 @@ from kernel.answers import (
 )
 from kernel.hooks import RewardResult, RolloutContext
 from kernel.sample import Sample
+from kernel.sandbox import PARSE_LOCK
 
 THINK_END = "</think>"
 
@@ -352,8 +353,10 @@ def is_equivalent(
     if os.name != "posix" or threading.current_thread() is not threading.main_thread():
         limit = None
     try:
-        gold = parse(f"\\boxed{{{label}}}", extraction_config=_EXTRACTION, parsing_timeout=limit)
-        pred = parse(f"\\boxed{{{answer}}}", extraction_config=_EXTRACTION, parsing_timeout=limit)
+        options = {"extraction_config": _EXTRACTION, "parsing_timeout": limit}
+        with PARSE_LOCK:  # sympy's parse_expr parses Python: not from two threads at once
+            gold = parse(f"\\boxed{{{label}}}", **options)
+            pred = parse(f"\\boxed{{{answer}}}", **options)
         return bool(gold and pred and verify(gold, pred, timeout_seconds=limit))
     except (Exception, TimeoutException):  # TimeoutException is a BaseException
         return False
