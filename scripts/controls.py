@@ -34,12 +34,13 @@ inference tokens: one agent sampled k times, its answers counted.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from kernel.run.results import read_jsonl
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -101,14 +102,6 @@ OFFERED = {
     ("math_solver_verifier", "learn_select"): ("selector", "solver_accuracy"),
     ("debate", "learn"): ("alice", "final_accuracy"),
 }
-
-
-def read_jsonl(path: Path) -> list[dict]:
-    import gzip
-
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt") as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def _rows(path: str, limit: int | None = None) -> list[dict]:

@@ -28,7 +28,6 @@ and with every fact read (the facts oracle: 1.0 where the facts decide every cas
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import sys
 from collections import Counter, defaultdict
@@ -160,10 +159,6 @@ def controls(held_out: list[Row], train: list[Row]) -> dict[str, float]:
     return {name: sum(scores) / len(scores) for name, scores in per_row.items()}
 
 
-def _jsonl(path: Path) -> list[Row]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
-
-
 def controls_main(argv: list[str]) -> None:
     """``--controls HELD_OUT --train TRAIN``: print ``controls`` of a held-out file."""
     parser = argparse.ArgumentParser(
@@ -173,7 +168,7 @@ def controls_main(argv: list[str]) -> None:
     parser.add_argument("--controls", type=Path, required=True, help="held-out .jsonl file")
     parser.add_argument("--train", type=Path, required=True, help="its training .jsonl file")
     args = parser.parse_args(argv)
-    held_out, train = _jsonl(args.controls), _jsonl(args.train)
+    held_out, train = read_jsonl(args.controls), read_jsonl(args.train)
     print(f"{args.controls}: {len(held_out)} cases (training: {args.train}, {len(train)} cases)")
     for name, score in controls(held_out, train).items():
         print(f"  {name:<32} {score:.3f}")
