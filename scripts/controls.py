@@ -30,19 +30,34 @@ A **vote** (``vote_scores``) reads an evaluation file of k sampled episodes per 
 scores 1 when the plurality of the episodes' final answers is right (a tie: the share of the
 tied answers that are right). It is the control a workflow of several agents must beat at equal
 inference tokens: one agent sampled k times, its answers counted.
+
+From the command line, a case set rather than a run (``case_set_controls``)::
+
+    python scripts/controls.py --held-out recipes/takes_two/data/test_balanced.jsonl \
+        --train recipes/takes_two/data/train_balanced.jsonl
+
+prints each control's mean over a held-out file: with candidates (takes_two) ``1/k`` (one over
+the number of candidates: what the candidate controls come to where neither the list's order
+nor the class balance gives the answer away), ``chance among candidates`` and ``first
+candidate``; ``most common answer`` (from the training file); and, for takes_two rows (with
+``facts`` and ``candidates``), the ``facts oracle`` (``recipes.takes_two.data.facts_oracle``:
+every fact of the case read, the candidate whose table facts they are named; 1.0 where the
+facts decide every case).
 """
 
 from __future__ import annotations
 
+import argparse
 import re
+import sys
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from kernel.run.results import read_jsonl
-
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # run as a file: python scripts/controls.py
+from kernel.run.results import read_jsonl  # noqa: E402
 
 Map = dict[int, float]  # held-out row -> score
 
@@ -143,6 +158,31 @@ def candidate_controls(held_out: list[dict], how: Guessing) -> dict[str, Map]:
     return {"chance among candidates": chance, "first candidate": first}
 
 
+def case_set_controls(
+    held_out: list[dict], train: list[dict], recipe: str = "takes_two"
+) -> dict[str, float]:
+    """Each control's mean over the ``held_out`` rows (the command line's table): with
+    candidates on every row, ``1/k`` and ``candidate_controls``; ``most_common_answer`` of the
+    ``train`` rows; for takes_two rows with ``facts`` and ``candidates``, the ``facts oracle``
+    (module docstring). The candidate controls above ``1/k`` say the list's order or the class
+    balance gives the answer away; the facts oracle below 1.0, that some case's facts do not
+    decide it."""
+    if not held_out:
+        raise ValueError("controls: the held-out file has no rows")
+    how = GUESSING[recipe]
+    per_row: dict[str, list[float]] = {}
+    listed = [how.candidates(r) for r in held_out] if how.candidates is not None else []
+    if listed and all(listed):
+        per_row["1/k"] = [1 / len(c) for c in listed]
+        per_row |= {k: list(v.values()) for k, v in candidate_controls(held_out, how).items()}
+    per_row["most common answer"] = list(most_common_answer(held_out, train, how).values())
+    if recipe == "takes_two" and all("facts" in r and r.get("candidates") for r in held_out):
+        from recipes.takes_two.data import facts_oracle
+
+        per_row["facts oracle"] = [facts_oracle(r) for r in held_out]
+    return {name: sum(scores) / len(scores) for name, scores in per_row.items()}
+
+
 def offered(finals: Iterable[list[dict]], agent: str, metric: str) -> list[Map]:
     """Per final evaluation (a seed's, its lines as read and rescored), each row's mean of
     ``metric`` over its episodes on ``agent``'s line: a random pick among what was offered."""
@@ -239,3 +279,60 @@ def vote_scores(path: Path, agent: str, answer: Callable[[str], str | None]) -> 
                 right.add(said)
         scores[item["row"]] = _tied_share(counts, right.__contains__)
     return scores
+
+
+# ---- the command line -------------------------------------------------------------------------
+
+
+def _infer_recipe(rows: list[dict]) -> str:
+    if rows and all(r.get("candidates") and "facts" in r for r in rows):
+        return "takes_two"
+    raise SystemExit(
+        f"controls.py: which recipe's rows are these? name it with --recipe ({', '.join(GUESSING)})"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python scripts/controls.py",
+        description=(
+            "What a held-out case file scores without skill: each control's mean over its "
+            "rows (a random candidate, the first listed one and 1/k where rows list "
+            "candidates; each group's most common training answer; takes_two's facts oracle)."
+        ),
+        epilog=(
+            "example: python scripts/controls.py --held-out "
+            "recipes/takes_two/data/test_balanced.jsonl --train "
+            "recipes/takes_two/data/train_balanced.jsonl"
+        ),
+    )
+    p.add_argument(
+        "--held-out", type=Path, required=True, help="held-out .jsonl file (.gz read too)"
+    )
+    p.add_argument(
+        "--train",
+        type=Path,
+        required=True,
+        help="its training .jsonl file (for each group's most common training answer)",
+    )
+    p.add_argument(
+        "--recipe",
+        choices=sorted(GUESSING),
+        help="whose rows they are (default: takes_two where every held-out row has "
+        "'candidates' and 'facts'; otherwise required)",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    held_out, train = read_jsonl(args.held_out), read_jsonl(args.train)
+    recipe = args.recipe or _infer_recipe(held_out)
+    figures = case_set_controls(held_out, train, recipe)
+    print(f"{args.held_out}: {len(held_out)} cases (training: {args.train}, {len(train)} cases)")
+    for name, score in figures.items():
+        print(f"  {name:<32} {score:.3f}")
+
+
+if __name__ == "__main__":
+    main()

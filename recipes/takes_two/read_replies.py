@@ -18,24 +18,19 @@ evaluation (the first and the last), from the replies themselves:
 A doctor whose ``correct`` rises only because ``named`` rises, with ``correct | named`` near
 ``chance``, learned to pick from the list, not to tell the conditions apart.
 
-``python -m recipes.takes_two.read_replies --controls HELD_OUT --train TRAIN`` reads a case
-set instead (``controls``): what a held-out file scores with no consultation (a random
-candidate, the first listed one, each group's most common training condition; each about 1/k
-for k candidates, where neither the list's order nor the class balance gives the answer away)
-and with every fact read (the facts oracle: 1.0 where the facts decide every case).
+What a case set scores with no consultation at all (a random candidate, the first listed one,
+each group's most common training condition, and the facts oracle) is ``scripts/controls.py``'s
+(``python scripts/controls.py --held-out HELD_OUT --train TRAIN``).
 """
 
 from __future__ import annotations
 
-import argparse
 import re
-import sys
-from collections import Counter, defaultdict
-from collections.abc import Mapping
+from collections import Counter
 from pathlib import Path
 
 from kernel.run.results import SeedRun, each_seed, read_jsonl, replies_parser
-from recipes.takes_two.data import Case, Row, diagnosis_matches, facts_oracle
+from recipes.takes_two.data import Case, diagnosis_matches
 from recipes.takes_two.reward import candidate_named, diagnosis_correct, parse_final
 
 _TURN_END = re.compile(r"<\|im_end\|>|<\|eot_id\|>|</s>|\n")
@@ -104,81 +99,7 @@ def _line(where: str, f: dict, turns: int) -> str:
     return line
 
 
-# ---- controls: what a case set scores without the consultation ------------------------------
-
-
-def _right(name: str, row: Mapping) -> bool:
-    """Whether naming ``name`` is the right diagnosis of ``row``."""
-    label = row["label"]
-    return diagnosis_matches(name, label["diagnosis"], label.get("synonyms") or ())
-
-
-def _group(row: Mapping) -> frozenset[str]:
-    """A row's complaint group: the set of its candidates."""
-    return frozenset(row.get("candidates") or ())
-
-
-def _tied_share(counts: Counter, row: Mapping) -> float:
-    """The expected score of naming a random one of ``counts``' most common conditions."""
-    top = [d for d, k in counts.items() if k == max(counts.values())]
-    return sum(_right(d, row) for d in top) / len(top) if top else 0.0
-
-
-def controls(held_out: list[Row], train: list[Row]) -> dict[str, float]:
-    """The mean expected score over the ``held_out`` rows (each with ``candidates``) of:
-
-    - ``1/k``: one over the number of candidates, what (a)-(c) come to where nothing leaks;
-    - ``random candidate`` (a): one of the row's candidates at random;
-    - ``first candidate`` (b): the first listed;
-    - ``most common training condition`` (c): one of the most common conditions among the
-      ``train`` rows of the row's group (the same set of candidates; a group training lacks:
-      all of training), a random one of the tied;
-    - ``facts oracle`` (d): ``data.facts_oracle``, which reads every fact of the case and
-      names the candidate whose table facts they are.
-
-    (a)-(c) read nothing of the case but its opening: above ``1/k`` they say the list's order
-    or the class balance gives the answer away. (d) below 1.0 says some case's facts do not
-    decide it."""
-    if not held_out or not all(r.get("candidates") for r in held_out):
-        raise ValueError("controls: every held-out row needs its candidates")
-    by_group: dict[frozenset[str], Counter] = defaultdict(Counter)
-    for row in train:
-        by_group[_group(row)][row["label"]["diagnosis"]] += 1
-    overall = sum(by_group.values(), Counter())
-    per_row = {
-        "1/k": [1 / len(r["candidates"]) for r in held_out],
-        "random candidate": [
-            sum(_right(c, r) for c in r["candidates"]) / len(r["candidates"]) for r in held_out
-        ],
-        "first candidate": [float(_right(r["candidates"][0], r)) for r in held_out],
-        "most common training condition": [
-            _tied_share(by_group.get(_group(r)) or overall, r) for r in held_out
-        ],
-        "facts oracle": [facts_oracle(r) for r in held_out],
-    }
-    return {name: sum(scores) / len(scores) for name, scores in per_row.items()}
-
-
-def controls_main(argv: list[str]) -> None:
-    """``--controls HELD_OUT --train TRAIN``: print ``controls`` of a held-out file."""
-    parser = argparse.ArgumentParser(
-        prog="python -m recipes.takes_two.read_replies --controls",
-        description="What a held-out case file scores without the consultation (controls).",
-    )
-    parser.add_argument("--controls", type=Path, required=True, help="held-out .jsonl file")
-    parser.add_argument("--train", type=Path, required=True, help="its training .jsonl file")
-    args = parser.parse_args(argv)
-    held_out, train = read_jsonl(args.controls), read_jsonl(args.train)
-    print(f"{args.controls}: {len(held_out)} cases (training: {args.train}, {len(train)} cases)")
-    for name, score in controls(held_out, train).items():
-        print(f"  {name:<32} {score:.3f}")
-
-
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if "--controls" in argv:  # a case set, not run folders
-        controls_main(argv)
-        return
     parser = replies_parser(__doc__)
     parser.add_argument("--turns", type=int, default=3, help="first turns to show per seed")
     args = parser.parse_args(argv)

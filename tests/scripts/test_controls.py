@@ -1,11 +1,13 @@
 """scripts/controls.py: the no-skill controls a skill figure stands beside, and the majority
-vote of one agent's sampled answers -- goldens on small rows, and the published runs' controls
-recomputed from their own files."""
+vote of one agent's sampled answers -- goldens on small rows, the published runs' controls
+recomputed from their own files, and the command line's table of a shipped case set (takes_two's
+balanced files: every no-skill control 1/k, the facts oracle 1.0)."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -14,6 +16,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from scripts import controls  # noqa: E402
+
+TAKES_TWO = ROOT / "recipes" / "takes_two" / "data"
 
 
 def _math(prompt: str, label: str, task: str = "basic_arithmetic") -> dict:
@@ -111,3 +115,76 @@ def test_published_runs_report_their_controls(name):
     best = report["above_control"]
     assert best["before"] == max(c["before"] for c in report["controls"].values())
     assert best["after"] == pytest.approx(report["after"], abs=0.02)  # masked items aside
+
+
+def _takes_two(name: str) -> list[dict]:
+    return controls.read_jsonl(TAKES_TWO / name)
+
+
+def test_takes_two_balanced_controls_are_one_in_k_and_the_facts_oracle_is_right_every_time():
+    train, test = _takes_two("train_balanced.jsonl"), _takes_two("test_balanced.jsonl")
+    figures = controls.case_set_controls(test, train, "takes_two")
+    one_in_k = sum(1 / len(r["candidates"]) for r in test) / len(test)
+    assert figures["1/k"] == pytest.approx(one_in_k) == pytest.approx((96 / 4 + 36 / 3) / 132)
+    for name in ("chance among candidates", "first candidate", "most common answer"):
+        assert abs(figures[name] - one_in_k) <= 0.02, name
+    assert figures["facts oracle"] == 1.0
+    # the published shared-complaint files: the first candidate and the most common training
+    # condition score above 1/k (the reviewer's 0.281)
+    shared = controls.case_set_controls(
+        _takes_two("test_shared.jsonl"), _takes_two("train_shared.jsonl")
+    )
+    assert shared["first candidate"] == pytest.approx(36 / 128)
+    assert shared["most common answer"] > shared["1/k"] + 0.005
+    # without its facts the oracle is a random pick
+    blind = [{**r, "facts": []} for r in test]
+    assert controls.case_set_controls(blind, train)["facts oracle"] == pytest.approx(one_in_k)
+    # rows without candidates and facts (math's): only the most common answer
+    math = [_math("x", "3"), _math("y", "4")]
+    assert controls.case_set_controls(math, [_math("a", "3")], "math_solver_verifier") == {
+        "most common answer": 0.5
+    }
+
+
+TABLE = ["1/k", "chance among candidates", "first candidate", "most common answer"]
+
+
+def test_command_line_prints_the_balanced_files_controls(capsys):
+    controls.main(
+        [
+            "--held-out",
+            str(TAKES_TWO / "test_balanced.jsonl"),
+            "--train",
+            str(TAKES_TWO / "train_balanced.jsonl"),
+        ]
+    )
+    out = capsys.readouterr().out.splitlines()
+    assert "132 cases" in out[0] and "88 cases" in out[0]
+    assert [line.rsplit(maxsplit=1)[0].strip() for line in out[1:]] == [*TABLE, "facts oracle"]
+    assert [line.split()[-1] for line in out[1:]] == ["0.273"] * 4 + ["1.000"]
+
+
+def test_command_line_runs_as_a_file_and_explains_itself(tmp_path):
+    """``python scripts/controls.py`` from another folder (the script puts the repository on
+    its path): --help, the table, and a refusal naming --recipe for rows it cannot place."""
+    script = str(ROOT / "scripts" / "controls.py")
+
+    def run(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, script, *args], cwd=tmp_path, capture_output=True, text=True
+        )
+
+    help_text = run("--help")
+    assert help_text.returncode == 0
+    assert "--held-out" in help_text.stdout and "--recipe" in help_text.stdout
+    held, train = str(TAKES_TWO / "test_balanced.jsonl"), str(TAKES_TWO / "train_balanced.jsonl")
+    table = run("--held-out", held, "--train", train)
+    assert table.returncode == 0, table.stderr
+    assert [line.split()[-1] for line in table.stdout.splitlines()[1:]] == ["0.273"] * 4 + ["1.000"]
+    rows = tmp_path / "math.jsonl"
+    rows.write_text(json.dumps(_math("x", "3")) + "\n")
+    refused = run("--held-out", str(rows), "--train", str(rows))
+    assert refused.returncode != 0 and "--recipe" in refused.stderr
+    named = run("--held-out", str(rows), "--train", str(rows), "--recipe", "math_solver_verifier")
+    assert named.returncode == 0, named.stderr
+    assert named.stdout.splitlines()[1].split() == ["most", "common", "answer", "1.000"]
