@@ -542,6 +542,30 @@ def facts_oracle(row: Mapping[str, Any]) -> float:
     return sum(diagnosis_matches(c, _diagnosis_of(row), synonyms) for c in tied) / len(tied)
 
 
+def _opening(rng: random.Random, complaint: str) -> str:
+    """A synthetic case's opening: an age, then a sex, drawn from ``rng`` in that order, before
+    its ``complaint`` ("I am a 34-year-old woman. I have a headache.")."""
+    age = rng.randint(18, 80)
+    sex = rng.choice(("man", "woman"))
+    return f"I am a {age}-year-old {sex}. {complaint}"
+
+
+def _synthetic_row(
+    cond: Condition, case: int, chief: str, facts: Sequence[str], candidates: Sequence[str]
+) -> Row:
+    """Synthetic case number ``case``'s row: ``chief`` (its ``_opening``), its ``facts`` and the
+    ``candidates`` it is one of, on condition ``cond``."""
+    return make_row(
+        chief,
+        facts,
+        cond.diagnosis,
+        cond.recommendation,
+        source="synthetic",
+        case=case,
+        candidates=candidates,
+    )
+
+
 def generate_synthetic(
     n: int,
     seed: int = 0,
@@ -597,19 +621,10 @@ def generate_synthetic(
                 f"{cond.diagnosis!r} is taken)"
             )
         while True:  # a combination is left, so this ends
-            age, sex = rng.randint(18, 80), rng.choice(("man", "woman"))
+            chief = _opening(rng, complaint)
             duration = rng.choice(DURATIONS)
             facts = [f.format(d=duration) for f in rng.sample(cond.facts, facts_per_case)]
-            chief = f"I am a {age}-year-old {sex}. {complaint}"
-            row = make_row(
-                chief,
-                facts,
-                cond.diagnosis,
-                cond.recommendation,
-                source="synthetic",
-                case=i,
-                candidates=groups[cond.diagnosis],
-            )
+            row = _synthetic_row(cond, i, chief, facts, groups[cond.diagnosis])
             if canonical_key(row) not in seen:
                 break
         seen.add(canonical_key(row))
@@ -676,19 +691,12 @@ def balanced_cases(
         complaint = complaint_of[cond.diagnosis]
         group = members[complaint]
         rng = random.Random(f"takes_two balanced {seed} {i}")
-        chief = f"I am a {rng.randint(18, 80)}-year-old {rng.choice(('man', 'woman'))}. {complaint}"
+        chief = _opening(rng, complaint)
         facts = _new_facts(cond.diagnosis, facts_per_case, rng, seen, len(rows), n)
         others = rng.sample([d for d in group if d != cond.diagnosis], len(group) - 1)
         place = turn[complaint][(group.index(cond.diagnosis) + i // len(conditions)) % len(group)]
-        row = make_row(
-            chief,
-            facts,
-            cond.diagnosis,
-            cond.recommendation,
-            source="synthetic",
-            case=i,
-            candidates=[*others[:place], cond.diagnosis, *others[place:]],
-        )
+        candidates = [*others[:place], cond.diagnosis, *others[place:]]
+        row = _synthetic_row(cond, i, chief, facts, candidates)
         seen.add(canonical_key(row))
         rows.append(row)
     return rows
