@@ -75,12 +75,15 @@ import re
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, TypeVar
-
-import torch
-from torch import Tensor
+from typing import Any, Literal, TypeVar
 
 from kernel.sample import Sample
+
+Tensor = Any
+"""A ``torch.Tensor``. torch is imported in the functions that compute, so the CLI reads this
+module's config and registry for its flags without waiting for it; not imported for the
+annotation, even under TYPE_CHECKING, whose blocks the CLI's parser runs (kernel/buffer.py's
+``Dataset``)."""
 
 GroupBy = Literal["prompt", "prompt_agent", "prompt_agent_turn"]
 TeamReward = Literal["sum", "mean"]
@@ -248,6 +251,8 @@ def group_stats(rewards: Tensor, index: Tensor) -> tuple[Tensor, Tensor, Tensor,
 
     ``degenerate`` marks groups with one sample or constant rewards (max == min, exact).
     """
+    import torch
+
     n_groups = int(index.max()) + 1 if index.numel() else 0
     zeros = rewards.new_zeros(n_groups)  # (G,)
     count = torch.bincount(index, minlength=n_groups).to(rewards.dtype)  # (G,)
@@ -264,6 +269,8 @@ def grpo_advantages(
     rewards: Tensor, index: Tensor, std_normalize: bool = True, eps: float = 1e-6
 ) -> Tensor:
     """GRPO: ``(r - mean_g) / (std_g + eps)``, or ``r - mean_g`` without std normalisation."""
+    import torch
+
     _, mean, std, degenerate = group_stats(rewards, index)
     adv = rewards - mean[index]  # (N,)
     if std_normalize:
@@ -278,6 +285,8 @@ def dr_grpo_advantages(rewards: Tensor, index: Tensor) -> Tensor:
 
 def rloo_advantages(rewards: Tensor, index: Tensor) -> Tensor:
     """RLOO: ``r_i - (sum_g - r_i) / (n_g - 1)``, the mean of the other samples of the group."""
+    import torch
+
     count, mean, _, degenerate = group_stats(rewards, index)
     n = count[index]  # (N,)
     others_mean = (mean[index] * n - rewards) / (n - 1).clamp_min(1)  # (N,)
@@ -307,6 +316,8 @@ def discounted_returns(rewards: Tensor, episode: Tensor, step: Tensor, gamma: fl
 
 def batch_whiten(values: Tensor, eps: float = 1e-6) -> Tensor:
     """BATCH-WIDE ``(x - mean) / (std + eps)`` over all of ``values`` (N,); 0.0 if degenerate."""
+    import torch
+
     if values.numel() < 2 or bool(values.max() == values.min()):
         return torch.zeros_like(values)
     return (values - values.mean()) / (values.std() + eps)  # (N,)
@@ -321,6 +332,8 @@ def reinforce_pp_baseline_advantages(rewards: Tensor, index: Tensor, eps: float 
     """REINFORCE++ with baseline: subtract the group mean, then whiten over the whole batch.
     A degenerate group stays exactly 0 (whitening would shift it by the batch mean's float
     noise, ~1e-17)."""
+    import torch
+
     adv = batch_whiten(dr_grpo_advantages(rewards, index), eps)  # (N,)
     degenerate = group_stats(rewards, index)[3]  # (G,)
     return torch.where(degenerate[index], torch.zeros_like(adv), adv)
@@ -335,6 +348,8 @@ def team_rewards(
     over its samples there (one per turn), so an agent is not counted once per turn; the team
     reward is the sum (or mean) of those over the agents present in the episode.
     """
+    import torch
+
     n_agents = int(agent.max()) + 1
     n_episodes = int(episode.max()) + 1
     cell = episode * n_agents + agent  # (N,) one cell per (episode, agent)
@@ -386,6 +401,8 @@ def _team(batch: AdvantageBatch, cfg: AdvantageConfig, baseline: Callable) -> Te
     """CoMLRL's family: each sample's team value (the episode's team reward, or with
     ``cfg.discount`` its turn's discounted team return) minus ``baseline`` over the values of
     the group's episodes (or turns), each counted once per group."""
+    import torch
+
     valid, rewards, index = batch.samples, batch.rewards, batch.index
     agent = _indices([s.agent for s in valid])  # (N,)
     if cfg.discount is None:  # one team reward per episode
@@ -434,6 +451,8 @@ def maremax(batch: AdvantageBatch, cfg: AdvantageConfig) -> Tensor:
 @estimator("gigpo")
 def gigpo(batch: AdvantageBatch, cfg: AdvantageConfig) -> Tensor:
     """GiGPO's two levels (see the module docstring); ``index`` groups the steps' episodes."""
+    import torch
+
     valid, rewards, index = batch.samples, batch.rewards, batch.index
     episode = _indices([(s.group_id, s.index, s.agent) for s in valid])  # (N,)
     returns = rewards.new_zeros(int(episode.max()) + 1).index_add(0, episode, rewards)  # (E,)
@@ -481,6 +500,8 @@ def _group_key(s: Sample, group_by: str) -> tuple:
 
 def _indices(keys: list) -> Tensor:
     """Contiguous ints 0..K-1 for hashable keys, in order of first appearance; (N,) long."""
+    import torch
+
     ids: dict = {}
     return torch.tensor([ids.setdefault(k, len(ids)) for k in keys], dtype=torch.long)
 
@@ -493,6 +514,8 @@ def compute_advantages(samples: list[Sample], cfg: AdvantageConfig) -> dict[str,
     ``adv/n_degenerate_groups`` (groups whose advantages are all 0.0; for a batch-wide
     estimator, ``reinforce_pp``, the batch is the one group).
     """
+    import torch
+
     cfg.validate()
     spec = get_estimator(cfg.estimator)
     valid: list[Sample] = []
@@ -520,8 +543,8 @@ def compute_advantages(samples: list[Sample], cfg: AdvantageConfig) -> dict[str,
     adv = spec.fn(AdvantageBatch(tuple(valid), rewards, index), cfg)  # (N,)
     if adv is None:  # gae: each trainer's critic sets them per token
         return metrics
-    if not isinstance(adv, Tensor) or adv.shape != rewards.shape:
-        got = tuple(adv.shape) if isinstance(adv, Tensor) else type(adv).__name__
+    if not isinstance(adv, torch.Tensor) or adv.shape != rewards.shape:
+        got = tuple(adv.shape) if isinstance(adv, torch.Tensor) else type(adv).__name__
         raise ValueError(
             f"advantage estimator {spec.name!r} must return a tensor of shape "
             f"{tuple(rewards.shape)} (one advantage per sample), got {got}"

@@ -34,21 +34,15 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from jsonargparse import ArgumentParser, Namespace
 
 from kernel.advantages import estimators
 from kernel.auth import refuse_key_flag
-from kernel.cluster.plan import ClusterConfig, make_placement
-from kernel.cluster.run import run_placement
-from kernel.env.server import EnvServerConfig, serve
 from kernel.hooks import recipes_root
 from kernel.loss import AGG_MODES
-from kernel.models import MODEL_FORMS
-from kernel.plot import compare_runs, plot_metrics
 from kernel.run.agents import with_settings
-from kernel.run.checkpoint import checkpoints, export
-from kernel.run.collect import CollectConfig, collect
 from kernel.run.config import (
     RunPlan,
     TrainConfig,
@@ -56,9 +50,15 @@ from kernel.run.config import (
     config_files,
     read_help_text,
 )
-from kernel.run.dpo import DPOConfig, dpo
-from kernel.run.loop import evaluate, train
-from kernel.run.sft import SFTConfig, sft
+
+if TYPE_CHECKING:
+    from kernel.run.collect import CollectConfig
+    from kernel.run.dpo import DPOConfig
+    from kernel.run.sft import SFTConfig
+
+# A command's own modules (the training loop, the environment server, Ray placement, plots,
+# SFT/DPO) are imported by its parser or handler, not here: `kernel train --help` imports only
+# what train's flags are made of.
 
 OPTIONAL = {
     "megatron-core": "production trainer",
@@ -94,6 +94,8 @@ def cmd_info() -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from kernel.models import MODEL_FORMS
+
     table = Table(title="Tandem", show_header=False)
     table.add_row("tandem", importlib.metadata.version("tandem"))
     table.add_row("python", platform.python_version())
@@ -118,6 +120,8 @@ def cmd_train(plan: RunPlan) -> None:
     summary (where it stopped early, the mean reward of the first and last steps, the metrics
     file and its curves)."""
     from rich.console import Console
+
+    from kernel.plot import plot_metrics
 
     cfg = plan.cfg
     console = Console()
@@ -148,6 +152,9 @@ def _train_with_progress(plan: RunPlan, console) -> list[dict]:
     terminal) and return its metric rows; an interrupt or a run that stops exits the process."""
     from rich.console import Console
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from kernel.run.checkpoint import checkpoints
+    from kernel.run.loop import train
 
     cfg = plan.cfg
     # Written to a log file (a background run), a live bar shows only its last frame: print a
@@ -218,6 +225,8 @@ def cmd_eval(cfg, checkpoint: str | None) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from kernel.run.loop import evaluate
+
     console = Console()
     what = checkpoint or ", ".join(f"{s.name}: {s.model or cfg.model}" for s in cfg.agent_specs())
     console.print(
@@ -236,6 +245,8 @@ def cmd_eval(cfg, checkpoint: str | None) -> None:
 
 def cmd_collect(cfg, ccfg: CollectConfig, checkpoint: str | None) -> None:
     from rich.console import Console
+
+    from kernel.run.collect import collect
 
     console = Console()
     what = checkpoint or ", ".join(f"{s.name}: {s.model or cfg.model}" for s in cfg.agent_specs())
@@ -258,6 +269,8 @@ def cmd_collect(cfg, ccfg: CollectConfig, checkpoint: str | None) -> None:
 def cmd_sft(plan: RunPlan, scfg: SFTConfig) -> None:
     from rich.console import Console
 
+    from kernel.run.sft import sft
+
     cfg = plan.cfg
     console = Console()
     agent = scfg.agent or plan.agents[0].name
@@ -272,6 +285,8 @@ def cmd_sft(plan: RunPlan, scfg: SFTConfig) -> None:
 
 def cmd_dpo(plan: RunPlan, dcfg: DPOConfig) -> None:
     from rich.console import Console
+
+    from kernel.run.dpo import dpo
 
     cfg = plan.cfg
     console = Console()
@@ -400,6 +415,8 @@ def _eval_parser() -> ArgumentParser:
 
 
 def _collect_parser() -> ArgumentParser:
+    from kernel.run.collect import CollectConfig
+
     return _run_parser(
         "Roll a recipe's workflow out with fixed models over a data set (collect.path, default "
         "data.path) and write every kept sample to <output_dir>/trajectories.jsonl (exact ids, "
@@ -416,6 +433,8 @@ def _collect_parser() -> ArgumentParser:
 
 
 def _sft_parser() -> ArgumentParser:
+    from kernel.run.sft import SFTConfig
+
     return _run_parser(
         "Supervised fine-tuning of one agent's model (sft.agent, default the first) on "
         "sft.path: rows of chat 'messages' (every assistant message trained on), 'prompt' and "
@@ -431,6 +450,8 @@ def _sft_parser() -> ArgumentParser:
 
 
 def _dpo_parser() -> ArgumentParser:
+    from kernel.run.dpo import DPOConfig
+
     return _run_parser(
         "Preference optimisation of one agent's model (dpo.agent, default the first) on pairs "
         "in dpo.path: kernel collect's pairs.jsonl (exact ids and loss masks) or rows of "
@@ -488,6 +509,8 @@ def _export_parser() -> ArgumentParser:
 def _launch_parser() -> ArgumentParser:
     from jsonargparse import ActionYesNo
 
+    from kernel.cluster.plan import ClusterConfig
+
     launch = _run_parser(
         "Place a training job on a cluster: which GPU of which node trains or serves which agent, "
         "engine and router ports, parallel sizes. Per model, placement comes from the agent "
@@ -511,6 +534,8 @@ def _launch_parser() -> ArgumentParser:
 
 
 def _env_serve_parser() -> ArgumentParser:
+    from kernel.env.server import EnvServerConfig
+
     return _dataclass_parser(
         EnvServerConfig,
         "Host environments over HTTP, one session per episode (kernel.env.server): a run "
@@ -523,6 +548,9 @@ def _env_serve_parser() -> ArgumentParser:
 
 def cmd_launch(plan: RunPlan, cluster, dry_run: bool, as_json: bool) -> None:
     from rich.console import Console
+
+    from kernel.cluster.plan import make_placement
+    from kernel.cluster.run import run_placement
 
     cfg = plan.cfg
     placement = make_placement(plan, cluster)
@@ -590,21 +618,29 @@ def _expanded(argv: list[str]) -> list[str]:
 
 
 def _collect(args: Namespace, argv: list[str]) -> None:
+    from kernel.run.collect import CollectConfig
+
     ccfg = CollectConfig(**vars(args["collect"]))
     cmd_collect(_run_config(args), ccfg.validate(), args["checkpoint"])
 
 
 def _sft(args: Namespace, argv: list[str]) -> None:
+    from kernel.run.sft import SFTConfig
+
     scfg = SFTConfig(**vars(args["sft"]))
     cmd_sft(_run_plan(args), scfg.validate())
 
 
 def _dpo(args: Namespace, argv: list[str]) -> None:
+    from kernel.run.dpo import DPOConfig
+
     dcfg = DPOConfig(**vars(args["dpo"]))
     cmd_dpo(_run_plan(args), dcfg.validate())
 
 
 def _plot(args: Namespace, argv: list[str]) -> None:
+    from kernel.plot import compare_runs, plot_metrics
+
     if not args["compare"]:
         print(plot_metrics(args["metrics"], args["out"], args["keys"]))
         return
@@ -615,17 +651,23 @@ def _plot(args: Namespace, argv: list[str]) -> None:
 
 
 def _export(args: Namespace, argv: list[str]) -> None:
+    from kernel.run.checkpoint import export
+
     what = "merged" if args["merge"] else "as it is"
     out = export(Path(args["checkpoint"]), args["agent"], Path(args["out"]), args["merge"])
     print(f"{args['agent']} of {args['checkpoint']} ({what}): {out}")
 
 
 def _env_serve(args: Namespace, argv: list[str]) -> None:
+    from kernel.env.server import EnvServerConfig, serve
+
     refuse_key_flag(argv)  # a key on the command line is readable by every local user
     serve(_build(EnvServerConfig, args))
 
 
 def _launch(args: Namespace, argv: list[str]) -> None:
+    from kernel.cluster.plan import ClusterConfig
+
     cluster = ClusterConfig(**vars(args["cluster"]))
     train_cfg = _run_config(args)
     # a launched run trains on Ray: resolve it as one (each model its own processes)
@@ -686,23 +728,32 @@ COMMANDS: dict[str, Command] = {
 }
 
 
-def build_parser() -> ArgumentParser:
-    """The ``python -m kernel`` parser: a subcommand per row of ``COMMANDS``."""
+def build_parser(argv: list[str] | None = None) -> ArgumentParser:
+    """The ``python -m kernel`` parser: a subcommand per row of ``COMMANDS``. Given the command
+    line, only the command it names gets its flags (building train's, eval's, ... each takes a
+    TrainConfig's worth of flags, and their help reads every section's docstrings): the others
+    are listed by their help line alone."""
     parser = ArgumentParser(
         prog="python -m kernel",
         description="Tandem: train several LLM agents together with reinforcement learning.",
     )
-    _add_subcommands(parser, COMMANDS, "command")
+    _add_subcommands(parser, COMMANDS, "command", None if argv is None else list(argv))
     return parser
 
 
-def _add_subcommands(parser: ArgumentParser, commands: dict[str, Command], dest: str) -> None:
+def _add_subcommands(
+    parser: ArgumentParser, commands: dict[str, Command], dest: str, argv: list[str] | None
+) -> None:
     # jsonargparse takes a level's subcommands only once their parent is attached: parents first
     sub = parser.add_subcommands(dest=dest)
+    named = next((a for a in argv if not a.startswith("-")), None) if argv is not None else None
     for name, command in commands.items():
-        sub.add_subcommand(name, child := command.parser(), help=command.help)
-        if command.subcommands:
-            _add_subcommands(child, command.subcommands, "action")
+        built = argv is None or name == named
+        child = command.parser() if built else ArgumentParser(description=command.help)
+        sub.add_subcommand(name, child, help=command.help)
+        if command.subcommands and built:
+            rest = None if argv is None else argv[argv.index(name) + 1 :]
+            _add_subcommands(child, command.subcommands, "action", rest)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -710,7 +761,7 @@ def main(argv: list[str] | None = None) -> None:
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     argv = list(sys.argv[1:] if argv is None else argv)
     read_help_text(argv)
-    parser = build_parser()
+    parser = build_parser(argv)
     try:
         argv = _expanded(argv)
     except ValueError as e:

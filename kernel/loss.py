@@ -31,10 +31,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-import torch
-from torch import Tensor
+Tensor = Any
+"""A ``torch.Tensor``. torch is imported in the functions that compute, so the CLI reads this
+module's config for its flags without waiting for it; not imported for the annotation, even
+under TYPE_CHECKING, whose blocks the CLI's parser runs (kernel/buffer.py's ``Dataset``)."""
 
 AggMode = Literal[
     "token_mean", "seq_mean_token_mean", "seq_mean_token_sum", "seq_sum", "seq_mean_token_sum_norm"
@@ -123,6 +125,8 @@ def aggregate(
     The "mean over rows" counts only rows with at least one masked token, so a failed sample that
     is masked out entirely does not dilute the others. An all-zero mask gives 0, not NaN.
     """
+    import torch
+
     if per_token.dim() != 2 or per_token.shape != mask.shape:
         raise ValueError(
             f"per_token {tuple(per_token.shape)} and mask {tuple(mask.shape)} must both be (B, T)"
@@ -151,6 +155,8 @@ def aggregate(
 
 def kl_penalty(logprobs: Tensor, ref_logprobs: Tensor, estimator: str = "k3") -> Tensor:
     """Per-token KL(pi || pi_ref) estimate from tokens sampled from pi; log r = log pi - log ref."""
+    import torch
+
     log_r = logprobs - ref_logprobs  # (B, T)
     if estimator == "k1":
         return log_r
@@ -194,6 +200,8 @@ def _check_inputs(
 
 def _masked(t: Tensor, on: Tensor) -> Tensor:
     """``t`` with zeros where ``on`` is False, both (B, T)."""
+    import torch
+
     # Zeroing the inputs (not just the outputs) keeps inf/NaN padding out of the backward.
     return torch.where(on, t, torch.zeros_like(t))
 
@@ -221,6 +229,8 @@ def _policy_term(
 ) -> _PolicyTerm:
     """PPO's clipped surrogate per token (asymmetric clip, then the dual clip for A < 0), times
     the truncated importance weight when ``cfg.tis_cap`` is set. ``adv``: (B, T), masked."""
+    import torch
+
     log_ratio = _masked(logprobs - old_logprobs.detach(), on)  # (B, T)
     ratio = torch.exp(log_ratio)  # (B, T)
     surr = -adv * ratio  # (B, T)
@@ -269,6 +279,8 @@ def policy_loss(
     tis_weight_mean and tis_clipfrac (when TIS is on). All but pg_loss and ratio_max are masked
     token means.
     """
+    import torch
+
     cfg.validate()
     others = {
         "old_logprobs": old_logprobs,
@@ -311,6 +323,8 @@ def _loss_metrics(
     cfg: LossConfig,
 ) -> dict[str, float]:
     """policy_loss's metrics (its docstring names them); ``on`` and ``mask``: (B, T)."""
+    import torch
+
     n = mask.sum().clamp(min=1.0)
 
     def mean(t: Tensor) -> float:

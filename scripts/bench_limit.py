@@ -46,7 +46,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kernel.loss import LossConfig
 from kernel.models import build_tiny_model, load_causal_lm
 from kernel.train.optim import OptimConfig
-from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+from kernel.train.settings import TorchTrainerConfig
+from kernel.train.torch_backend import TorchTrainer
 from scripts.bench_train import make_batch, sync
 from scripts.provenance import add_output_flags, stamp, write_outputs
 

@@ -52,9 +52,9 @@ def _samples(n: int, prompt_len: int, response_len: int, vocab: int, agent: str,
 
 def _trainer(path: str, adapters: list[str], rank: int, steps: int):
     from kernel.loss import LossConfig
-    from kernel.train.lora import LoraConfig
     from kernel.train.optim import OptimConfig
-    from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+    from kernel.train.settings import LoraConfig, TorchTrainerConfig
+    from kernel.train.torch_backend import TorchTrainer
 
     lora = dict.fromkeys(adapters, LoraConfig(rank=rank)) if adapters else None
     optim = OptimConfig(lr=1e-4 if adapters else 1e-5)
@@ -68,7 +68,8 @@ def step_and_sync(args, path: str, tmp: Path) -> dict:
     from kernel.engine.client import EngineClient
     from kernel.engine.launch import free_port, launch_server
     from kernel.engine.settings import ServerConfig
-    from kernel.sync.push import SyncConfig, WeightSync
+    from kernel.sync.push import WeightSync
+    from kernel.sync.settings import SyncConfig
 
     torch.set_num_threads(args.threads)
     server = ServerConfig(model=path, port=free_port(), num_threads=args.threads, enable_lora=True)

@@ -27,7 +27,8 @@ from kernel.models import build_tiny_model, load_causal_lm
 from kernel.sample import Sample, Status
 from kernel.train.batching import collate, plan_microbatches
 from kernel.train.optim import OptimConfig
-from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+from kernel.train.settings import TorchTrainerConfig
+from kernel.train.torch_backend import TorchTrainer
 
 
 def make_batch(n: int, vocab: int, prompt: tuple[int, int], response: tuple[int, int], seed: int):

@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
     from kernel.engine.settings import ServerConfig
     from kernel.models import char_tokenizer
     from kernel.sync.buckets import iter_buckets
-    from kernel.sync.push import SyncConfig, WeightSync
+    from kernel.sync.push import WeightSync
+    from kernel.sync.settings import SyncConfig
     from kernel.train.megatron_model import (
         MegatronModelConfig,
         build_gpt_model,

@@ -30,11 +30,14 @@ from kernel.run.config import RolloutConfig, TrainConfig
 from kernel.run.jobs import QueueConfig
 from kernel.run.resources import ResourceConfig
 from kernel.sample import Sample
-from kernel.train.critic import CriticConfig
-from kernel.train.lora import DEFAULT_TARGETS, LoraConfig
-from kernel.train.megatron_backend import MegatronTrainerConfig
 from kernel.train.optim import OptimConfig
-from kernel.train.torch_backend import TorchTrainerConfig
+from kernel.train.settings import (
+    DEFAULT_TARGETS,
+    CriticConfig,
+    LoraConfig,
+    MegatronTrainerConfig,
+    TorchTrainerConfig,
+)
 
 SECTIONS = {
     "rollout": RolloutConfig,

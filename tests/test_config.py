@@ -99,6 +99,43 @@ def test_cli_help_info_and_config_errors():
     assert "recipe_args.verifier_reward must be one of" in bad_recipe_arg.stderr
 
 
+def test_a_commands_help_loads_neither_torch_nor_the_other_commands():
+    """`kernel train --help` builds train's flags alone (not eval's, collect's, ... each a
+    TrainConfig's worth) from config modules that import no torch, and lists every flag with
+    its help text; `env serve --help` likewise. Whatever the command line, the process that
+    prints help has not imported torch, the training loop or the environment server."""
+    code = (
+        "import sys\n"
+        "from kernel.cli import main\n"
+        "try:\n"
+        "    main(sys.argv[1:])\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "heavy = ('torch', 'transformers', 'fastapi', 'kernel.run.loop', 'kernel.env.server')\n"
+        "print('LOADED', [m for m in heavy if m in sys.modules])\n"
+    )
+    for argv, needles in (
+        (
+            ["train", "--help"],
+            [
+                "--advantage.estimator {grpo,",
+                "--trainer.share_prompts",
+                "Samples with equal prompt ids",
+            ],
+        ),
+        (["eval", "--help"], ["--checkpoint", "--loss.clip_low"]),
+        (["--help"], ["Learning curves of a run to PNG."]),
+    ):
+        out = subprocess.run(
+            [sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=120
+        )
+        text = " ".join(out.stdout.split())
+        assert out.returncode == 0, out.stderr
+        assert "LOADED []" in text, (argv, text[-300:])
+        for needle in needles:
+            assert needle in text, (argv, needle)
+
+
 def test_the_command_table_is_the_parser_and_the_dispatch(monkeypatch, capfd):
     """kernel.cli.COMMANDS is the one list of subcommands: build_parser makes one per row, in
     its order and with its help line, and main runs the row's handler (env serve: the

@@ -43,7 +43,8 @@ def test_trainer_gradient_is_the_dpo_loss_gradient(tmp_path):
     weights, so the margin is not 0)."""
     from kernel.loss import LossConfig
     from kernel.train.optim import OptimConfig
-    from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+    from kernel.train.settings import TorchTrainerConfig
+    from kernel.train.torch_backend import TorchTrainer
 
     tok = char_tokenizer()
     path = str(build_tiny_model(tmp_path / "m", tokenizer=tok))

@@ -26,7 +26,8 @@ from kernel.run.checkpoint import checkpoints, resume_from
 from kernel.run.config import ModelPlan
 from kernel.run.runtime import RunningModel, Runtime
 from kernel.train.optim import OptimConfig
-from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+from kernel.train.settings import TorchTrainerConfig
+from kernel.train.torch_backend import TorchTrainer
 
 ROOT = Path(__file__).resolve().parent.parent
 TOY = ROOT / "kernel" / "presets" / "toy.yaml"

@@ -178,7 +178,11 @@ def test_the_recipe_api_imports_without_the_training_stack():
 
 # The kernel's layers, lowest first (docs/design.md): a module imports only from its own layer
 # or below, never in a cycle, and at its top (only third-party heavy or optional packages --
-# transformers, Megatron-core, Ray -- are imported inside functions).
+# torch, transformers, Megatron-core, Ray -- are imported inside functions). One exception, the
+# top of the graph: kernel.cli imports a command's modules in that command's parser or handler,
+# so `kernel train --help` loads only what train's flags are made of (nothing imports the CLI,
+# so its imports cannot close a cycle).
+LAZY_IMPORTERS = ("kernel.cli",)
 LAYERS = {
     "core": (
         "sample",
@@ -256,7 +260,7 @@ def test_kernel_imports_point_down_the_layers_without_cycles():
                 f"{importer}:{line} ({order[_layer(importer)]}) imports {imported} "
                 f"({order[_layer(imported)]})"
             )
-        if in_function:
+        if in_function and importer not in LAZY_IMPORTERS:
             lazy.append(f"{importer}:{line} imports {imported} inside a function")
         graph.setdefault(importer, set()).add(imported)
     assert not upward, "upward imports:\n" + "\n".join(upward)

@@ -89,7 +89,8 @@ def test_a_masked_target_changes_nothing_a_trained_one_does(tok, tmp_path):
     was; trained, swapping it changes the update."""
     from kernel.loss import LossConfig
     from kernel.train.optim import OptimConfig
-    from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+    from kernel.train.settings import TorchTrainerConfig
+    from kernel.train.torch_backend import TorchTrainer
 
     path = str(build_tiny_model(tmp_path / "m", tokenizer=tok))
     base = example({"prompt": "q", "response": "abc"}, tok, CFG, "f")

@@ -48,7 +48,7 @@ from kernel.models import materialize_model
 from kernel.run.checkpoint import checkpoints
 from kernel.run.config import RunPlan
 from kernel.run.loop import train
-from kernel.train.ray_trainer import RayConfig
+from kernel.train.settings import RayConfig
 
 
 @dataclass

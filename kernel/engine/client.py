@@ -308,7 +308,6 @@ class EngineClient:
     ) -> dict:
         """Send named tensors (a dict or (name, tensor) pairs) as base64 safetensors bytes,
         encoded on a pool thread (see kernel/engine/weights.py)."""
-
         payload = await asyncio.to_thread(encode_named_tensors, named_tensors)
         return await self.update_weights_from_serialized(
             [payload], weight_version=weight_version, abort_all_requests=abort_all_requests

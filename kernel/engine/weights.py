@@ -39,11 +39,14 @@ import types
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-from torch import Tensor
+from typing import Any
 
 from kernel.models import load_causal_lm
+
+Tensor = Any
+"""A ``torch.Tensor``. torch is imported in the functions that use it: the engine client imports
+this module, and the CLI imports the client's settings for its flags without waiting for torch
+(kernel/loss.py's ``Tensor``)."""
 
 NamedTensors = Mapping[str, Tensor] | Iterable[tuple[str, Tensor]]
 
@@ -54,8 +57,10 @@ def load_model(path: str, dtype: str = "float32", device: str = "cpu"):
     return load_causal_lm(path, dtype=dtype, device=device).eval()
 
 
-def parse_dtype(name: str) -> torch.dtype:
+def parse_dtype(name: str) -> Any:
     """``"bfloat16"`` or ``"torch.bfloat16"`` -> torch.bfloat16."""
+    import torch
+
     dtype = getattr(torch, name.removeprefix("torch."), None)
     if not isinstance(dtype, torch.dtype):
         raise ValueError(f"unknown dtype {name!r}")
@@ -82,6 +87,8 @@ def apply_named_tensors(model, named: NamedTensors) -> int:
     wrong shapes and NaN or infinite values are refused (ValueError naming the tensors) before
     anything is copied.
     """
+    import torch
+
     items = _items(named)
     targets = base_names(model.state_dict(keep_vars=True).items())
     _check(items, targets, "parameter")
@@ -116,6 +123,8 @@ def _check(
 def _finite(tensor: Tensor) -> bool:
     """Whether a tensor holds no NaN or infinity: one fp64 sum (NaN and inf survive it, and no
     float32 values overflow it), cheaper than a full ``isfinite`` mask."""
+    import torch
+
     if not tensor.is_floating_point():
         return True
     return bool(torch.isfinite(tensor.sum(dtype=torch.float64)))
@@ -150,7 +159,7 @@ class FlatMeta:
 
     name: str
     shape: list[int]
-    dtype: torch.dtype
+    dtype: Any  # a torch.dtype
     start_idx: int
     end_idx: int
     numel: int  # bytes of the tensor in the flat uint8 buffer
@@ -182,13 +191,17 @@ class FlatBucketWriter:
     update before writing the next bucket). ``device``: cpu (shared memory) or a CUDA device
     (CUDA IPC; the engine must share that GPU)."""
 
-    def __init__(self, device: str | torch.device = "cpu") -> None:
+    def __init__(self, device: Any = "cpu") -> None:  # a name or a torch.device
+        import torch
+
         self.device = torch.device(device)
         self._buffer: Tensor | None = None  # (N,) uint8, shared
 
     def payload(self, bucket: NamedTensors) -> str:
         """Copy ``bucket`` into the buffer; the base64 payload (one per engine TP rank)."""
         from multiprocessing.reduction import ForkingPickler
+
+        import torch
 
         items = _items(bucket)
         total = sum(_aligned(t.numel() * t.element_size()) for _, t in items)
@@ -244,6 +257,8 @@ class _PayloadUnpickler(pickle.Unpickler):
     """Admits only what a flattened_bucket pickle holds (see the module docstring)."""
 
     def find_class(self, module: str, name: str):
+        import torch
+
         if (module, name) == _SGLANG_META:
             return FlatMeta
         if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
@@ -256,6 +271,8 @@ class _PayloadUnpickler(pickle.Unpickler):
 def decode_flattened_bucket(payload: str) -> list[tuple[str, Tensor]]:
     """The named tensors of one ``flattened_bucket`` payload, as views into the shared buffer
     (copy them before the sender reuses it). Raises ValueError on anything malformed."""
+    import torch
+
     try:
         data = base64.b64decode(payload, validate=True)
         obj = _PayloadUnpickler(io.BytesIO(data)).load()
@@ -264,7 +281,7 @@ def decode_flattened_bucket(payload: str) -> list[tuple[str, Tensor]]:
     if not isinstance(obj, dict) or set(obj) != {"flattened_tensor", "metadata"}:
         raise ValueError("a flattened_bucket is a dict of flattened_tensor and metadata")
     flat, metadata = obj["flattened_tensor"], obj["metadata"]
-    if not isinstance(flat, Tensor) or flat.dtype != torch.uint8 or flat.dim() != 1:
+    if not isinstance(flat, torch.Tensor) or flat.dtype != torch.uint8 or flat.dim() != 1:
         raise ValueError("flattened_tensor must be a 1-D uint8 tensor")
     if not isinstance(metadata, list):
         raise ValueError("metadata must be a list")
@@ -298,6 +315,7 @@ def receive_broadcast(
     names: list[str], dtypes: list[str], shapes: list[list[int]], group, device
 ) -> list[tuple[str, Tensor]]:
     """Receive one broadcast from rank 0 of ``group`` per (name, dtype, shape), in order."""
+    import torch
     import torch.distributed as dist
 
     specs = [(n, parse_dtype(d), s) for n, d, s in zip(names, dtypes, shapes, strict=True)]
@@ -415,6 +433,8 @@ def refill_adapter(model, name: str, named: NamedTensors) -> None:
 def _probe(model, name: str) -> None:
     """One token through adapter ``name`` in a mixed batch, as the scheduler runs it: peft
     loads some adapters it cannot batch (DoRA), which must fail here, not in a batch."""
+    import torch
+
     ids = torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device)
     try:
         mixed_forward(model, input_ids=ids, adapter_names=[name], use_cache=False)
@@ -427,6 +447,8 @@ def mixed_forward(model, **inputs):
     no_grad. peft passes the names to its layers by forward pre-hooks, which it does not remove
     when the forward raises (peft 0.21: its context manager has no finally); left in place they
     would hand those names to every later forward that passes none: they are removed here."""
+    import torch
+
     try:
         with torch.no_grad():
             return model(**inputs)

@@ -24,7 +24,7 @@ from kernel.conversation import Conversation
 from kernel.engine.batcher import RequestBatcher
 from kernel.engine.pool import EnginePool
 from kernel.rollout import EPISODE_TOKENS, EpisodeAborted
-from kernel.train.trainer import BACKENDS
+from kernel.train.settings import BACKENDS
 
 
 def parse_version(version: str | None) -> int | None:

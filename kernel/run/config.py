@@ -38,13 +38,16 @@ from kernel.rewards import RewardConfig
 from kernel.run.agents import AgentSpec, agent_specs, model_groups
 from kernel.run.jobs import QueueConfig
 from kernel.run.resources import ResourceConfig, resources_of
-from kernel.sync.push import SyncConfig
-from kernel.train.critic import CriticConfig
-from kernel.train.lora import LoraConfig
+from kernel.sync.settings import SyncConfig
 from kernel.train.optim import OptimConfig
-from kernel.train.ray_trainer import RayConfig
-from kernel.train.torch_backend import TorchTrainerConfig
-from kernel.train.trainer import CRITIC_BACKEND_ERROR, backend_config
+from kernel.train.settings import (
+    CRITIC_BACKEND_ERROR,
+    CriticConfig,
+    LoraConfig,
+    RayConfig,
+    TorchTrainerConfig,
+    backend_config,
+)
 
 
 @dataclass

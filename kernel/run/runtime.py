@@ -56,7 +56,8 @@ from kernel.run.config import ModelPlan, ModelSettings, RunPlan, TrainConfig
 from kernel.run.evaluation import eval_data, evaluate
 from kernel.run.jobs import JobQueue, RemoteEngine
 from kernel.sample import Sample
-from kernel.sync.push import SyncConfig, WeightSync
+from kernel.sync.push import WeightSync
+from kernel.sync.settings import SyncConfig
 from kernel.train.critic import Critic
 from kernel.train.ray_trainer import RayTrainer
 from kernel.train.thread import TrainerThread

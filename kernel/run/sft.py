@@ -46,7 +46,7 @@ from kernel.models import check_model, load_tokenizer, materialize_model
 from kernel.run.config import ModelSettings, RunPlan, TrainConfig, resolve
 from kernel.run.runtime import with_template
 from kernel.sample import Sample, Status
-from kernel.train.lora import LoraConfig
+from kernel.train.settings import LoraConfig
 from kernel.train.trainer import build_trainer
 
 

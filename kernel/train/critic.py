@@ -55,72 +55,7 @@ from kernel.advantages import AdvantageConfig
 from kernel.models import load_causal_lm, load_tokenizer
 from kernel.sample import Sample
 from kernel.train.batching import MicroBatch, collate, plan_microbatches, to_rows
-
-
-@dataclass
-class CriticConfig:
-    """The value model of ``advantage.estimator: gae`` (one per trained model)."""
-
-    model: str | None = None
-    """HF causal LM whose body, with a new scalar head, is the critic; None: the trained
-    model's own starting weights (a separate copy). It reads the trained model's token ids, so
-    it must have the same tokenizer (checked at start-up)"""
-    lr: float = 1e-5
-    """AdamW learning rate of the critic (constant)"""
-    value_clip: float = 0.2
-    """PPO value clipping: a value moves at most this far from the step's old value before the
-    loss stops rewarding it (the larger of the clipped and unclipped errors counts); 0: off"""
-    grad_clip: float = 1.0
-    """clip the critic's gradient norm to this; 0: off"""
-    num_critic_only_steps: int = 0
-    """the first steps train the critic alone (the policy waits for sensible values)"""
-    shared: bool = False
-    """a value head on the actor itself, reading its hidden states (CoMLRL's
-    ``use_separate_critic: false``): no second model in memory, and the value loss trains the
-    actor's body too; False: a separate value model (``model``)"""
-    value_coef: float = 0.6
-    """with ``shared``: the weight of the value loss in the actor's joint loss (CoMLRL's
-    ``value_loss_coef``, whose default this is)"""
-    centralized: bool = False
-    """MAPPO: the critic also reads each sample's ``metadata["global_state"]`` (text the
-    recipe's generate sets: what the other agents saw and this one did not), before the
-    agent's own dialogue; False: IPPO, each critic sees only its agent's view"""
-    scope: str = "model"
-    """model: one critic per trained model (IPPO; MAPPO with ``centralized``); run: ONE critic
-    for every trained model of the run (CoMLRL's MAAC), trained on all their returns each step
-    in the driver, its per-token advantages handed to each model's trainer (every trained
-    model must share the critic's tokenizer)"""
-
-    def validate(self) -> CriticConfig:
-        if self.scope not in ("model", "run"):
-            raise ValueError(f"critic.scope must be model or run, got {self.scope!r}")
-        if self.scope == "run" and self.shared:
-            raise ValueError(
-                "critic.scope run is one value model for every agent; critic.shared puts a "
-                "value head on one actor: set one of them"
-            )
-        if self.scope == "run" and self.num_critic_only_steps:
-            raise ValueError(
-                "critic.num_critic_only_steps: a warm-up of the run's one critic "
-                "(critic.scope run) is not supported yet; use critic.scope model for it"
-            )
-        if self.shared and self.model is not None:
-            raise ValueError(
-                f"critic.model ({self.model!r}) names a separate value model, and critic.shared "
-                "puts the value head on the actor: set one of them"
-            )
-        for name in ("lr", "value_clip", "grad_clip", "value_coef"):
-            value = getattr(self, name)
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"critic.{name} must be a finite number >= 0, got {value!r}")
-        if self.lr <= 0:
-            raise ValueError(f"critic.lr must be > 0, got {self.lr}")
-        if self.num_critic_only_steps < 0:
-            raise ValueError(
-                f"critic.num_critic_only_steps must be >= 0, got {self.num_critic_only_steps}"
-            )
-        return self
-
+from kernel.train.settings import CriticConfig
 
 # ---------------------------------------------------------------- pure functions
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,77 +26,7 @@ import torch
 from torch import Tensor
 
 from kernel.train.optim import OptimConfig, build_optimizer
-
-# The attention and MLP projections of Llama-, Qwen- and Mistral-style models (SmolLM2's too).
-DEFAULT_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
-
-
-@dataclass
-class LoraConfig:
-    """LoRA adapters instead of full fine-tuning (rank 0: full fine-tuning, the default)."""
-
-    rank: int = 0
-    """Rank of each adapter's A and B matrices; 0 trains every weight of the model instead."""
-    alpha: float = 32.0
-    """Scale: an adapter's update is multiplied by alpha / rank (32 at any rank, as "LoRA
-    without regret" recommends; LoRA usually wants a learning rate ~10x full fine-tuning's)."""
-    dropout: float = 0.0
-    """Dropout on an adapter's input while training. 0 keeps the trainer's logprobs those the
-    engines serve (the post-sync check compares them)."""
-    target_modules: list[str] = field(default_factory=lambda: list(DEFAULT_TARGETS))
-    """Names of the Linear layers that get an adapter (default: every attention and MLP
-    projection of Llama/Qwen-style models)."""
-    path: str | None = None
-    """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors), e.g. a
-    checkpoint's ``trainers/<owner>/adapters/<agent>``: a trainable agent's adapter starts from
-    it, a frozen agent is served with it. Its rank, alpha and targets are the folder's."""
-
-    @property
-    def enabled(self) -> bool:
-        return self.rank > 0
-
-    def validate(self) -> LoraConfig:
-        if self.rank < 0:
-            raise ValueError(f"lora.rank must be >= 0 (0: full fine-tuning), got {self.rank}")
-        if self.enabled:
-            if not self.alpha > 0:
-                raise ValueError(f"lora.alpha must be > 0, got {self.alpha}")
-            if not 0 <= self.dropout < 1:
-                raise ValueError(f"lora.dropout must be in [0, 1), got {self.dropout}")
-            if not self.target_modules or not all(self.target_modules):
-                raise ValueError(
-                    f"lora.target_modules must name Linear layers, got {self.target_modules}"
-                )
-        return self
-
-    def resolved(self, where: str) -> LoraConfig:
-        """This setting with ``path``'s own rank, alpha, dropout and targets (unchanged without
-        a path); a ValueError names ``where`` and the file when the folder is no adapter."""
-        if self.path is None:
-            return self
-        file = Path(self.path) / "adapter_config.json"
-        try:
-            saved = json.loads(file.read_text())
-            return LoraConfig(
-                rank=int(saved["r"]),
-                alpha=float(saved["lora_alpha"]),
-                dropout=float(saved.get("lora_dropout") or 0.0),
-                target_modules=sorted(saved["target_modules"]),
-                path=self.path,
-            ).validate()
-        except (OSError, ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"{where}.path: {file} is no PEFT LoRA adapter ({e})") from None
-
-    def peft_config(self):
-        """This setting as peft's ``LoraConfig``."""
-        from peft import LoraConfig as PeftLoraConfig
-
-        return PeftLoraConfig(
-            r=self.rank,
-            lora_alpha=self.alpha,
-            lora_dropout=self.dropout,
-            target_modules=list(self.target_modules),
-        )
+from kernel.train.settings import LoraConfig
 
 
 class Adapters:

@@ -52,7 +52,6 @@ import shutil
 import time
 from collections import defaultdict
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -72,49 +71,7 @@ from kernel.train.megatron_model import (
     megatron_parallel,
 )
 from kernel.train.optim import OptimConfig, build_optimizer, build_scheduler
-
-
-@dataclass
-class MegatronTrainerConfig:
-    """Megatron training backend: model layout and micro-batching (the optimiser is set by
-    OptimConfig, the loss by LossConfig, the temperature by the agent's rollout)."""
-
-    tensor_parallel: int = 1
-    """Tensor-parallel size (must divide the key/value heads and the ffn size)."""
-    pipeline_parallel: int = 1
-    """Pipeline-parallel size (must divide the number of layers). The data-parallel size is
-    what is left: world size / (tensor_parallel x pipeline_parallel)."""
-    max_tokens_per_microbatch: int = 8192
-    """Token budget of one micro-batch of right-padded rows (rows x padded length)."""
-    num_minibatches: int = 1
-    """Optimizer updates per pass over a step's batch (as TorchTrainerConfig)."""
-    ppo_epochs: int = 1
-    """Passes over a step's batch (as TorchTrainerConfig)."""
-    vocab_multiple: int = 128
-    """Pad the vocab to a multiple of this times tensor_parallel (stripped on export)."""
-    optimizer: str = "torch"
-    """torch: torch AdamW fed Megatron DDP's gradient buffers; megatron: Megatron's own
-    optimizer (get_megatron_optimizer, Adam); distributed: Megatron's distributed optimizer
-    (Adam state and gradient reduction sharded over the data-parallel ranks)."""
-
-    @property
-    def pack_sequences(self) -> bool:
-        """Always False: the local (non-TE) attention has no packed-row path, rows are
-        padded."""
-        return False
-
-    def validate(self) -> MegatronTrainerConfig:
-        """Raise ValueError naming the first field with a bad value."""
-        names = ("tensor_parallel", "pipeline_parallel", "max_tokens_per_microbatch")
-        for name in (*names, "vocab_multiple", "num_minibatches", "ppo_epochs"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.optimizer not in OPTIMIZERS:
-            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.optimizer!r}")
-        return self
-
-
-OPTIMIZERS = ("torch", "megatron", "distributed")
+from kernel.train.settings import MegatronTrainerConfig
 
 
 class MegatronTrainer:

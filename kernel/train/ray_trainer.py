@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
-from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -34,49 +33,6 @@ from kernel.sample import Sample
 from kernel.sync.push import LocalBroadcaster
 from kernel.train.batching import shard_samples
 from kernel.train.trainer import build_trainer
-
-
-@dataclass
-class RayConfig:
-    """Training on Ray: each trainable model's trainer is a RayTrainer of actors."""
-
-    enabled: bool = False
-    """Train every model with Ray actors (one torch.distributed rank each) instead of in the
-    driver process; the engines, rollouts and weight sync stay as they are."""
-    address: str = "local"
-    """Ray to use: 'local' starts one on this machine (127.0.0.1, auth off), 'auto' or
-    ray://HOST:PORT joins a running cluster."""
-    ranks: int = 1
-    """Trainer ranks (actors) per model; an agent's resources.train_gpus overrides it."""
-    num_cpus_per_rank: float = 0.0
-    """CPUs Ray reserves for each actor."""
-    num_gpus_per_rank: float = 0.0
-    """GPUs Ray reserves for each actor (1 on GPU nodes: NCCL; 0: CPU and gloo)."""
-
-    def validate(self) -> RayConfig:
-        if self.ranks < 1:
-            raise ValueError(f"ray.ranks must be >= 1, got {self.ranks}")
-        if self.num_cpus_per_rank < 0 or self.num_gpus_per_rank < 0:
-            raise ValueError("ray.num_cpus_per_rank and ray.num_gpus_per_rank must be >= 0")
-        return self
-
-    def start(self) -> bool:
-        """Start or join Ray unless it runs in this process already; True if this call did."""
-        import ray
-
-        if ray.is_initialized():
-            return False
-        if self.address == "local":
-            os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # a private local instance
-            ray.init(
-                address="local",
-                include_dashboard=False,
-                _node_ip_address="127.0.0.1",
-                log_to_driver=False,
-            )
-        else:
-            ray.init(address=self.address, log_to_driver=False)
-        return True
 
 
 class TrainerDied(RuntimeError):

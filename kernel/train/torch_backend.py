@@ -14,7 +14,7 @@ reference model) are sharded with FSDP2 ``fully_shard`` (runs on CPU over gloo a
 NCCL), one unit per decoder layer. Each rank passes its own share of the samples to
 ``train_step`` (``kernel.train.batching.shard_samples`` splits a global batch evenly).
 
-LoRA (``adapters``: agent -> ``kernel.train.lora.LoraConfig``): the base is loaded once and
+LoRA (``adapters``: agent -> ``kernel.train.settings.LoraConfig``): the base is loaded once and
 frozen, each agent trains an adapter of its own with an optimizer of its own: a step's samples
 are split by agent and each agent's adapter is updated on its own samples alone. The KL
 reference is the base itself (the adapters switched off), not a second copy. One rank only.
@@ -28,7 +28,6 @@ import os
 from collections import defaultdict
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -42,61 +41,12 @@ from kernel.sample import Sample
 from kernel.sync.push import LocalBroadcaster
 from kernel.train import update
 from kernel.train.batching import MicroBatch
-from kernel.train.critic import Critic, CriticConfig
-from kernel.train.lora import Adapters, LoraConfig
+from kernel.train.critic import Critic
+from kernel.train.lora import Adapters
 from kernel.train.optim import OptimConfig, build_optimizer
+from kernel.train.settings import CriticConfig, LoraConfig, TorchTrainerConfig
 
 BASE = "the base model"  # the KL reference of a LoRA trainer: its model with adapters off
-
-
-@dataclass
-class TorchTrainerConfig:
-    """Torch training backend: micro-batching, packing, memory and device (the optimiser is
-    set by OptimConfig, the loss by LossConfig, the temperature by the agent's rollout)."""
-
-    max_tokens_per_microbatch: int = 8192
-    """Token budget of one micro-batch (rows x padded length, or one packed row); sets how many
-    samples run together. A longer sequence runs alone."""
-    share_prompts: bool = True
-    """Samples with equal prompt ids (the n samples of a prompt group) run the prompt once per
-    micro-batch: its KV cache, computed with gradients, is continued by each sample's response.
-    The same loss and gradient as running each sample whole, with n - 1 fewer copies of every
-    prompt. Needs a full-attention KV cache and one rank (under FSDP every rank must run the
-    same forwards); off with pack_sequences or gradient_checkpointing (HF drops the cache
-    there). Where it is off, samples run whole."""
-    pack_sequences: bool = False
-    """Pack sequences into one row (position ids restart per sequence, no cross-attention)
-    instead of right-padding rows of similar length. No padding at all, but only varlen kernels
-    (attn_implementation=flash_attention_2) skip the masked-out attention blocks; sdpa and eager
-    compute attention over the whole row."""
-    num_minibatches: int = 1
-    """Optimizer updates per epoch over a step's batch: the batch is shuffled (with ``seed``)
-    and split into this many mini-batches, one update each. More than one update per batch
-    (this or ppo_epochs > 1) makes the PPO ratio move off 1, so the clip can bind."""
-    ppo_epochs: int = 1
-    """Passes over a step's batch (each num_minibatches updates, reshuffled). The old
-    logprobs of the ratio are taken once, before the first update (loss.old_logprobs)."""
-    gradient_checkpointing: bool = False
-    """Recompute each layer's activations in the backward pass: less memory, more compute."""
-    device: str = "auto"
-    """cpu, cuda, cuda:N, or auto (this rank's GPU when there is one, else cpu)."""
-    attn_implementation: str | None = None
-    """Attention kernel (sdpa, eager, flash_attention_2, ...); None keeps transformers' default."""
-
-    def validate(self) -> TorchTrainerConfig:
-        """Raise ValueError naming the first field with a bad value."""
-        if self.max_tokens_per_microbatch < 1:
-            raise ValueError(
-                f"max_tokens_per_microbatch must be >= 1, got {self.max_tokens_per_microbatch}"
-            )
-        if self.num_minibatches < 1 or self.ppo_epochs < 1:
-            raise ValueError(
-                f"num_minibatches and ppo_epochs must be >= 1, got {self.num_minibatches} and "
-                f"{self.ppo_epochs}"
-            )
-        if self.device != "auto" and self.device.split(":")[0] not in ("cpu", "cuda"):
-            raise ValueError(f"device must be auto, cpu, cuda or cuda:N, got {self.device!r}")
-        return self
 
 
 def _full_attention_cache(model) -> bool:

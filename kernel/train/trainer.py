@@ -18,17 +18,15 @@ from typing import Any, Protocol
 from kernel.advantages import AdvantageConfig
 from kernel.loss import LossConfig
 from kernel.sample import Sample
-from kernel.train.critic import CriticConfig
-from kernel.train.lora import LoraConfig
-from kernel.train.megatron_backend import MegatronTrainer, MegatronTrainerConfig
+from kernel.train.megatron_backend import MegatronTrainer
 from kernel.train.optim import OptimConfig
-from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
-
-BACKENDS = ("torch", "megatron")
-CRITIC_BACKEND_ERROR = (
-    "advantage.estimator gae trains a critic, which only the torch backend has; give the "
-    "trained agents backend torch, or pick a critic-free estimator for megatron"
+from kernel.train.settings import (
+    CRITIC_BACKEND_ERROR,
+    CriticConfig,
+    LoraConfig,
+    MegatronTrainerConfig,
 )
+from kernel.train.torch_backend import TorchTrainer
 
 
 class Trainer(Protocol):
@@ -57,20 +55,6 @@ class Trainer(Protocol):
 
     def close(self) -> None:
         """Free the process groups and workers it holds."""
-
-
-def backend_config(backend: str, base: TorchTrainerConfig) -> Any:
-    """The trainer settings of ``backend``: the run's trainer section, or the Megatron one with
-    the fields both share (micro-batch budget, mini-batches, epochs) taken from it."""
-    if backend == "torch":
-        return base
-    if backend == "megatron":
-        return MegatronTrainerConfig(
-            max_tokens_per_microbatch=base.max_tokens_per_microbatch,
-            num_minibatches=base.num_minibatches,
-            ppo_epochs=base.ppo_epochs,
-        )
-    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
 
 
 def build_trainer(

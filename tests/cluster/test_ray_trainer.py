@@ -24,10 +24,12 @@ from kernel.engine.settings import ServerConfig
 from kernel.engine.weights import decode_flattened_bucket
 from kernel.loss import LossConfig
 from kernel.sample import Sample, Status
-from kernel.sync.push import SyncConfig, WeightSync
+from kernel.sync.push import WeightSync
+from kernel.sync.settings import SyncConfig
 from kernel.train.optim import OptimConfig
 from kernel.train.ray_trainer import RayTrainer, TrainerDied
-from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+from kernel.train.settings import TorchTrainerConfig
+from kernel.train.torch_backend import TorchTrainer
 
 pytestmark = pytest.mark.slow  # the slow tier: scripts/test.sh --slow
 
@@ -164,7 +166,8 @@ def test_megatron_group_of_two_ranks_equals_one_process(local_ray, char_model_di
     layer, at TP=1 they are two data-parallel replicas with a shard of the batch each. Either
     way one step equals an in-process single-rank MegatronTrainer step on the whole batch."""
     pytest.importorskip("megatron.core")
-    from kernel.train.megatron_backend import MegatronTrainer, MegatronTrainerConfig
+    from kernel.train.megatron_backend import MegatronTrainer
+    from kernel.train.settings import MegatronTrainerConfig
 
     batch = [sample([10 + i, 20 + i, 30 + i], advantage=a) for i, a in enumerate(ADVANTAGES)]
     cfg = MegatronTrainerConfig(tensor_parallel=1, max_tokens_per_microbatch=64)

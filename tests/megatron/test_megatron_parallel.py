@@ -31,8 +31,9 @@ from kernel.loss import LossConfig
 from kernel.models import build_tiny_model
 from kernel.sample import Sample, Status
 from kernel.train.batching import plan_microbatches, shard_samples
-from kernel.train.megatron_backend import MegatronTrainer, MegatronTrainerConfig
+from kernel.train.megatron_backend import MegatronTrainer
 from kernel.train.optim import OptimConfig
+from kernel.train.settings import MegatronTrainerConfig
 from tests.megatron.conftest import run_ranks
 
 pytestmark = pytest.mark.slow  # the slow tier: scripts/test.sh --slow

@@ -16,10 +16,12 @@ from kernel.engine.pool import EngineConfig, EnginePool
 from kernel.loss import LossConfig
 from kernel.models import build_tiny_model
 from kernel.sample import Sample, Status
-from kernel.sync.push import SyncConfig, WeightSync
-from kernel.train.megatron_backend import MegatronTrainer, MegatronTrainerConfig
+from kernel.sync.push import WeightSync
+from kernel.sync.settings import SyncConfig
+from kernel.train.megatron_backend import MegatronTrainer
 from kernel.train.megatron_model import forward_logits
 from kernel.train.optim import OptimConfig
+from kernel.train.settings import MegatronTrainerConfig
 
 PROMPT = [1, 5, 7, 9, 11, 13]
 

@@ -18,9 +18,10 @@ pytest.importorskip("megatron.core")
 from kernel.loss import LossConfig
 from kernel.models import build_tiny_model
 from kernel.sample import Sample, Status
-from kernel.train.megatron_backend import MegatronTrainer, MegatronTrainerConfig
+from kernel.train.megatron_backend import MegatronTrainer
 from kernel.train.optim import OptimConfig
-from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+from kernel.train.settings import MegatronTrainerConfig, TorchTrainerConfig
+from kernel.train.torch_backend import TorchTrainer
 from tests.megatron.conftest import run_ranks
 
 OPTIM, LOSS, TEMPERATURE = OptimConfig(lr=1e-3, grad_clip=1.0), LossConfig(), 0.7

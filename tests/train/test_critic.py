@@ -22,9 +22,9 @@ from kernel.train.critic import (
     value_loss,
     whiten,
 )
-from kernel.train.megatron_backend import MegatronTrainerConfig
 from kernel.train.optim import OptimConfig
-from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+from kernel.train.settings import MegatronTrainerConfig, TorchTrainerConfig
+from kernel.train.torch_backend import TorchTrainer
 from kernel.train.trainer import build_trainer
 
 # gamma 0.9, lambda 0.8, rewards (0, 0, 1), values (0.5, 0.2, 0.4), the value after the end 0:

@@ -24,7 +24,8 @@ from kernel.engine.launch import free_port
 from kernel.loss import LossConfig
 from kernel.train.batching import plan_microbatches, shard_samples
 from kernel.train.optim import OptimConfig
-from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+from kernel.train.settings import TorchTrainerConfig
+from kernel.train.torch_backend import TorchTrainer
 
 OPTIM = OptimConfig(lr=1e-3, warmup_steps=1, decay="linear")
 LOSS = LossConfig(agg="seq_mean_token_mean", tis_cap=2.0, kl_coef=0.1)  # + sharded ref

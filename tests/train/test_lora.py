@@ -18,9 +18,9 @@ from transformers import AutoModelForCausalLM
 
 from kernel.loss import LossConfig
 from kernel.sample import Sample
-from kernel.train.lora import LoraConfig
 from kernel.train.optim import OptimConfig
-from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+from kernel.train.settings import LoraConfig, TorchTrainerConfig
+from kernel.train.torch_backend import TorchTrainer
 
 LORA = LoraConfig(rank=4, alpha=8)
 OPTIM = OptimConfig(lr=5e-3)
@@ -162,7 +162,8 @@ def test_a_push_sends_what_stepped_and_every_adapter_to_a_restarted_engine(
     from kernel.engine.client import EngineClient
     from kernel.engine.launch import free_port, launch_server
     from kernel.engine.settings import ServerConfig
-    from kernel.sync.push import SyncConfig, WeightSync
+    from kernel.sync.push import WeightSync
+    from kernel.sync.settings import SyncConfig
 
     loads: dict[str, list[str]] = {}
 

@@ -12,7 +12,8 @@ import torch
 from kernel.loss import LossConfig
 from kernel.train import update
 from kernel.train.optim import OptimConfig
-from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+from kernel.train.settings import TorchTrainerConfig
+from kernel.train.torch_backend import TorchTrainer
 
 LR = 5e-3  # large on purpose: one update moves the ratios of the next beyond a small clip
 
@@ -24,7 +25,8 @@ def trainer(request, char_model_dir):
     made = []
     if request.param == "megatron":
         pytest.importorskip("megatron.core")
-        from kernel.train.megatron_backend import MegatronTrainer, MegatronTrainerConfig
+        from kernel.train.megatron_backend import MegatronTrainer
+        from kernel.train.settings import MegatronTrainerConfig
 
         cls, cfg_cls = MegatronTrainer, MegatronTrainerConfig
     else:

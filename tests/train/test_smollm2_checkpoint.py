@@ -10,7 +10,8 @@ import torch
 from kernel.loss import LossConfig
 from kernel.models import SMOLLM2, load_causal_lm
 from kernel.train.optim import OptimConfig
-from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+from kernel.train.settings import TorchTrainerConfig
+from kernel.train.torch_backend import TorchTrainer
 
 
 def test_smollm2_checkpoint_saves_and_loads_back(tmp_path):

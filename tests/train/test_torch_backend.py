@@ -18,7 +18,8 @@ from kernel.loss import AGG_MODES, LossConfig, policy_loss
 from kernel.sample import Sample, Status
 from kernel.train.logprobs import entropy_from_logits, token_logprobs
 from kernel.train.optim import OptimConfig
-from kernel.train.torch_backend import TorchTrainer, TorchTrainerConfig
+from kernel.train.settings import TorchTrainerConfig
+from kernel.train.torch_backend import TorchTrainer
 
 TEMPERATURE = 0.7
 
