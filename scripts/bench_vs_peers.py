@@ -105,6 +105,11 @@ def summarize(runs: list[dict]) -> dict:
     tail = max(1, n // 5)
     last = [statistics.fmean(s["reward"] for s in r["steps"][:n][-tail:]) for r in runs]
     driver = {}
+    if all("startup_phases" in r["steps"][0] for r in runs):  # Tandem: where start-up went
+        names = runs[0]["steps"][0]["startup_phases"]
+        driver["startup_phases"] = {
+            k: statistics.fmean(r["steps"][0]["startup_phases"][k] for r in runs) for k in names
+        }
     if all("requests" in s for s in steps):  # Tandem: its client side, per request
         requests = sum(s["requests"] for s in steps)
         driver["requests_per_step"] = requests / len(steps)
@@ -328,6 +333,10 @@ def main() -> None:
     for peer, rec in results.items():
         print(f"\n{peer} vs tandem ({PEERS[peer]} agent{'s' * (PEERS[peer] > 1)})\n")
         print(table(rec))
+        for label, fig in rec["runs"].items():
+            if "startup_phases" in fig:  # where Tandem's start-up went, phase by phase
+                parts = ", ".join(f"{k} {v:.1f}" for k, v in fig["startup_phases"].items())
+                print(f"start-up of {label}, seconds: {parts}")
     print()
     for peer, rec in results.items():
         for label, ratio in rec["ratios"].items():

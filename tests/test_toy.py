@@ -85,7 +85,14 @@ def test_kernel_train_resolves_the_run_once(tmp_path, monkeypatch):
     monkeypatch.setattr(TrainConfig, "plan", lambda self: calls.append(1) or resolve(self))
     main(["train", "--preset", "toy", "--num_steps", "1", f"--output_dir={tmp_path}"])
     assert len(calls) == 1
-    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 1
+    (row,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    # its start-up profile: each phase's seconds, in order, adding up to the process's age at
+    # the first weights (time/startup_s is taken a moment later, at the first rollout)
+    phases = ["imports", "hooks_and_data", "engines_spawn", "trainers", "engines_wait"]
+    phases = [f"time/startup/{name}_s" for name in [*phases, "first_weights"]]
+    assert [k for k in row if k.startswith("time/startup/")] == phases
+    assert all(row[k] >= 0 for k in phases) and row[phases[0]] > 0
+    assert 0 <= row["time/startup_s"] - sum(row[k] for k in phases) < 1.0
 
 
 def test_a_turns_own_max_new_tokens_caps_it_below_its_budget(tiny_engine):

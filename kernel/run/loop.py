@@ -168,6 +168,7 @@ async def _train(plan: RunPlan, on_step, placement: dict[str, Any]) -> list[dict
             row = {"step": step, **batch.metrics}
             if step == rt.start:
                 row["time/startup_s"] = startup_s
+                row |= {f"time/startup/{k}_s": v for k, v in rt.startup.items()}
             row |= _model_metrics(models, due, train_metrics, sync_metrics, checks)
             row["data/rows"] = sorted(r.group[0].metadata["row"] for r in batch.results)
             row |= _agent_metrics(samples, models, trained_versions, rt.buffer)

@@ -46,7 +46,7 @@ from kernel.hooks import (
     load_reward,
     package_file,
 )
-from kernel.metrics import MetricsLogger
+from kernel.metrics import MetricsLogger, process_age
 from kernel.models import check_model, load_tokenizer, materialize_model
 from kernel.redact import redact
 from kernel.rollout import Flight, GroupResult, RolloutManager, RolloutStats
@@ -164,6 +164,7 @@ class Runtime:
     remote: tuple[str, ...] = ()  # the agents other jobs play (kernel.run.jobs)
     critic: Critic | None = None  # critic.scope run (MAAC): the run's one value model
     carried: list[Flight] = field(default_factory=list)  # over_sample: groups still rolling out
+    startup: dict[str, float] = field(default_factory=dict)  # seconds per start-up phase
 
     @classmethod
     @contextlib.asynccontextmanager
@@ -171,6 +172,7 @@ class Runtime:
         """Start the run ``plan`` resolved (``placement``: kernel launch's, per owner agent);
         stop everything it started on the way out."""
         cfg = plan.cfg  # its run-wide sections; per model and per agent, the plan
+        marks = {"imports": process_age()}  # the process's age as each start-up phase ends
         generate_path, reward_path = cfg.hooks()
         generate, reward = load_generate(generate_path), load_reward(reward_path)
         out, found = output_dir(cfg)
@@ -187,14 +189,16 @@ class Runtime:
             buffer = DataBuffer(replace(cfg.data, path=package_file(cfg.data.path)))
             if cfg.eval.path:
                 DataBuffer(eval_data(cfg))
+            marks["hooks_and_data"] = process_age()
             models = plan_models(plan, out, placement)
             critic = run_critic(plan, models)  # MAAC's tokenizer check before engines start
-            launch_models(cfg, models, placement, stack)
+            launch_models(cfg, models, placement, stack, marks)
             start, ckpt = restore(found, models, critic, buffer) if found else (0, None)
             (out / "config.json").write_text(json.dumps(redact(jsonable(cfg)), indent=1))
             logger = MetricsLogger(out, cfg.log, redact(jsonable(cfg)), start)
 
             connect_engines(models, out)
+            marks["engines_wait"] = process_age()
             queue = JobQueue(cfg.queue) if cfg.queue.url else None
             remote = remote_tokenizers(plan, out)  # agents other jobs play
             handles = agent_handles(plan, models, queue, remote)
@@ -214,6 +218,8 @@ class Runtime:
             try:
                 await runtime._serve_trainer_weights()
                 await runtime._meet_partners()
+                marks["first_weights"] = process_age()
+                runtime.startup = startup_phases(marks)
                 yield runtime
             finally:
                 for w in watchers:
@@ -566,16 +572,34 @@ def launch_models(
     models: list[RunningModel],
     placement: dict[str, Any],
     stack: contextlib.ExitStack,
+    marks: dict[str, float],
 ) -> None:
     """Launch every model's engines, then, while they load, read each model's tokenizer and
-    build its trainer; ``stack`` stops the engines and the trainer threads on the way out."""
+    build its trainer; ``stack`` stops the engines and the trainer threads on the way out.
+    ``marks`` gets the process's age once the engines are spawned and once the trainers are
+    built."""
     for m in models:
         stack.push(m.pool)  # stopped on the way out (entering it would wait for them)
         m.pool.launch()
+    marks["engines_spawn"] = process_age()
     for m in models:
         m.tokenizer = load_tokenizer(m.plan.owner_spec.tokenizer or m.path)
         stack.callback(m.thread.close)
         m.trainer = m.thread.call(place_trainer, cfg, m, placement.get(m.owner))
+    marks["trainers"] = process_age()
+
+
+def startup_phases(marks: dict[str, float]) -> dict[str, float]:
+    """Seconds of each start-up phase, from the process's age as each ended (``marks``, in
+    order): ``imports`` (the interpreter, the CLI, the config and the training stack),
+    ``hooks_and_data`` (the recipe's hooks, the data sets read), ``engines_spawn`` (the models'
+    folders, the engine processes started), ``trainers`` (tokenizers and trainers built while
+    the engines load), ``engines_wait`` (what is left of the engines' load: their health
+    checks), ``first_weights`` (the engines given the trainers' weights or version)."""
+    ages = list(marks.values())
+    return {
+        name: age - before for name, age, before in zip(marks, ages, [0.0, *ages[:-1]], strict=True)
+    }
 
 
 def restore(

@@ -100,6 +100,12 @@ def main() -> None:
             step |= {f"reward_{a}": row[f"{a}/reward"] for a in AGENTS}
         if "time/startup_s" in row:
             step["first_rollout_t"] = launched + row["time/startup_s"]
+            prefix = "time/startup/"  # the run's own start-up profile, phase by phase
+            step["startup_phases"] = {
+                k.removeprefix(prefix).removesuffix("_s"): v
+                for k, v in row.items()
+                if k.startswith(prefix)
+            }
         emit(step)
     emit({"event": "end", "wall_s": time.time() - T0})
 

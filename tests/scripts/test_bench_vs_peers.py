@@ -26,6 +26,7 @@ def test_bench_vs_peers_two_steps(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ratio trl@2 ÷ tandem: " in proc.stdout and "ratio comlrl@2 ÷ tandem: " in proc.stdout
+    assert "start-up of tandem@2, seconds: imports " in proc.stdout
     assert (
         "python -m kernel train --preset toy --model"
         in (tmp_path / "work").joinpath("trl-tandem-t2-seed0.log").read_text()
@@ -45,6 +46,9 @@ def test_bench_vs_peers_two_steps(tmp_path):
             rec["runs"][f"{peer}@2"]["step_s"] / tandem["step_s"]
         )
         assert tandem["phases"]["sync_s"] > 0  # Tandem syncs weights every step
+        # where its start-up went: the run's own profile, printed and kept
+        assert set(tandem["startup_phases"]) >= {"imports", "trainers", "engines_wait"}
+        assert sum(tandem["startup_phases"].values()) <= tandem["startup_s"]
         assert rec["reward_vs_tandem"][f"{peer}@2"] == "one seed"
         # Prompt sharing runs each prompt once per group: without it the update runs more.
         assert rec["runs"]["tandem-no_share@2"]["tokens_run"] > tandem["tokens_run"]
