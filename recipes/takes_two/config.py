@@ -90,6 +90,11 @@ class RecipeConfig:
     have started with; empty: the doctor writes the whole turn. Earlier turns are not touched."""
     max_quote_chars: int = 400
     """A turn quoted to the other agent is cut to this many characters."""
+    scripted_patient: bool = False
+    """The patient's every answer is its whole self-report, whatever was asked: a rule, not a
+    model (its agent never speaks, has no sample and trains nothing). The doctor with a perfect
+    informant: the control of how well the doctor reads the facts once it has them all (with
+    ``show_candidates``, a doctor that reads them perfectly scores 1.0 on the balanced set)."""
     unknown_reply: str = "I'm not sure about that."
     """What the patient is told to say when asked about something not in its self-report
     (its words count as faithful)."""

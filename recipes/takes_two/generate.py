@@ -12,7 +12,8 @@ enter a dialogue as text in a user message, masked out of the loss; each agent t
 the tokens it sampled. When a dialogue runs out of context budget (``conv.truncated``) the
 episode ends there, and the samples report it (status TRUNCATED, ``context_exhausted``).
 
-Returns one sample per agent: the doctor's, and the patient's if it answered at least once.
+Returns one sample per agent: the doctor's, and the patient's if it answered at least once
+(``scripted_patient``: its answers are its self-report, a rule; it has no sample).
 Both carry the dialogue in ``metadata`` (``doctor_turns``, ``answers``) for reward.py and the
 hidden case as ``global_state`` (what a centralized critic reads, ``critic.centralized``); the
 doctor's carries the episode metrics in ``metadata["metrics"]``.
@@ -85,11 +86,14 @@ async def generate(ctx: RolloutContext, sample: Sample) -> list[Sample | None]:
         doctor_turns.append(text)
         if parse_final(text) is not None or last:
             break  # diagnosed, or out of turns: a last question goes unanswered
-        if not patient.say("user", prompts.to_patient(text, cfg.max_quote_chars)):
-            break
-        answer = await patient.speak()
-        if answer is None:
-            break
+        if cfg.scripted_patient:  # every fact, whatever was asked (recipe_args)
+            answer = " ".join(case.facts)
+        else:
+            if not patient.say("user", prompts.to_patient(text, cfg.max_quote_chars)):
+                break
+            answer = await patient.speak()
+            if answer is None:
+                break
         answers.append(answer)
         notice = cfg.last_turn_notice and turn + 1 == cfg.max_turns - 1
         message = prompts.to_doctor(answer, cfg.max_quote_chars, notice)

@@ -224,6 +224,28 @@ def test_the_doctor_is_told_the_candidate_conditions_when_asked(engines, scripte
         _run(ctx(True))  # a seed without candidates
 
 
+def test_a_scripted_patient_answers_with_every_fact_and_has_no_sample(engines, scripted_agent):
+    """recipe_args.scripted_patient: the doctor's question is answered with the whole
+    self-report word for word (a rule; the tiny random patient could not have said it), so
+    every fact is revealed; the patient has no sample (it trains nothing), the doctor is
+    rewarded as usual."""
+    _, p_url, d_tok, p_tok = engines
+    final = "Diagnosis: migraine\nRecommendation: rest in a dark quiet room"
+    doctor = scripted_agent("doctor", d_tok, ["How are you?", final])
+    patient = _handle("patient", p_url, p_tok)
+    ctx = RolloutContext(
+        agents={"doctor": doctor, "patient": patient},
+        config=RecipeConfig(max_turns=2, scripted_patient=True).validate(),
+    )
+    samples = _run(ctx)
+    d, p = samples
+    assert p is None and d.metadata["answers"] == [" ".join(FACTS)]
+    assert " ".join(FACTS) in d_tok.decode(d.prompt_ids + d.response_ids)
+    result = asyncio.run(reward(ctx, [d]))  # the kernel passes the samples that exist
+    assert d.metadata["metrics"]["facts_revealed"] == 1.0 and d.metadata["correct"] is True
+    assert result["doctor"] >= 1.5
+
+
 def test_exhausted_context_ends_the_episode_cleanly(engines):
     d_url, p_url, d_tok, p_tok = engines
     system = prompts.patient_system(COMPLAINT, FACTS, RecipeConfig().unknown_reply)
