@@ -543,3 +543,32 @@ def test_the_example_program_learns_through_the_gateway(tmp_path):
     first = sum(r["writer/reward"] for r in rows[:5]) / 5
     last = sum(r["writer/reward"] for r in rows[-5:]) / 5
     assert last - first > 0.15, (first, last)
+
+
+def test_tool_calls_are_read_from_a_reply_and_a_flood_of_unclosed_tags_reads_at_once():
+    """parse_tool_calls: each <tool_call> holding a JSON object with a name is a call (its
+    arguments as a JSON string), anything else stays in the content; a reply of 16,000
+    unclosed <tool_call> tags (quadratic for the regular expression it replaced) is read like
+    any other, its one closed call found."""
+    from kernel.gateway.episodes import parse_tool_calls
+
+    text = (
+        'Let me add. <tool_call>\n {"name": "add", "arguments": {"a": 1}} \n</tool_call> '
+        "<tool_call>not json</tool_call> done"
+    )
+    content, calls = parse_tool_calls(text, "e1", 0)
+    assert content == "Let me add.  <tool_call>not json</tool_call> done"
+    assert calls == [
+        {
+            "id": "call_e1_0_0",
+            "type": "function",
+            "function": {"name": "add", "arguments": '{"a": 1}'},
+        }
+    ]
+    assert parse_tool_calls("no calls", "e1", 0) == ("no calls", [])
+    flood = "<tool_call>" * 16000 + '<tool_call>{"name": "f"}</tool_call>'
+    content, calls = parse_tool_calls(flood, "e2", 3)
+    assert calls == [] and content == flood  # the first opening takes the rest: not JSON
+    flood = "<tool_call>" * 16000 + '</tool_call><tool_call>{"name": "f"}</tool_call>'
+    content, calls = parse_tool_calls(flood, "e2", 3)
+    assert [c["function"]["name"] for c in calls] == ["f"]

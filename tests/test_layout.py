@@ -192,6 +192,7 @@ LAYERS = {
         "dialogue",
         "rewards",
         "answers",
+        "tags",
         "advantages",
         "loss",
         "metrics",

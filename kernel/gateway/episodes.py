@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
 from kernel.dialogue import Agent, Dialogue
 from kernel.sample import Sample
+from kernel.tags import find_tags
 
-TOOL_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
 TOOLS_HEADER = (
     "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are "
     "provided with function signatures within <tools></tools> XML tags:\n<tools>\n"
@@ -113,16 +112,16 @@ def parse_tool_calls(text: str, episode: str, n: int) -> tuple[str | None, list[
     """(content outside the calls or None, the calls in OpenAI's shape) of a reply; a block
     that is not a JSON object with a name stays in the content."""
     calls, kept, last = [], [], 0
-    for i, m in enumerate(TOOL_CALL.finditer(text)):
+    for i, m in enumerate(find_tags(text, ["tool_call"])):
         try:
-            body = json.loads(m.group(1))
+            body = json.loads(m.inner.strip())
             name, args = body["name"], body.get("arguments", {})
             if not isinstance(name, str):
                 raise TypeError
         except (ValueError, KeyError, TypeError, AttributeError):
             continue
-        kept.append(text[last : m.start()])
-        last = m.end()
+        kept.append(text[last : m.start])
+        last = m.end
         arguments = args if isinstance(args, str) else json.dumps(args)
         calls.append(
             {

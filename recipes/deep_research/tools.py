@@ -20,11 +20,13 @@ the answerer's: ``<answer>final answer</answer>``.
 
 from __future__ import annotations
 
-import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import httpx
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from kernel.tags import find_tags, outside_tags
 
 ACTIONS = ("search", "read", "answer")
 ACTION_TAGS = "<search>...</search>, <read>...</read> or <answer>...</answer>"
@@ -35,11 +37,9 @@ ROUTE_TAGS = "<search>...</search> or <enough>...</enough>"
 VERIFIER_STOP = ["</search>", "</enough>"]
 ANSWERER_STOP = ["</answer>"]
 
-_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
-_ACTION = re.compile(r"<(search|read|answer)>(.*?)</\1>", re.DOTALL)
-_ROUTE = re.compile(r"<(search|enough)>(.*?)</\1>", re.DOTALL)
-_QUERY = re.compile(r"<query>(.*?)</query>", re.DOTALL)
-_SUMMARY = re.compile(r"<summary>(.*?)</summary>", re.DOTALL)
+ROUTES = ("search", "enough")
+# Tags are found by kernel.tags.find_tags, not by r"<(a|b)>(.*?)</\1>": that pattern takes time
+# quadratic in a turn of many unclosed tags, which a policy can write.
 
 
 @dataclass(frozen=True)
@@ -66,30 +66,29 @@ class FormatError:
 
 
 def _outside_think(text: str) -> str | FormatError:
-    visible = _THINK.sub(" ", text)
+    visible = outside_tags(text, find_tags(text, ["think"]))
     if "<think>" in visible:
         return FormatError("<think> is never closed")
     return visible
 
 
-def _one_tag(text: str, pattern: re.Pattern, none: str, what: str) -> Action | FormatError:
-    """The one ``<kind>arg</kind>`` of ``pattern`` outside ``<think>`` (arg stripped); a
+def _one_tag(text: str, kinds: Sequence[str], none: str, what: str) -> Action | FormatError:
+    """The one ``<kind>arg</kind>`` of ``kinds`` outside ``<think>`` (arg stripped); a
     FormatError when there is none (``none`` says why) or more than one (``what`` tags)."""
     visible = _outside_think(text)
     if isinstance(visible, FormatError):
         return visible
-    found = pattern.findall(visible)
+    found = find_tags(visible, kinds)
     if not found:
         return FormatError(none)
     if len(found) > 1:
         return FormatError(f"{len(found)} {what} tags in one turn")
-    kind, arg = found[0]
-    return Action(kind, arg.strip())
+    return Action(found[0].name, found[0].inner.strip())
 
 
 def parse_action(text: str) -> Action | FormatError:
     """The one action of a main-agent turn (see the module docstring)."""
-    action = _one_tag(text, _ACTION, "no complete action tag", "action")
+    action = _one_tag(text, ACTIONS, "no complete action tag", "action")
     if isinstance(action, FormatError):
         return action
     arg = action.arg
@@ -103,7 +102,7 @@ def parse_action(text: str) -> Action | FormatError:
 def parse_route(text: str) -> Action | FormatError:
     """A verifier turn (workflow routed): ``<search>sub-question</search>`` (more evidence) or
     ``<enough>...</enough>`` (hand over to the answerer; the text inside may be empty)."""
-    route = _one_tag(text, _ROUTE, "no complete <search> or <enough> tag", "routing")
+    route = _one_tag(text, ROUTES, "no complete <search> or <enough> tag", "routing")
     if isinstance(route, Action) and route.kind == "search" and not route.arg:
         return FormatError("empty <search>")
     return route
@@ -115,11 +114,11 @@ def parse_searcher_turn(text: str, max_queries: int) -> SearcherTurn | FormatErr
     visible = _outside_think(text)
     if isinstance(visible, FormatError):
         return visible
-    summaries = _SUMMARY.findall(visible)
+    summaries = [t.inner for t in find_tags(visible, ["summary"])]
     if summaries:
         summary = summaries[-1].strip()
         return SearcherTurn(summary=summary) if summary else FormatError("empty <summary>")
-    queries = [q.strip() for q in _QUERY.findall(visible) if q.strip()]
+    queries = [t.inner.strip() for t in find_tags(visible, ["query"]) if t.inner.strip()]
     if not queries:
         return FormatError("no <query> and no <summary>")
     return SearcherTurn(queries=tuple(dict.fromkeys(queries))[:max_queries])

@@ -260,6 +260,10 @@ def test_unknown_agent_is_an_error_naming_the_sample():
         ("<answer>  </answer>", FormatError("empty <answer>")),
         ("<read>[]</read>", FormatError("empty <read>")),
         ("<search>a</read>", FormatError("no complete action tag")),  # mismatched tags
+        # a turn of thousands of unclosed tags (the regular expression's quadratic case) is
+        # read like any other, at once: its one closed tag is the action
+        ("<search>" * 16000 + "<answer>42</answer>", Action("answer", "42")),
+        ("<think>" * 16000 + "<answer>42</answer>", FormatError("<think> is never closed")),
     ],
 )  # fmt: skip
 def test_parse_action(text, expected):
@@ -277,6 +281,9 @@ def test_parse_action(text, expected):
         ("<think><query>a</query></think>nothing", FormatError("no <query> and no <summary>")),
         ("<query> </query>", FormatError("no <query> and no <summary>")),
         ("<summary></summary>", FormatError("empty <summary>")),
+        # the first of many unclosed openings takes the rest as its query, as the pattern did
+        ("<query>" * 16000 + "<query>x</query>",
+         SearcherTurn(queries=("<query>" * 16000 + "x",))),
     ],
 )  # fmt: skip
 def test_parse_searcher_turn(text, expected):
