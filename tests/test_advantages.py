@@ -8,6 +8,7 @@ Every expected value is worked out by hand in the comments. GRPO uses the unbias
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -616,3 +617,23 @@ def test_an_unknown_estimator_is_refused_naming_the_registered_ones(registry):
     estimator("short")(lambda batch, cfg: batch.rewards[:1])
     with pytest.raises(ValueError, match=r"'short' must return a tensor of shape \(2,\).*\(1,\)"):
         run(episodes([1, 0]), estimator="short")
+
+
+def test_an_estimator_a_recipe_module_registers_is_taken_from_the_command_line(
+    registry, capfd, monkeypatch
+):
+    """An estimator registered by the hooks' own modules (a recipe's reward.py) is chosen by
+    name on the command line: the run's hooks are imported before advantage.estimator is
+    checked, so `kernel config` and `kernel train` take it without a launcher of one's own."""
+    from kernel.cli import main
+
+    module = "tests.hook_fixtures.own_estimator"
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    assert "fixture_centered" not in estimators()  # not imported yet
+    hooks = [f"--reward_fn={module}.reward", "--advantage.estimator", "fixture_centered"]
+    main(["config", "--preset", "toy", *hooks])
+    assert yaml.safe_load(capfd.readouterr().out)["advantage"]["estimator"] == "fixture_centered"
+    with pytest.raises(SystemExit):  # a name nothing registers is still refused
+        main(["config", "--preset", "toy", "--advantage.estimator", "fixture_nowhere"])
+    assert "fixture_nowhere" in capfd.readouterr().err
+    sys.modules.pop(module)  # forgotten with its estimator (the registry fixture drops that)

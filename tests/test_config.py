@@ -40,7 +40,8 @@ def test_recipe_args_strings_stay_strings(tmp_path):
     args = {"prefix": "def {f}(x):\n    return ", "n": "1", "k": 2, "sub": {"s": "a: b"}}
     cfg_file = tmp_path / "run.yaml"
     # the toy recipe has no config class: its hooks get recipe_args as they are
-    run = {"recipe": "toy", "recipe_args": args, "data": {"path": "x.jsonl"}}
+    hooks = {"generate_fn": "kernel.toy.generate", "reward_fn": "kernel.toy.reward"}
+    run = {"recipe": "toy", **hooks, "recipe_args": args, "data": {"path": "x.jsonl"}}
     cfg_file.write_text(yaml.safe_dump(run))
     assert train_config([f"--config={cfg_file}"]).recipe_args == args
     flag = f"--recipe_args={json.dumps(args)}"

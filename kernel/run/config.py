@@ -30,7 +30,9 @@ from kernel.hooks import (
     FieldTypeError,
     as_field_types,
     default_recipe_config,
+    load_generate,
     load_recipe_config,
+    load_reward,
 )
 from kernel.loss import LossConfig
 from kernel.metrics import LogConfig
@@ -248,6 +250,10 @@ class TrainConfig:
         """The run resolved once: every agent's and model's settings with their overrides
         applied and every check passed (a ValueError names the flag). What starts the run
         reads this plan, not the config's sections."""
+        # the hooks first: a wrong path fails naming it, and an estimator their modules register
+        # (@estimator in a recipe's reward.py) is in the registry when advantage is checked
+        generate, reward = self.hooks()
+        load_generate(generate), load_reward(reward)
         for f in fields(self):
             section = getattr(self, f.name)
             if hasattr(section, "validate"):
