@@ -253,7 +253,8 @@ class TrainConfig:
         # the hooks first: a wrong path fails naming it, and an estimator their modules register
         # (@estimator in a recipe's reward.py) is in the registry when advantage is checked
         generate, reward = self.hooks()
-        load_generate(generate), load_reward(reward)
+        load_generate(generate)
+        load_reward(reward)
         for f in fields(self):
             section = getattr(self, f.name)
             if hasattr(section, "validate"):
