@@ -339,15 +339,18 @@ def is_equivalent(
 ) -> bool:
     """Whether ``answer`` equals ``label`` mathematically, decided by math-verify.
 
-    Never raises: None, an empty or over-long answer, a math-verify error or a timeout are all
-    False. ``timeout_s`` bounds each of math-verify's steps (parse label, parse answer, compare)
-    with SIGALRM, which only the main thread of a POSIX process can set; elsewhere (a worker
-    thread) math-verify would refuse, so the comparison runs without a limit there.
+    Never raises: None, an empty or over-long answer, one whose braces do not pair up (it would
+    close the ``\\boxed{}`` it is read in), a math-verify error or a timeout are all False.
+    ``timeout_s`` bounds each of math-verify's steps (parse label, parse answer, compare) with
+    SIGALRM, which only the main thread of a POSIX process can set; elsewhere (a worker thread)
+    math-verify would refuse, so the comparison runs without a limit there. Neither ends
+    big-integer arithmetic math-verify does while parsing (9^{9^{9^{9}}}): that holds the GIL
+    (tests/recipes/test_math_reward_adversarial.py, a known stall).
     """
     if answer is None or label is None:
         return False
     answer, label = str(answer).strip(), str(label).strip()
-    if not answer or not label or len(answer) > max_chars:
+    if not answer or not label or len(answer) > max_chars or not _balanced(answer):
         return False
     limit: int | None = timeout_s if timeout_s > 0 else None
     if os.name != "posix" or threading.current_thread() is not threading.main_thread():
@@ -360,6 +363,17 @@ def is_equivalent(
         return bool(gold and pred and verify(gold, pred, timeout_seconds=limit))
     except (Exception, TimeoutException):  # TimeoutException is a BaseException
         return False
+
+
+def _balanced(text: str) -> bool:
+    """Whether ``text``'s braces pair up: an answer is compared inside ``\\boxed{...}``, and one
+    that closes that box itself ("7}{5", "5}\\boxed{7") would be read as something else."""
+    depth = 0
+    for ch in text:
+        depth += (ch == "{") - (ch == "}")
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def read_answer(text: str, label: str, cfg: MathRewardConfig) -> Found:

@@ -217,3 +217,56 @@ def test_read_answer_says_why(text, why):
     found = read_answer(text, "5", CFG)
     assert found.why == why
     assert (found.answer is not None) == (why in ("marked", "last number"))
+
+
+# ---- the equivalence check a policy's answer reaches (math-verify, under kernel.sandbox's
+# PARSE_LOCK when scored in worker threads) ------------------------------------------------------
+
+HOSTILE_ANSWERS = [
+    "__import__('os').system('touch /tmp/tandem_pwned')",  # sympy's parse_expr evaluates Python
+    "(lambda: __import__('os').system('touch /tmp/tandem_pwned'))()",
+    "\\text{__import__('os').system('touch /tmp/tandem_pwned')}",
+    "\\boxed{",  # unbalanced: closes the wrapper's own brace early
+    "}}}}\\boxed{7",
+    "7}\\boxed{7",  # two boxes out of one answer
+    "7}{5",  # closes the box it is read in: was read as 7
+    "5}\\boxed{7",
+    "\x00" * 10,
+    "7" * 1001,  # over max_chars: refused before any parse
+    "9**9**9",  # a Python tower: math-verify reads it as text, not as a power
+    "\\frac{1}{" * 150 + "2" + "}" * 150,
+    "(" * 300 + "8" + ")" * 300,
+]
+
+
+@pytest.mark.parametrize("answer", HOSTILE_ANSWERS)
+def test_a_hostile_answer_is_wrong_runs_nothing_and_leaves_the_parse_lock_free(answer, tmp_path):
+    """Scored where the reward hook runs, in a worker thread (no SIGALRM there): the answer is
+    not equal to 7, nothing it names runs, and the lock every parse of model-written Python holds
+    is free afterwards, so one reply cannot block the next scorer."""
+    from concurrent.futures import ThreadPoolExecutor
+    from pathlib import Path
+
+    from kernel.sandbox import PARSE_LOCK
+    from recipes.math_solver_verifier.reward import is_equivalent
+
+    with ThreadPoolExecutor(1) as pool:
+        same = pool.submit(is_equivalent, answer, "7").result(timeout=60)
+    assert same is False
+    assert not Path("/tmp/tandem_pwned").exists()
+    assert not PARSE_LOCK.locked()
+
+
+@pytest.mark.xfail(
+    run=False,
+    strict=True,
+    reason="KNOWN STALL (issue 63 note): math-verify evaluates integer powers, factorials and "
+    "binomials while parsing (9^{9^{9^{9}}}, 10^{10^{10}}, 99999999^{99999999}, (2^{100})!, "
+    "\\binom{10^9}{10^8}); the big-integer arithmetic holds the GIL in C, so neither SIGALRM nor "
+    "a thread timeout ends it and the scoring process stalls. The fix is a boundary below the "
+    "code: the comparison in a worker process killed at its timeout. Not run: it would hang.",
+)
+def test_an_integer_tower_does_not_stall_the_scorer():
+    from recipes.math_solver_verifier.reward import is_equivalent
+
+    assert is_equivalent("9^{9^{9^{9}}}", "7") is False
