@@ -24,6 +24,7 @@ import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
@@ -35,7 +36,13 @@ import pytest
 
 from kernel.auth import UNAUTHORIZED, bearer_ok, read_key_file, refuse_key_flag, server_key
 from kernel.engine.launch import LaunchedProcess, free_port
-from kernel.env.workers import WorkerFailed, WorkerLost, WorkerPool, WorkerTimeout
+from kernel.env.workers import (
+    BlockingWorker,
+    WorkerFailed,
+    WorkerLost,
+    WorkerPool,
+    WorkerTimeout,
+)
 
 KEY = "hostile-suite-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -579,6 +586,59 @@ def test_the_worker_pool_answers_kills_and_replaces_its_workers():
             pool.close()
 
     asyncio.run(main())
+
+
+def test_the_blocking_worker_answers_kills_and_replaces_its_worker():
+    """BlockingWorker (a scorer's boundary): a result, the call's own error by type, a deadline
+    that kills the worker, a worker that dies mid-call, one killed between calls (the next call
+    still answers), and calls from threads that have ended since."""
+    worker = BlockingWorker()
+    try:
+        assert worker.call(10, pow, 2, 10) == 1024
+        first = worker._proc.pid
+        with pytest.raises(WorkerFailed, match="ValueError: invalid literal"):
+            worker.call(10, int, "x")
+        began = time.monotonic()
+        with pytest.raises(WorkerTimeout):
+            worker.call(0.5, time.sleep, 60)
+        assert time.monotonic() - began < 10 and worker.killed == 1
+        assert not _alive(first)
+        with pytest.raises(WorkerLost):
+            worker.call(10, os._exit, 3)
+        assert worker.call(10, sum, [1, 2, 3]) == 6
+        os.kill(worker._proc.pid, 9)
+        worker._proc.wait(10)
+        assert worker.call(10, sum, [4]) == 4  # died between calls: no call lost
+        out: list = []
+        t = threading.Thread(target=lambda: out.append(worker.call(10, pow, 3, 2)))
+        t.start()
+        t.join()
+        time.sleep(0.2)
+        assert out == [9] and worker.call(10, pow, 2, 3) == 8  # alive after that thread ended
+    finally:
+        worker.close()
+
+
+def test_a_blocking_worker_busy_in_c_dies_with_its_caller(tmp_path):
+    """A caller killed while its worker computes a huge power (C code holding the GIL: the
+    worker's own threads cannot run) leaves no worker behind."""
+    script = tmp_path / "caller.py"
+    script.write_text(
+        "import os, sys, threading, time\n"
+        "from kernel.env.workers import BlockingWorker\n"
+        "w = BlockingWorker()\n"
+        "w.call(30, pow, 2, 2)\n"
+        "print(w._proc.pid, flush=True)\n"
+        "threading.Thread(target=w.call, args=(None, pow, 9, 9**9**2), daemon=True).start()\n"
+        "time.sleep(1)\n"
+        "os.kill(os.getpid(), 9)\n"
+    )
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=60)
+    pid = int(run.stdout.split()[0])
+    deadline = time.monotonic() + 10
+    while _alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(pid)
 
 
 def _alive(pid: int) -> bool:

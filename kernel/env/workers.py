@@ -24,6 +24,12 @@ tree and is killed with it; it dies when the server does (its lifeline pipe clos
 ``offload(fn, *args)`` is for an environment's blocking work: inside a worker it runs ``fn``
 right there, on the main thread (its deadline bounds it, and SIGALRM-based limits such as
 math-verify's work there); played in-process, it runs in a thread as before.
+
+``BlockingWorker`` is the same boundary for synchronous callers outside the server (a scorer a
+reward hook calls from any thread): ``worker.call(timeout_s, fn, *args)`` runs ``fn`` in one
+worker process, one call at a time, and on ``WorkerTimeout`` or ``WorkerLost`` the next call
+gets a fresh worker. Inside a worker (a hosted environment already under its deadline) it runs
+``fn`` inline.
 """
 
 from __future__ import annotations
@@ -31,10 +37,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import importlib
 import multiprocessing
 import os
 import resource
 import signal
+import subprocess
+import sys
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -203,6 +212,113 @@ class _Worker:
             self.proc.join(5)
         with contextlib.suppress(OSError):
             self.conn.close()
+
+
+class BlockingWorker:
+    """One worker process for blocking callers (module docstring), started by the first call
+    and again after a deadline or a crash, or in a child this process forked. A fresh
+    interpreter, not a fork server's child: those re-run the caller's main script first, and a
+    scorer is called from scripts that do not guard it. ``preload``: modules a new worker imports
+    before its first call (not counted against that call's deadline); ``memory_mb``: its
+    address-space (soft) limit, 0 for none."""
+
+    START_S = 120.0  # a new worker's imports (sympy: seconds on a busy machine)
+
+    def __init__(self, preload: tuple[str, ...] = (), memory_mb: int = 0) -> None:
+        self.preload, self.memory_mb = preload, memory_mb
+        self._lock = threading.Lock()
+        self._conn = self._proc = None
+        self._pid = os.getpid()
+        self.killed = 0  # workers killed at a deadline
+
+    def call(self, timeout_s: float | None, fn, *args) -> Any:
+        """``fn(*args)`` in the worker within ``timeout_s`` seconds (None: no deadline);
+        raises WorkerFailed, WorkerTimeout or WorkerLost (module docstring)."""
+        if _IN_WORKER:
+            return fn(*args)
+        with self._lock:
+            if self._pid != os.getpid():  # a fork of the process that started it: not ours
+                self._conn = self._proc = None
+                self._pid = os.getpid()
+            if self._proc is not None and self._proc.poll() is not None:
+                self.close()  # died between calls: start another, lose no call
+            if self._proc is None:
+                self._start()
+            reply = self._exchange(timeout_s, fn, args)
+        if reply[0] == "ok":
+            return reply[1]
+        raise WorkerFailed(reply[1], reply[2])
+
+    def _start(self) -> None:
+        ours, theirs = multiprocessing.Pipe()
+        life_r, life_w = os.pipe()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        cmd = [sys.executable, "-c", "import sys; from kernel.env.workers import serve_fds; "
+               "serve_fds(*map(int, sys.argv[1:]))", str(theirs.fileno()), str(life_r),
+               str(self.memory_mb)]  # fmt: skip
+        try:  # started from a thread that lives as long as this process: the worker's
+            # parent-death signal fires when the thread that started it ends
+            self._proc = _launcher().submit(
+                subprocess.Popen, cmd, pass_fds=(theirs.fileno(), life_r), env=env,
+                stdin=subprocess.DEVNULL,
+            ).result()  # fmt: skip
+        finally:
+            theirs.close()
+            os.close(life_r)
+        self._conn, self._life_w = ours, life_w
+        for module in self.preload:
+            reply = self._exchange(self.START_S, _import, (module,))
+            if reply[0] != "ok":
+                self.close()
+                raise WorkerFailed(reply[1], reply[2])
+
+    def _exchange(self, timeout_s: float | None, fn, args: tuple) -> tuple:
+        try:
+            self._conn.send((fn, args))
+            if self._conn.poll(timeout_s):
+                return self._conn.recv()
+        except (EOFError, OSError) as e:
+            self.close()
+            raise WorkerLost(f"the worker died ({type(e).__name__})") from None
+        self.killed += 1
+        self.close()
+        raise WorkerTimeout(f"the call took longer than {timeout_s} s")
+
+    def close(self) -> None:
+        """Kill the worker and what it started (the next call starts a new one)."""
+        if self._proc is None:
+            return
+        kill_tree(self._proc.pid)
+        with contextlib.suppress(Exception):
+            self._proc.wait(5)
+        for end in (self._conn.close, lambda: os.close(self._life_w)):
+            with contextlib.suppress(OSError):
+                end()
+        self._conn = self._proc = None
+
+
+def _import(module: str) -> None:
+    importlib.import_module(module)
+
+
+_LAUNCHERS: dict[int, ThreadPoolExecutor] = {}
+
+
+def _launcher() -> ThreadPoolExecutor:
+    """This process's one thread that starts BlockingWorkers (made again after a fork)."""
+    pid = os.getpid()
+    if pid not in _LAUNCHERS:
+        _LAUNCHERS.clear()
+        _LAUNCHERS[pid] = ThreadPoolExecutor(1, thread_name_prefix="tandem-worker-launcher")
+    return _LAUNCHERS[pid]
+
+
+def serve_fds(conn_fd: int, life_fd: int, memory_mb: int) -> None:
+    """A BlockingWorker's main: serve calls on the connection ``conn_fd`` until it closes, and
+    end when the read end of a pipe ``life_fd`` sees its caller gone."""
+    from multiprocessing.connection import Connection
+
+    _serve(Connection(conn_fd), Connection(life_fd, writable=False), memory_mb)
 
 
 class WorkerPool:

@@ -20,7 +20,9 @@ Three layers, each usable on its own:
   around an answer and the last sentence's number.
 - ``is_equivalent`` decides whether an answer equals the label, entirely through math-verify
   (``parse`` + ``verify``): 1/2 == 0.5 == \\frac{1}{2}, 1,000 == 1000, {1,2} == {2,1}, 50\\% == 0.5.
-  It never raises; errors and timeouts count as "not equivalent".
+  It never raises; errors and timeouts count as "not equivalent". It compares in a worker
+  process killed at ``timeout_s``: a tower of powers (``9^{9^{9^{9}}}``) that math-verify would
+  evaluate for hours costs the scorer seconds, not the run.
 - ``score`` combines them into 1.0 / 0.0 / ``format_penalty``: 0.0 for a wrong answer and
   for a stated answer that does not stand, ``format_penalty`` only when nothing was stated.
   When the label is a number (``is_number``), so must the answer be (``numbers_only``, the
@@ -67,6 +69,7 @@ from kernel.answers import (
     right_side,
     strip_end_token,
 )
+from kernel.env.workers import BlockingWorker
 from kernel.hooks import RewardResult, RolloutContext
 from kernel.sample import Sample
 from kernel.sandbox import PARSE_LOCK
@@ -99,7 +102,8 @@ class MathRewardConfig:
     """reward when the response states no answer at all (e.g. -0.5 to punish a missing
     \\boxed{}); a stated answer that does not stand scores 0.0"""
     timeout_s: int = 5
-    """seconds math-verify may spend per step (parse label, parse answer, compare); 0: no limit"""
+    """seconds one comparison may take (parse label, parse answer, compare), in a worker process
+    killed at this deadline; 0: no limit"""
     max_answer_chars: int = 1000
     """an extracted answer longer than this is wrong without being parsed (sympy can hang)"""
 
@@ -341,18 +345,35 @@ def is_equivalent(
 
     Never raises: None, an empty or over-long answer, one whose braces do not pair up (it would
     close the ``\\boxed{}`` it is read in), a math-verify error or a timeout are all False.
-    ``timeout_s`` bounds each of math-verify's steps (parse label, parse answer, compare) with
-    SIGALRM, which only the main thread of a POSIX process can set; elsewhere (a worker thread)
-    math-verify would refuse, so the comparison runs without a limit there. Neither ends
-    big-integer arithmetic math-verify does while parsing (9^{9^{9^{9}}}): that holds the GIL
-    (tests/recipes/test_math_reward_adversarial.py, a known stall).
+    The comparison runs in a worker process (``kernel.env.workers.BlockingWorker``, one per
+    process, one comparison at a time) killed when it takes longer than ``timeout_s`` (0: no
+    limit): math-verify evaluates integer powers, factorials and binomials while it parses
+    (``9^{9^{9^{9}}}``), big-integer arithmetic that holds the GIL in C, which neither SIGALRM
+    nor a thread can stop -- a process can be killed. Its memory is capped too
+    (``VERIFY_MEMORY_MB``: a huge number is a MemoryError there, False here). Inside a hosted
+    environment's worker (already under a deadline) it runs in place.
     """
     if answer is None or label is None:
         return False
     answer, label = str(answer).strip(), str(label).strip()
     if not answer or not label or len(answer) > max_chars or not _balanced(answer):
         return False
-    limit: int | None = timeout_s if timeout_s > 0 else None
+    limit = timeout_s if timeout_s > 0 else None
+    try:
+        return _VERIFIER.call(limit, _compare, answer, label, limit)
+    except Exception:  # WorkerTimeout, WorkerLost, WorkerFailed: not shown equal
+        return False
+
+
+VERIFY_MEMORY_MB = 4096
+"""Address-space limit of the process math-verify compares in (soft: MemoryError, no OOM kill)."""
+_VERIFIER = BlockingWorker(preload=(__name__,), memory_mb=VERIFY_MEMORY_MB)
+
+
+def _compare(answer: str, label: str, limit: int | None) -> bool:
+    """math-verify's parse + verify, in ``_VERIFIER``'s worker: each step also bounded by
+    SIGALRM where that works (a main thread), which ends sympy's own loops without costing the
+    worker; the worker's deadline ends the rest."""
     if os.name != "posix" or threading.current_thread() is not threading.main_thread():
         limit = None
     try:

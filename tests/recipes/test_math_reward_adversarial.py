@@ -257,16 +257,38 @@ def test_a_hostile_answer_is_wrong_runs_nothing_and_leaves_the_parse_lock_free(a
     assert not PARSE_LOCK.locked()
 
 
-@pytest.mark.xfail(
-    run=False,
-    strict=True,
-    reason="KNOWN STALL (issue 63 note): math-verify evaluates integer powers, factorials and "
-    "binomials while parsing (9^{9^{9^{9}}}, 10^{10^{10}}, 99999999^{99999999}, (2^{100})!, "
-    "\\binom{10^9}{10^8}); the big-integer arithmetic holds the GIL in C, so neither SIGALRM nor "
-    "a thread timeout ends it and the scoring process stalls. The fix is a boundary below the "
-    "code: the comparison in a worker process killed at its timeout. Not run: it would hang.",
-)
-def test_an_integer_tower_does_not_stall_the_scorer():
-    from recipes.math_solver_verifier.reward import is_equivalent
+TOWERS = [
+    "9^{9^{9^{9}}}",
+    "10^{10^{10}}",
+    "99999999^{99999999}",
+    "(2^{100})!",
+    "\\binom{10^9}{10^8}",
+]
 
-    assert is_equivalent("9^{9^{9^{9}}}", "7") is False
+
+@pytest.mark.parametrize("answer", TOWERS)
+def test_an_integer_tower_costs_the_scorer_its_timeout_not_the_run(answer):
+    """math-verify evaluates integer powers, factorials and binomials while it parses, in C
+    holding the GIL (hours for these): the comparison's worker is killed at ``timeout_s``, the
+    answer is wrong, and the next comparison gets a fresh worker and is right."""
+    from recipes.math_solver_verifier.reward import _VERIFIER, is_equivalent
+
+    killed = _VERIFIER.killed
+    assert is_equivalent(answer, "7", timeout_s=1) is False
+    assert _VERIFIER.killed == killed + 1
+    assert is_equivalent("7", "7", timeout_s=1) is True
+
+
+def test_the_scorer_runs_from_a_script_without_a_main_guard(tmp_path):
+    """The worker is a fresh interpreter: a script that scores at its top level (no ``if
+    __name__ == "__main__"``) is not run again to start it."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "score_me.py"
+    script.write_text(
+        "from recipes.math_solver_verifier.reward import is_equivalent\n"
+        "print('scored', is_equivalent('1/2', '0.5'), is_equivalent('3', '0.5'))\n"
+    )
+    run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert run.stdout.splitlines() == ["scored True False"], (run.stdout, run.stderr[-2000:])
