@@ -272,3 +272,57 @@ def test_the_balanced_preset_is_learn_on_the_balanced_files():
         }, part
     for key in set(learn) - {"data", "eval", "output_dir"}:
         assert balanced[key] == learn[key], key
+
+
+def test_demonstrations_are_the_training_cases_as_each_role_sees_them(tmp_path):
+    """recipes.takes_two.demos: per case N turns in the recipe's own prompts. The doctor's:
+    the candidates reshuffled (the true one at every place of the list over the file, so order
+    says nothing), one to four of the case's facts, the final turn naming its condition. The
+    patient's: its hidden case, an answer of two of its facts, never the diagnosis. Nothing of
+    the held-out file."""
+    from recipes.takes_two import demos, prompts
+
+    train = "recipes/takes_two/data/train_balanced.jsonl"
+    cases = [json.loads(line) for line in Path(train).read_text().splitlines()]
+    out = {}
+    for role in ("doctor", "patient"):
+        out[role] = tmp_path / f"{role}.jsonl"
+        args = ["--role", role, "--train", train, "--per_case", "4", "--out", str(out[role])]
+        assert demos.main(args) == 0
+    rows = [json.loads(line) for line in out["doctor"].read_text().splitlines()]
+    assert len(rows) == 4 * len(cases)
+    places, told = set(), set()
+    for row, case in zip(rows, [c for c in cases for _ in range(4)], strict=True):
+        system, opening, question, answer, final = row["messages"]
+        assert system["content"] == prompts.doctor_system(2, 1)
+        assert opening["content"].startswith(f"The patient says: {case['prompt']}")
+        listed = opening["content"].split("one of: ")[1].rstrip(".)").split(", ")
+        assert sorted(listed) == sorted(case["candidates"])
+        places.add(listed.index(case["label"]["diagnosis"]))
+        assert question["content"] in demos.QUESTIONS
+        said = [f for f in case["facts"] if f in answer["content"]]
+        told.add(len(said))
+        assert said and len(answer["content"]) < sum(len(f) + 1 for f in said) + 80
+        assert final["content"].startswith(f"Diagnosis: {case['label']['diagnosis']}\n")
+    assert places == {0, 1, 2, 3} and told == {1, 2, 3, 4}
+    rows = [json.loads(line) for line in out["patient"].read_text().splitlines()]
+    for row, case in zip(rows, [c for c in cases for _ in range(4)], strict=True):
+        system, question, answer = row["messages"]
+        assert all(f in system["content"] for f in case["facts"])
+        assert question["content"] in demos.QUESTIONS
+        assert len([f for f in case["facts"] if f in answer["content"]]) == 2
+        assert case["label"]["diagnosis"] not in (system["content"] + answer["content"]).lower()
+    test = train.replace("train_", "test_")
+    held_out = {frozenset(json.loads(x)["facts"]) for x in Path(test).read_text().splitlines()}
+    assert held_out and not held_out & {frozenset(c["facts"]) for c in cases}
+
+
+def test_demonstrations_refuse_a_row_without_its_case_naming_file_and_row(tmp_path, capsys):
+    from recipes.takes_two import demos
+
+    bad = tmp_path / "cases.jsonl"
+    bad.write_text(json.dumps({"prompt": "I hurt.", "label": {"diagnosis": "gout"}}) + "\n")
+    with pytest.raises(SystemExit):
+        demos.main(["--train", str(bad), "--out", str(tmp_path / "o.jsonl")])
+    err = capsys.readouterr().err
+    assert f"{bad}:1:" in err and "facts" in err and "candidates" in err
