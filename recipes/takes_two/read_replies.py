@@ -10,6 +10,9 @@ evaluation (the first and the last), from the replies themselves:
 - ``named``: the diagnoses that name exactly one of the case's candidate conditions
   (``reward.candidate_named``), right or wrong, and ``correct | named``, the share of those
   that are right;
+- ``first|named``: the share of named candidates that are the first one listed (a doctor that
+  reads the list's order, not the facts, names it always; the balanced files put the true
+  condition first in a quarter of cases);
 - ``chance``: what naming one candidate at random scores on these cases (a condition's
   synonyms may make two candidates count);
 - ``facts``: the mean share of the case's facts the patient's answers revealed, as logged;
@@ -31,7 +34,12 @@ from pathlib import Path
 
 from kernel.run.results import SeedRun, each_seed, read_jsonl, replies_parser
 from recipes.takes_two.data import Case, diagnosis_matches
-from recipes.takes_two.reward import candidate_named, diagnosis_correct, parse_final
+from recipes.takes_two.reward import (
+    candidate_named,
+    diagnosis_correct,
+    parse_final,
+    stated_diagnosis,
+)
 
 _TURN_END = re.compile(r"<\|im_end\|>|<\|eot_id\|>|</s>|\n")
 
@@ -53,7 +61,7 @@ def chance(case: Case) -> float:
 
 def read(path: Path, cases: list[Case]) -> dict:
     """The figures of one held-out evaluation file (the doctor's entries)."""
-    n = correct = agree = named = named_right = 0
+    n = correct = agree = named = named_right = named_first = 0
     odds, facts, firsts = 0.0, 0.0, Counter()
     for item in read_jsonl(path):
         if item["agent"] != "doctor":
@@ -68,6 +76,8 @@ def read(path: Path, cases: list[Case]) -> dict:
             agree += right == logged.get("diagnosis_correct")
             named += is_named
             named_right += right * is_named
+            stated = stated_diagnosis(final)
+            named_first += is_named and diagnosis_matches(stated, case.candidates[0])
             odds += chance(case)
             facts += logged.get("facts_revealed", 0.0)
             firsts[_TURN_END.split(text, 1)[0].strip()] += 1
@@ -79,6 +89,7 @@ def read(path: Path, cases: list[Case]) -> dict:
         "agree": agree,
         "named": named / n,
         "correct_if_named": named_right / named if named else 0.0,
+        "first_if_named": named_first / named if named else 0.0,
         "chance": odds / n,
         "facts": facts / n,
         "first_turns": firsts,
@@ -91,7 +102,8 @@ def _line(where: str, f: dict, turns: int) -> str:
     common = "; ".join(f"{_short(t)!r} x{k}" for t, k in f["first_turns"].most_common(turns))
     line = (
         f"{where} {f['n']:>4} {f['correct']:>8.3f} {f['named']:>6.3f} "
-        f"{f['correct_if_named']:>13.3f} {f['chance']:>6.3f} {f['facts']:>6.3f}  "
+        f"{f['correct_if_named']:>13.3f} {f['first_if_named']:>11.3f} {f['chance']:>6.3f} "
+        f"{f['facts']:>6.3f}  "
         f"{len(f['first_turns'])} different: {common}"
     )
     if f["agree"] != f["n"]:
@@ -104,7 +116,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--turns", type=int, default=3, help="first turns to show per seed")
     args = parser.parse_args(argv)
     head = f"{'run':<20} {'seed':<6} {'eval':<9} {'n':>4} {'correct':>8} {'named':>6}"
-    print(head + f" {'correct|named':>13} {'chance':>6} {'facts':>6}  first turns")
+    print(
+        head + f" {'correct|named':>13} {'first|named':>11} {'chance':>6} {'facts':>6}  first turns"
+    )
     for seed, evaluations in each_seed(args.runs, 20):
         cases = held_out_cases(seed)
         for where, path in evaluations:

@@ -56,6 +56,7 @@ def test_read_counts_candidates_named_and_checks_the_logged_diagnoses(tmp_path):
     assert figures["n"] == 3 and figures["agree"] == 3  # the patient's entry is not counted
     assert figures["correct"] == 1 / 3 and figures["named"] == 2 / 3
     assert figures["correct_if_named"] == 0.5
+    assert figures["first_if_named"] == 0.5  # influenza is listed first, gout second
     assert figures["chance"] == 1 / len(rows[0]["candidates"])
     assert figures["facts"] == 0.75 / 3
     assert figures["first_turns"] == {"Can you please?": 3}
