@@ -2,9 +2,10 @@
 
 Every run writes one JSON object per step to ``metrics.jsonl``. By default the panels are the
 ones a user checks first - reward, response length, entropy, KL, the PPO update's clip
-fraction and largest ratio, policy loss, the rollout/training logprob gap, and evaluation
-scores - each with one line per agent where the metric is per agent (``<agent>/reward``) or per
-model (``train/<agent>/clipfrac``); ``keys`` plots chosen metrics instead, one panel each.
+fraction and largest ratio, policy loss, the rollout/training logprob gap, evaluation scores,
+and a ``kernel sft`` run's training and held-out NLL - each with one line per agent where the
+metric is per agent (``<agent>/reward``) or per model (``train/<agent>/clipfrac``); ``keys``
+plots chosen metrics instead, one panel each.
 ``compare_runs`` overlays several runs: a panel per chosen metric, a line per run (an ablation
 against its baseline).
 """
@@ -17,6 +18,7 @@ from pathlib import Path
 # (panel title, predicate on a metric name)
 PANELS = [
     ("reward", lambda k: k.endswith("/reward") and not k.startswith("eval/")),
+    ("NLL (kernel sft)", lambda k: k in ("train/nll", "eval/nll")),
     ("response length", lambda k: k.endswith("/response_length")),
     ("entropy", lambda k: _train(k, "entropy")),
     ("KL", lambda k: _train(k, "kl", "approx_kl")),
@@ -24,7 +26,7 @@ PANELS = [
     ("PPO ratio max", lambda k: _train(k, "ratio_max")),
     ("policy loss", lambda k: _train(k, "pg_loss")),
     ("|rollout - train| logprob", lambda k: _train(k, "logprob_diff")),
-    ("eval", lambda k: k.startswith("eval/")),
+    ("eval", lambda k: k.startswith("eval/") and k != "eval/nll"),
 ]
 
 
@@ -85,8 +87,12 @@ def plot_metrics(path: str | Path, out: str | Path | None = None, keys: list[str
         raise ValueError(f"{path}: {e}") from None
     if not panels:
         raise ValueError(f"{path}: none of the default metrics is present; pass keys")
-    fig, axes = plt.subplots(  # constrained: the suptitle keeps clear of the first panel
-        len(panels), 1, figsize=(7, 2.4 * len(panels)), squeeze=False, layout="constrained"
+    height = 2.4 * len(panels) + 0.6
+    fig, axes = plt.subplots(len(panels), 1, figsize=(7, height), squeeze=False)
+    # fixed margins in inches, not layout="constrained": that solver doubled the save (0.84 s
+    # against 0.43 s for 9 panels); the suptitle sits in the top 0.4 in, clear of the first title
+    fig.subplots_adjust(
+        left=0.11, right=0.97, top=1 - 0.85 / height, bottom=0.55 / height, hspace=0.55
     )
     for ax, (title, ks) in zip(axes[:, 0], panels, strict=True):
         for key in ks:
@@ -96,7 +102,7 @@ def plot_metrics(path: str | Path, out: str | Path | None = None, keys: list[str
         if len(ks) > 1 or ks[0] != title:
             ax.legend(fontsize=7)
     axes[-1, 0].set_xlabel("step")
-    fig.suptitle(str(path), fontsize=9)
+    fig.suptitle(str(path), fontsize=9, y=1 - 0.15 / height, va="top")
     out = Path(out) if out else Path(path).with_name("curves.png")
     fig.savefig(out, dpi=100)
     plt.close(fig)

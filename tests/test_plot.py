@@ -45,6 +45,20 @@ def test_ppo_update_panels_take_one_model_or_one_per_agent():
     ]
 
 
+def test_an_sft_run_plots_its_nll_apart_from_the_eval_scores(tmp_path):
+    """kernel sft writes train/nll each update and eval/nll before and after: its own panel,
+    not the RL eval panel (where it was left out, and a plain `kernel plot` refused the file)."""
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": i, "train/nll": 2 - i / 4, "train/grad_norm": 1.0} for i in range(4)]
+    rows += [{"step": 3, "eval/nll": 1.2, "eval/doctor/pass@1": 0.5}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert _panels(rows, None) == [
+        ("NLL (kernel sft)", ["eval/nll", "train/nll"]),
+        ("eval", ["eval/doctor/pass@1"]),
+    ]
+    assert plot_metrics(path).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_plot_errors_name_file_line_and_key(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 0, "reward": 1}\n{oops\n')
