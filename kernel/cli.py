@@ -122,6 +122,7 @@ def cmd_train(plan: RunPlan) -> None:
     from rich.console import Console
 
     from kernel.plot import plot_metrics
+    from kernel.run.engines import early_pools
 
     cfg = plan.cfg
     console = Console()
@@ -131,7 +132,12 @@ def cmd_train(plan: RunPlan) -> None:
         f"{cfg.num_steps} steps -> {cfg.output_dir}",
         soft_wrap=True,
     )
-    rows = _train_with_progress(plan, console)
+    pools = early_pools(plan)  # the engines load while the training stack imports
+    try:
+        rows = _train_with_progress(plan, console, pools)
+    finally:
+        for pool in pools:  # the run stops them; this is for a failure before it opened
+            pool.__exit__()
     if rows and rows[-1]["step"] + 1 < cfg.num_steps:
         console.print(
             f"stopped after step {rows[-1]['step'] + 1} of {cfg.num_steps}: "
@@ -147,7 +153,7 @@ def cmd_train(plan: RunPlan) -> None:
     console.print(f"metrics: {metrics}   curves: {png}")
 
 
-def _train_with_progress(plan: RunPlan, console) -> list[dict]:
+def _train_with_progress(plan: RunPlan, console, pools=()) -> list[dict]:
     """Train ``plan`` under a live progress bar (a line a step when the console is not a
     terminal) and return its metric rows; an interrupt or a run that stops exits the process."""
     from rich.console import Console
@@ -193,7 +199,7 @@ def _train_with_progress(plan: RunPlan, console) -> list[dict]:
                 )
 
         try:
-            return train(plan, on_step=on_step)
+            return train(plan, on_step=on_step, pools=pools)
         except KeyboardInterrupt:
             progress.stop()
             Console(stderr=True).print(

@@ -88,7 +88,8 @@ def test_kernel_train_resolves_the_run_once(tmp_path, monkeypatch):
     (row,) = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     # its start-up profile: each phase's seconds, in order, adding up to the process's age at
     # the first weights (time/startup_s is taken a moment later, at the first rollout)
-    phases = ["imports", "hooks_and_data", "engines_spawn", "trainers", "engines_wait"]
+    # (kernel train spawns the engines first, while the training stack imports)
+    phases = ["engines_spawn", "imports", "hooks_and_data", "trainers", "engines_wait"]
     phases = [f"time/startup/{name}_s" for name in [*phases, "first_weights"]]
     assert [k for k in row if k.startswith("time/startup/")] == phases
     assert all(row[k] >= 0 for k in phases) and row[phases[0]] > 0
@@ -118,3 +119,43 @@ def test_a_turns_own_max_new_tokens_caps_it_below_its_budget(tiny_engine):
     # + the end-of-turn tokens the template closes an unfinished turn with
     assert max(capped) <= 3 + 2 and max(uncapped) > 5, (capped, uncapped)
     assert max(uncapped) <= 12 + 2
+
+
+def test_kernel_train_stops_its_early_engines_when_the_run_fails_to_open(
+    tmp_path, monkeypatch, capfd
+):
+    """``kernel train`` spawns the engines before it imports the training stack
+    (``kernel.run.engines.early_pools``): a bad data file still fails naming the file, and the
+    engines already loading are stopped, none left behind."""
+    from kernel.cli import main
+    from kernel.run import engines
+
+    started, pids = [], []
+    early = engines.early_pools
+
+    def spy(plan):
+        started.extend(early(plan))
+        pids.extend(p.pid for pool in started for p in pool.processes)
+        return started
+
+    monkeypatch.setattr(engines, "early_pools", spy)
+    missing = tmp_path / "nowhere.jsonl"
+    with pytest.raises(SystemExit) as exit_:
+        main(["train", "--preset", "toy", f"--data.path={missing}", f"--output_dir={tmp_path}"])
+    assert exit_.value.code == 2 and "nowhere.jsonl: no such file" in capfd.readouterr().err
+    assert started and all(pool.launched_at for pool in started)  # spawned before the data
+    assert pids and all(not Path(f"/proc/{pid}").exists() for pid in pids)  # none left
+    assert list((tmp_path / "logs").glob("*/engine0.log"))  # they did start
+
+
+def test_only_a_run_this_process_places_spawns_its_engines_early(tmp_path):
+    """Engines given as URLs, or placed by Ray, are not started early ([])."""
+    import dataclasses
+
+    from kernel.run.engines import early_pools
+
+    cfg = train_config(["--preset", "toy", f"--output_dir={tmp_path}"])
+    given = dataclasses.replace(cfg, engine=dataclasses.replace(cfg.engine, urls=["http://x"]))
+    assert early_pools(given.plan()) == []
+    on_ray = dataclasses.replace(cfg, ray=dataclasses.replace(cfg.ray, enabled=True))
+    assert early_pools(on_ray.plan()) == []

@@ -15,6 +15,7 @@ from kernel.engine.client import ClientConfig, EngineClient
 from kernel.engine.launch import free_port, launch_server
 from kernel.engine.router import RouterConfig, launch_router, wait_for_workers
 from kernel.engine.settings import ServerConfig
+from kernel.metrics import process_age
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,7 @@ class EnginePool:
         self.urls: list[str] = list(cfg.urls)
         self.down: set[str] = set()  # engine URLs out of rotation
         self.restarts = 0
+        self.launched_at: float | None = None  # the process's age when its engines were spawned
 
     @property
     def router_url(self) -> str | None:
@@ -178,6 +180,7 @@ class EnginePool:
         except BaseException:
             self.__exit__()
             raise
+        self.launched_at = process_age()
 
     def _start_engine(self, i: int, port: int | None):
         server = self.cfg.server_config(

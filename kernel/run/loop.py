@@ -45,11 +45,12 @@ import collections
 import dataclasses
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from kernel.advantages import compute_advantages
+from kernel.engine.pool import EnginePool
 from kernel.metrics import mean, process_age
 from kernel.run.config import RunPlan, TrainConfig, resolve
 from kernel.run.runtime import RunningModel, Runtime
@@ -60,12 +61,14 @@ def train(
     run: TrainConfig | RunPlan,
     on_step: Callable[[dict], None] | None = None,
     placement: dict[str, Any] | None = None,
+    pools: Sequence[EnginePool] = (),
 ) -> list[dict]:
     """Run ``run`` (a config, resolved here, or its plan); returns the metrics rows of the
     steps it ran. ``placement`` (from ``kernel launch``, a kernel.cluster.run.RayPlacement per
     owner agent) puts each model's Ray trainer ranks on their placed nodes and GPUs, and says
-    which models are colocated."""
-    return asyncio.run(_train(resolve(run), on_step, placement or {}))
+    which models are colocated. ``pools``: the models' engines, launched already
+    (``kernel.run.engines.early_pools``); they are stopped with the run."""
+    return asyncio.run(_train(resolve(run), on_step, placement or {}, pools))
 
 
 def frozen(cfg: TrainConfig, checkpoint: str | None = None) -> TrainConfig:
@@ -108,10 +111,12 @@ def evaluate(cfg: TrainConfig, checkpoint: str | None = None) -> dict[str, float
     return row
 
 
-async def _train(plan: RunPlan, on_step, placement: dict[str, Any]) -> list[dict]:
+async def _train(
+    plan: RunPlan, on_step, placement: dict[str, Any], pools: Sequence[EnginePool]
+) -> list[dict]:
     rows: list[dict] = []
     cfg = plan.cfg  # its run-wide sections; per model and per agent, the plan
-    async with Runtime.open(plan, placement) as rt:
+    async with Runtime.open(plan, placement, pools) as rt:
         models = rt.models
         startup_s = process_age()  # from the command to the first rollout (or eval)
         if cfg.eval.at_start and rt.start == 0:  # the starting weights, for before/after

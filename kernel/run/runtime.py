@@ -28,7 +28,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -53,6 +53,7 @@ from kernel.rollout import Flight, GroupResult, RolloutManager, RolloutStats
 from kernel.run.agents import AgentHandle, AgentSpec
 from kernel.run.checkpoint import checkpoints, resume_from, rng_state, save
 from kernel.run.config import ModelPlan, ModelSettings, RunPlan, TrainConfig
+from kernel.run.engines import model_pool
 from kernel.run.evaluation import eval_data, evaluate
 from kernel.run.jobs import JobQueue, RemoteEngine
 from kernel.sample import Sample
@@ -168,11 +169,17 @@ class Runtime:
 
     @classmethod
     @contextlib.asynccontextmanager
-    async def open(cls, plan: RunPlan, placement: dict[str, Any]) -> AsyncIterator[Runtime]:
-        """Start the run ``plan`` resolved (``placement``: kernel launch's, per owner agent);
-        stop everything it started on the way out."""
+    async def open(
+        cls, plan: RunPlan, placement: dict[str, Any], pools: Sequence[EnginePool] = ()
+    ) -> AsyncIterator[Runtime]:
+        """Start the run ``plan`` resolved (``placement``: kernel launch's, per owner agent;
+        ``pools``: its models' engines launched already, ``kernel.run.engines.early_pools``);
+        stop everything it started, and those pools, on the way out."""
         cfg = plan.cfg  # its run-wide sections; per model and per agent, the plan
-        marks = {"imports": process_age()}  # the process's age as each start-up phase ends
+        marks = {}  # the process's age as each start-up phase ends
+        if pools:  # spawned while this process imported the training stack
+            marks["engines_spawn"] = max(p.launched_at or 0.0 for p in pools)
+        marks["imports"] = process_age()
         generate_path, reward_path = cfg.hooks()
         generate, reward = load_generate(generate_path), load_reward(reward_path)
         out, found = output_dir(cfg)
@@ -181,16 +188,19 @@ class Runtime:
 
         plan.check_ray_ranks(placed=placement)
         with contextlib.ExitStack() as stack:  # Ray, if this run starts it, stops last
+            for pool in pools:
+                stack.push(pool)  # stopped on the way out, even if the data is bad
             if cfg.ray.enabled and cfg.ray.start():
                 import ray  # optional: only runs on Ray need it
 
                 stack.callback(ray.shutdown)
-            # the data first: a missing file or a bad row fails before any engine starts
+            # the data first: a missing file or a bad row fails before this run starts an
+            # engine (kernel train's early ones, loading meanwhile, are stopped on the way out)
             buffer = DataBuffer(replace(cfg.data, path=package_file(cfg.data.path)))
             if cfg.eval.path:
                 DataBuffer(eval_data(cfg))
             marks["hooks_and_data"] = process_age()
-            models = plan_models(plan, out, placement)
+            models = plan_models(plan, out, placement, pools)
             critic = run_critic(plan, models)  # MAAC's tokenizer check before engines start
             launch_models(cfg, models, placement, stack, marks)
             start, ckpt = restore(found, models, critic, buffer) if found else (0, None)
@@ -534,16 +544,17 @@ class Runtime:
         return self.last_checkpoint
 
 
-def plan_models(plan: RunPlan, out: Path, placement: dict[str, Any]) -> list[RunningModel]:
-    """The models of the run, each with its folder and engine pool (not launched yet; its
-    tokenizer and trainer come later), placed as ``placement`` says for the owners it names."""
+def plan_models(
+    plan: RunPlan, out: Path, placement: dict[str, Any], pools: Sequence[EnginePool] = ()
+) -> list[RunningModel]:
+    """The models of the run, each with its folder and engine pool (``pools``' when given,
+    launched already; else not launched yet; its tokenizer and trainer come later), placed as
+    ``placement`` says for the owners it names."""
     cfg = plan.cfg
     models = []
     for i, mp in enumerate(plan.models):
-        path = materialize_model(check_model(mp.settings.model), out / "models")
-        logs = out / "logs" / mp.owner
-        pool = EnginePool(mp.settings.engine, path, logs, cfg.seed + 1000 * i, weights_dir=out)
-        model = RunningModel(mp, pool, path=path, sync_config=cfg.sync)
+        pool = pools[i] if pools else model_pool(plan, i, mp, out)
+        model = RunningModel(mp, pool, path=pool.model_path, sync_config=cfg.sync)
         where = placement.get(model.owner)
         if where is not None:
             model.colocate, model.engine_ranks = where.colocate, where.engine_ranks
@@ -579,9 +590,10 @@ def launch_models(
     ``marks`` gets the process's age once the engines are spawned and once the trainers are
     built."""
     for m in models:
-        stack.push(m.pool)  # stopped on the way out (entering it would wait for them)
-        m.pool.launch()
-    marks["engines_spawn"] = process_age()
+        if m.pool.launched_at is None:  # launched early: on the stack already
+            stack.push(m.pool)  # stopped on the way out (entering it would wait for them)
+            m.pool.launch()
+    marks.setdefault("engines_spawn", process_age())
     for m in models:
         m.tokenizer = load_tokenizer(m.plan.owner_spec.tokenizer or m.path)
         stack.callback(m.thread.close)
@@ -595,7 +607,10 @@ def startup_phases(marks: dict[str, float]) -> dict[str, float]:
     ``hooks_and_data`` (the recipe's hooks, the data sets read), ``engines_spawn`` (the models'
     folders, the engine processes started), ``trainers`` (tokenizers and trainers built while
     the engines load), ``engines_wait`` (what is left of the engines' load: their health
-    checks), ``first_weights`` (the engines given the trainers' weights or version)."""
+    checks), ``first_weights`` (the engines given the trainers' weights or version). Under
+    ``kernel train`` the engines are spawned first (``kernel.run.engines``): ``engines_spawn``
+    then comes first and holds the interpreter, the CLI and the config, and ``imports`` the
+    training stack."""
     ages = list(marks.values())
     return {
         name: age - before for name, age, before in zip(marks, ages, [0.0, *ages[:-1]], strict=True)
