@@ -241,18 +241,59 @@ def print_report(r: dict) -> None:
     print(f"pair - best control: {c['diff']:+.3f} [{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]")
 
 
+ARM_NAMES = {
+    "pair": "warm doctor + warm patient (the workflow)",
+    "base_patient": "warm doctor + base patient",
+    "informant": "warm doctor + perfect informant (rule)",
+    "alone": "warm doctor alone (no one to ask)",
+    "alone_vote": "warm doctor alone, plurality of {k} samples",
+}
+
+
+def markdown(r: dict, vote: int) -> str:
+    """The report as a markdown table (``summary.md``)."""
+    best = r["best_control"]
+    lines = [
+        f"takes_two with a supervised warm start of each role: {len(r['seeds'])} seeds x "
+        f"{r['n_eval']} held-out cases (`{HELD_OUT}`), greedy; best no-skill control: {best} "
+        f"{r['controls'][best]:.3f}. Commit `{r['commit']}`, {r['machine']}.",
+        "",
+        "| arm | correct single diagnoses [95% interval] | the workflow − arm [95% interval] "
+        "| names one candidate | right when named | first listed when named | facts revealed "
+        "| generated tokens / case |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for arm in ARMS:
+        a, d = r[arm], r[arm].get("pair_minus")
+        vs = f"**{d['diff']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]**" if d else "—"
+        lines.append(
+            f"| {ARM_NAMES[arm].format(k=vote)} | {a['correct']:.3f} [{a['ci_low']:.3f}, "
+            f"{a['ci_high']:.3f}] | {vs} | {a['named']:.3f} | {a['correct_if_named']:.3f} | "
+            f"{a['first_if_named']:.3f} | {a['facts']:.3f} | {a['tokens_per_case']:.1f} |"
+        )
+    c = r["pair_minus_best_control"]
+    lines += [
+        "",
+        f"The workflow − the best control ({best}): **{c['diff']:+.3f} "
+        f"[{c['ci_low']:+.3f}, {c['ci_high']:+.3f}]**.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
 def publish(out: Path, seeds: list[int], name: str) -> Path:
     """The report and each seed's evaluations (gzipped) and SFT curves into docs/results/NAME."""
     dest = ROOT / "docs" / "results" / name
     for s in seeds:
         for arm in ARMS:
             src = out / f"seed{s}" / arm
+            (dest / f"seed{s}" / arm).mkdir(parents=True, exist_ok=True)
             gzip_copy(src / "eval" / "step_0.jsonl", dest / f"seed{s}" / arm / "eval.jsonl.gz")
             shutil.copy(src / "config.json", dest / f"seed{s}" / arm / "config.json")
         for role in ("doctor", "patient"):
             src = out / f"seed{s}" / f"sft_{role}" / "metrics.jsonl"
             shutil.copy(src, dest / f"seed{s}" / f"sft_{role}_metrics.jsonl")
-    shutil.copy(out / "warm_start.json", dest / "warm_start.json")
+    for report_file in ("warm_start.json", "summary.md"):
+        shutil.copy(out / report_file, dest / report_file)
     return dest
 
 
@@ -276,6 +317,7 @@ def main(argv: list[str] | None = None) -> int:
     ).stdout.strip()
     r |= {"command": " ".join(sys.argv), "commit": commit, "machine": machine()}
     (a.out / "warm_start.json").write_text(json.dumps(r, indent=1))
+    (a.out / "summary.md").write_text(markdown(r, a.vote))
     print_report(r)
     if a.publish:
         print(f"published: {publish(a.out, seeds, a.publish)}")

@@ -83,3 +83,16 @@ def test_the_report_scores_each_arm_against_the_pair_and_the_controls(tmp_path):
     # a case's vote is 4 episodes of replies as long as the alone arm's one (other candidates)
     assert 3 * r["alone"]["tokens_per_case"] < r["alone_vote"]["tokens_per_case"]
     assert r["alone_vote"]["tokens_per_case"] < 5 * r["alone"]["tokens_per_case"]
+
+
+def test_the_summary_names_every_arm_and_the_vote(tmp_path):
+    arm = {"correct": 0.5, "ci_low": 0.4, "ci_high": 0.6, "named": 1.0, "correct_if_named": 0.5,
+           "first_if_named": 0.25, "facts": 0.5, "tokens_per_case": 30.0}  # fmt: skip
+    r = {a: dict(arm, pair_minus={"diff": 0.1, "ci_low": 0.05, "ci_high": 0.15}) for a in ws.ARMS}
+    del r["pair"]["pair_minus"]
+    r |= {"seeds": [0, 1, 2], "n_eval": 132, "controls": {"most common answer": 0.273},
+          "best_control": "most common answer", "commit": "abc", "machine": "here",
+          "pair_minus_best_control": {"diff": 0.2, "ci_low": 0.1, "ci_high": 0.3}}  # fmt: skip
+    text = ws.markdown(r, vote=4)
+    assert "plurality of 4 samples" in text and text.count("\n| ") == len(ws.ARMS) + 1
+    assert "**+0.200 [+0.100, +0.300]**" in text
