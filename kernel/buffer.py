@@ -90,6 +90,14 @@ class DataConfig:
         return self
 
 
+def check_file(path: str) -> None:
+    """DataError naming ``path`` when it names a local data file (by its extension) that is not
+    there; a hub name or a benchmark passes (read later)."""
+    ext = os.path.splitext(path)[1].lower()
+    if ext in _FILE_BUILDERS and not is_benchmark(path) and not os.path.isfile(path):
+        raise DataError(f"{path}: no such file")
+
+
 def load_rows(config: DataConfig) -> Dataset:
     """Read ``config.path`` with ``datasets``: a local file by its extension, else a hub name."""
     import datasets
@@ -102,8 +110,7 @@ def load_rows(config: DataConfig) -> Dataset:
             raise DataError(str(e)) from e
     ext = os.path.splitext(path)[1].lower()
     if ext in _FILE_BUILDERS:
-        if not os.path.isfile(path):
-            raise DataError(f"{path}: no such file")
+        check_file(path)
         try:
             return datasets.load_dataset(_FILE_BUILDERS[ext], data_files=path, split="train")
         except Exception as e:

@@ -125,7 +125,8 @@ def test_kernel_train_stops_its_early_engines_when_the_run_fails_to_open(
     tmp_path, monkeypatch, capfd
 ):
     """``kernel train`` spawns the engines before it imports the training stack
-    (``kernel.run.engines.early_pools``): a bad data file still fails naming the file, and the
+    (``kernel.run.engines.early_pools``; a data file that is not there fails before:
+    tests/test_errors.py): a data file with a broken row still fails naming the file, and the
     engines already loading are stopped, none left behind."""
     from kernel.cli import main
     from kernel.run import engines
@@ -139,10 +140,11 @@ def test_kernel_train_stops_its_early_engines_when_the_run_fails_to_open(
         return started
 
     monkeypatch.setattr(engines, "early_pools", spy)
-    missing = tmp_path / "nowhere.jsonl"
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text('{"prompt": "a", "label": 1}\n{"prompt": \n')
     with pytest.raises(SystemExit) as exit_:
-        main(["train", "--preset", "toy", f"--data.path={missing}", f"--output_dir={tmp_path}"])
-    assert exit_.value.code == 2 and "nowhere.jsonl: no such file" in capfd.readouterr().err
+        main(["train", "--preset", "toy", f"--data.path={broken}", f"--output_dir={tmp_path}"])
+    assert exit_.value.code == 2 and "broken.jsonl" in capfd.readouterr().err
     assert started and all(pool.launched_at for pool in started)  # spawned before the data
     assert pids and all(not Path(f"/proc/{pid}").exists() for pid in pids)  # none left
     assert list((tmp_path / "logs").glob("*/engine0.log"))  # they did start

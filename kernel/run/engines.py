@@ -7,6 +7,8 @@ all that but the trainers, the engines kept the first step waiting another 2 s. 
 spawns them as soon as the run is resolved, while the driver still imports: ``kernel train``
 does so for a run on this machine (no Ray, no given engine URLs) and hands the pools to
 ``Runtime.open``, which stops them on every way out, as it stops the ones it starts itself.
+A data file that is not there still fails before any engine starts; a bad row in one is found
+while they load, and they are stopped.
 This module imports neither torch nor the runtime.
 """
 
@@ -14,7 +16,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kernel.buffer import check_file
 from kernel.engine.pool import EnginePool
+from kernel.hooks import package_file
 from kernel.models import check_model, materialize_model
 from kernel.run.config import ModelPlan, RunPlan
 
@@ -35,6 +39,9 @@ def early_pools(plan: RunPlan) -> list[EnginePool]:
     cfg = plan.cfg
     if cfg.ray.enabled or any(mp.settings.engine.urls for mp in plan.models):
         return []
+    for path in (cfg.data.path, cfg.eval.path):  # a data file named wrong: no engine started
+        if path:
+            check_file(package_file(path))
     out = Path(cfg.output_dir)
     pools: list[EnginePool] = []
     try:
