@@ -26,7 +26,7 @@ def test_bench_vs_peers_two_steps(tmp_path):
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "ratio trl@2 ÷ tandem: " in proc.stdout and "ratio comlrl@2 ÷ tandem: " in proc.stdout
-    assert "start-up of tandem@2, seconds: imports " in proc.stdout
+    assert "start-up of tandem@2, seconds: engines_spawn " in proc.stdout  # spawned first
     assert (
         "python -m kernel train --preset toy --model"
         in (tmp_path / "work").joinpath("trl-tandem-t2-seed0.log").read_text()
