@@ -14,6 +14,7 @@ a table with a pair of markers, and this script fills in what lies between them:
     <!-- results:bench -->               every benchmark's headline figures (below)
     <!-- results:algorithms [ROWS] -->   the toy runs of scripts/bench_algorithms.py: each
                                          algorithm's training reward, first -> last steps
+    <!-- results:warm_start NAME -->     scripts/takes_two_warm_start.py's report in NAME
     ...                                  (generated: do not edit)
     <!-- /results -->
 
@@ -311,7 +312,22 @@ def algorithms_table(names: list[str], where: Path) -> str:
     return "\n".join(lines)
 
 
+def warm_start_table(names: list[str], where: Path) -> str:
+    """scripts/takes_two_warm_start.py's report of each named folder (its warm_start.json)."""
+    sys.path.insert(0, str(ROOT))
+    from scripts.takes_two_warm_start import markdown
+
+    out = []
+    for name in names:
+        path = RESULTS / name / "warm_start.json"
+        if not path.exists():
+            raise SystemExit(f"results_table.py: {where}: no {path.relative_to(ROOT)}")
+        out.append(markdown(json.loads(path.read_text())).rstrip("\n"))
+    return "\n\n".join(out)
+
+
 TABLES = {"learning": learning_table, "against": against_table, "seeds": seeds_table}
+TABLES["warm_start"] = warm_start_table
 TABLES["bench"] = bench_table
 TABLES["algorithms"] = algorithms_table
 DEFAULT_NAMES = {

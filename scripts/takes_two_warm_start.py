@@ -141,9 +141,15 @@ def run_seed(seed: int, d: Path, vote: int) -> None:
         subprocess.run(cmd, check=True, cwd=ROOT)
 
 
+def eval_file(d: Path, arm: str) -> Path:
+    """A seed's evaluation of ``arm``: as the run wrote it, or as --publish keeps it."""
+    published = d / arm / "eval.jsonl.gz"
+    return published if published.exists() else d / arm / "eval" / "step_0.jsonl"
+
+
 def scores(d: Path, arm: str, cases: list[Case]) -> dict:
     """One seed's arm: correct per case (the plurality's for the vote), and the reply figures."""
-    path = d / arm / "eval" / "step_0.jsonl"
+    path = eval_file(d, arm)
     if arm == "alone_vote":
         per_case = vote_scores(path, "doctor", diagnosis)
     else:
@@ -175,8 +181,16 @@ def report(out: Path, seeds: list[int], vote: int, resamples: int) -> dict:
     best = max(grids, key=lambda k: grids[k].mean())
     best_grid = grids[best]
     tok = load_tokenizer("smollm2")  # the warm models' own (SFT keeps the tokenizer)
+
+    def tokens(d: Path, arm: str) -> float:
+        """Tokens both agents generated a case (the vote: its ``vote`` episodes together)."""
+        return generated_tokens(eval_file(d, arm), tok, "doctor") * (
+            vote if arm == "alone_vote" else 1
+        )
+
     result: dict = {
         "seeds": seeds,
+        "vote": vote,
         "n_eval": n,
         "controls": {k: float(g.mean()) for k, g in grids.items()},
         "best_control": best,
@@ -190,17 +204,7 @@ def report(out: Path, seeds: list[int], vote: int, resamples: int) -> dict:
             "ci_high": high,
             "per_seed": [float(x) for x in grid[arm].mean(axis=1)],
             **{k: float(np.mean([f[k] for f in figs])) for k in FIGURES},
-            "tokens_per_case": float(
-                np.mean(
-                    [
-                        generated_tokens(
-                            out / f"seed{s}" / arm / "eval" / "step_0.jsonl", tok, "doctor"
-                        )
-                        * (vote if arm == "alone_vote" else 1)
-                        for s in seeds
-                    ]
-                )
-            ),
+            "tokens_per_case": float(np.mean([tokens(out / f"seed{s}", arm) for s in seeds])),
         }
         if arm != "pair":
             diff_low, diff_high = crossed_bootstrap(grid["pair"], grid[arm], resamples)
@@ -250,8 +254,10 @@ ARM_NAMES = {
 }
 
 
-def markdown(r: dict, vote: int) -> str:
-    """The report as a markdown table (``summary.md``)."""
+def markdown(r: dict) -> str:
+    """The report as a markdown table (``summary.md``, and the docs' ``results:warm_start``
+    tables: scripts/results_table.py)."""
+    vote = r["vote"]
     best = r["best_control"]
     lines = [
         f"takes_two with a supervised warm start of each role: {len(r['seeds'])} seeds x "
@@ -317,7 +323,7 @@ def main(argv: list[str] | None = None) -> int:
     ).stdout.strip()
     r |= {"command": " ".join(sys.argv), "commit": commit, "machine": machine()}
     (a.out / "warm_start.json").write_text(json.dumps(r, indent=1))
-    (a.out / "summary.md").write_text(markdown(r, a.vote))
+    (a.out / "summary.md").write_text(markdown(r))
     print_report(r)
     if a.publish:
         print(f"published: {publish(a.out, seeds, a.publish)}")

@@ -91,8 +91,24 @@ def test_the_summary_names_every_arm_and_the_vote(tmp_path):
     r = {a: dict(arm, pair_minus={"diff": 0.1, "ci_low": 0.05, "ci_high": 0.15}) for a in ws.ARMS}
     del r["pair"]["pair_minus"]
     r |= {"seeds": [0, 1, 2], "n_eval": 132, "controls": {"most common answer": 0.273},
-          "best_control": "most common answer", "commit": "abc", "machine": "here",
+          "best_control": "most common answer", "commit": "abc", "machine": "here", "vote": 4,
           "pair_minus_best_control": {"diff": 0.2, "ci_low": 0.1, "ci_high": 0.3}}  # fmt: skip
-    text = ws.markdown(r, vote=4)
+    text = ws.markdown(r)
     assert "plurality of 4 samples" in text and text.count("\n| ") == len(ws.ARMS) + 1
     assert "**+0.200 [+0.100, +0.300]**" in text
+
+
+PUBLISHED = sorted(p.parent for p in (ws.ROOT / "docs" / "results").rglob("warm_start.json"))
+
+
+@pytest.mark.parametrize("run", PUBLISHED, ids=[p.name for p in PUBLISHED])
+def test_a_published_warm_start_recomputes_from_its_own_files(run):
+    """Its figures come out again from the evaluation files published beside it; 3 seeds, a
+    commit without local changes, under 2 MB."""
+    first = json.loads((run / "warm_start.json").read_text())
+    again = ws.report(run, first["seeds"], first["vote"], 10000)
+    for arm in ws.ARMS:
+        assert again[arm] == first[arm], arm
+    assert again["pair_minus_best_control"] == first["pair_minus_best_control"]
+    assert len(first["seeds"]) >= 3 and first["commit"] and "+dirty" not in first["commit"]
+    assert sum(f.stat().st_size for f in run.rglob("*") if f.is_file()) < 2_000_000
