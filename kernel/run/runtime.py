@@ -180,16 +180,15 @@ class Runtime:
         if pools:  # spawned while this process imported the training stack
             marks["engines_spawn"] = max(p.launched_at or 0.0 for p in pools)
         marks["imports"] = process_age()
-        generate_path, reward_path = cfg.hooks()
-        generate, reward = load_generate(generate_path), load_reward(reward_path)
-        out, found = output_dir(cfg)
-        random.seed(cfg.seed)
-        torch.manual_seed(cfg.seed)
-
-        plan.check_ray_ranks(placed=placement)
         with contextlib.ExitStack() as stack:  # Ray, if this run starts it, stops last
             for pool in pools:
-                stack.push(pool)  # stopped on the way out, even if the data is bad
+                stack.push(pool)  # stopped on every way out, a bad hook or folder too
+            generate_path, reward_path = cfg.hooks()
+            generate, reward = load_generate(generate_path), load_reward(reward_path)
+            out, found = output_dir(cfg)
+            random.seed(cfg.seed)
+            torch.manual_seed(cfg.seed)
+            plan.check_ray_ranks(placed=placement)
             if cfg.ray.enabled and cfg.ray.start():
                 import ray  # optional: only runs on Ray need it
 
