@@ -161,3 +161,25 @@ def test_only_a_run_this_process_places_spawns_its_engines_early(tmp_path):
     assert early_pools(given.plan()) == []
     on_ray = dataclasses.replace(cfg, ray=dataclasses.replace(cfg.ray, enabled=True))
     assert early_pools(on_ray.plan()) == []
+
+
+def test_early_engines_stop_when_the_output_folder_refuses_the_run(tmp_path, monkeypatch, capfd):
+    """A folder holding another run's checkpoints (no --resume) is refused in Runtime.open,
+    after the early engines were spawned: they are stopped too, none left behind."""
+    from kernel.cli import main
+    from kernel.run import engines
+
+    (tmp_path / "checkpoints" / "step_3").mkdir(parents=True)
+    pids = []
+    early = engines.early_pools
+
+    def spy(plan):
+        pools = early(plan)
+        pids.extend(p.pid for pool in pools for p in pool.processes)
+        return pools
+
+    monkeypatch.setattr(engines, "early_pools", spy)
+    with pytest.raises(SystemExit):
+        main(["train", "--preset", "toy", f"--output_dir={tmp_path}"])
+    assert "already holds checkpoints" in capfd.readouterr().err
+    assert pids and all(not Path(f"/proc/{pid}").exists() for pid in pids)
