@@ -47,6 +47,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from kernel.models import load_tokenizer  # noqa: E402
+from kernel.sample import Sample  # noqa: E402
 from recipes.takes_two.data import Case, normalise_diagnosis  # noqa: E402
 from recipes.takes_two.read_replies import read  # noqa: E402
 from recipes.takes_two.reward import parse_final, stated_diagnosis  # noqa: E402
@@ -137,7 +138,8 @@ def run_seed(seed: int, d: Path, vote: int) -> None:
         if finished(out):
             continue
         print(f"== seed {seed}: {out.name}", flush=True)
-        shutil.rmtree(out, ignore_errors=True) if out.is_dir() else None  # a stage cut short
+        if out.is_dir():  # a stage cut short
+            shutil.rmtree(out)
         subprocess.run(cmd, check=True, cwd=ROOT)
 
 
@@ -161,16 +163,8 @@ def scores(d: Path, arm: str, cases: list[Case]) -> dict:
 
 def report(out: Path, seeds: list[int], vote: int, resamples: int) -> dict:
     rows = [json.loads(line) for line in (ROOT / HELD_OUT).read_text().splitlines()]
-    cases = [
-        Case(
-            r["prompt"],
-            r["facts"],
-            r["label"]["diagnosis"],
-            r["label"]["recommendation"],
-            tuple(r["label"].get("synonyms", ())),
-            tuple(r["candidates"]),
-        )
-        for r in rows
+    cases = [  # read as the recipe reads a row (its label, facts and candidates)
+        Case.from_sample(Sample(prompt=r["prompt"], label=r["label"], metadata=r)) for r in rows
     ]
     n = len(cases)
     got = {arm: [scores(out / f"seed{s}", arm, cases) for s in seeds] for arm in ARMS}
